@@ -1,0 +1,147 @@
+//! Classifying a new connection by its first bytes: a TLS ClientHello, plain HTTP/1.x (or
+//! HTTP/2 prior knowledge), or something else. Decided by real parsers, never by guessing:
+//! TLS by its record type, HTTP by httparse accepting a complete request line.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// What a connection turned out to speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Tls,
+    Http,
+    Other,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClassifyError {
+    #[error("client sent {got} bytes and then nothing for {after:?}")]
+    Timeout { got: usize, after: Duration },
+    #[error("client closed after {got} bytes, before it could be classified")]
+    Closed { got: usize },
+    #[error("reading the first bytes: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the protocol is known; returns it with every byte read so far.
+pub async fn classify<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    timeout: Duration,
+    max_bytes: usize,
+) -> Result<(Protocol, BytesMut), ClassifyError> {
+    let mut buf = BytesMut::with_capacity(1024);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(p) = judge(&buf, max_bytes) {
+            return Ok((p, buf));
+        }
+        let read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await;
+        match read {
+            Err(_) => {
+                return Err(ClassifyError::Timeout {
+                    got: buf.len(),
+                    after: timeout,
+                })
+            }
+            Ok(Ok(0)) => return Err(ClassifyError::Closed { got: buf.len() }),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e.into()),
+        }
+    }
+}
+
+/// `None` while more bytes are needed to decide.
+pub fn judge(buf: &[u8], max_bytes: usize) -> Option<Protocol> {
+    let first = *buf.first()?;
+    if first == TLS_HANDSHAKE_RECORD {
+        return Some(Protocol::Tls);
+    }
+    if buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(buf) {
+        return None;
+    }
+    if buf.starts_with(H2_PREFACE) {
+        return Some(Protocol::Http);
+    }
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => Some(Protocol::Http),
+        Ok(httparse::Status::Partial) if req.version.is_some() => Some(Protocol::Http),
+        Ok(httparse::Status::Partial) if buf.len() >= max_bytes => Some(Protocol::Other),
+        Ok(httparse::Status::Partial) => None,
+        // The request line parsed; hyper enforces header limits with a proper error.
+        Err(httparse::Error::TooManyHeaders) => Some(Protocol::Http),
+        Err(_) => Some(Protocol::Other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 8192;
+
+    #[test]
+    fn tls_record_is_tls() {
+        assert_eq!(judge(&[0x16], MAX), Some(Protocol::Tls));
+        assert_eq!(
+            judge(&[0x16, 0x03, 0x01, 0x02, 0x00], MAX),
+            Some(Protocol::Tls)
+        );
+    }
+
+    #[test]
+    fn http_needs_a_whole_request_line() {
+        assert_eq!(judge(b"GE", MAX), None);
+        assert_eq!(judge(b"GET /x HTT", MAX), None);
+        assert_eq!(judge(b"GET /x HTTP/1.1\r\n", MAX), Some(Protocol::Http));
+        assert_eq!(
+            judge(b"POST /x HTTP/1.0\r\nHost: a\r\n\r\n", MAX),
+            Some(Protocol::Http)
+        );
+    }
+
+    #[test]
+    fn h2_prior_knowledge_is_http() {
+        assert_eq!(judge(&H2_PREFACE[..10], MAX), None);
+        assert_eq!(judge(H2_PREFACE, MAX), Some(Protocol::Http));
+    }
+
+    #[test]
+    fn other_protocols_are_other() {
+        assert_eq!(
+            judge(b"SSH-2.0-OpenSSH_9.6\r\n", MAX),
+            Some(Protocol::Other)
+        );
+        assert_eq!(judge(&[0, 1, 2, 3], MAX), Some(Protocol::Other));
+        assert_eq!(judge(b"\x05\x01\x00", MAX), Some(Protocol::Other));
+        let endless_token = vec![b'A'; MAX];
+        assert_eq!(judge(&endless_token, MAX), Some(Protocol::Other));
+    }
+
+    #[tokio::test]
+    async fn silent_client_times_out() {
+        let (mut a, _b) = tokio::io::duplex(64);
+        let err = classify(&mut a, Duration::from_millis(30), MAX)
+            .await
+            .expect_err("must time out");
+        assert!(matches!(err, ClassifyError::Timeout { got: 0, .. }));
+    }
+
+    #[tokio::test]
+    async fn bytes_read_are_returned() {
+        use tokio::io::AsyncWriteExt;
+        let (mut a, mut b) = tokio::io::duplex(64);
+        b.write_all(b"GET / HTTP/1.1\r\nHo").await.expect("write");
+        let (p, buf) = classify(&mut a, Duration::from_secs(1), MAX)
+            .await
+            .expect("classified");
+        assert_eq!(p, Protocol::Http);
+        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\nHo");
+    }
+}

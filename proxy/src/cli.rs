@@ -1,0 +1,49 @@
+//! The `agenshield` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agenshield",
+    version,
+    about = "AgenShield: a TLS-intercepting egress proxy that decides, by policy, what an AI agent may reach",
+    long_about = None,
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Top,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Top {
+    /// The egress proxy: run the daemon
+    #[command(subcommand)]
+    Proxy(ProxyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProxyCommand {
+    /// Run the proxy daemon in the foreground
+    ///
+    /// With --config, reads that file. Without it, reads /opt/agenshield/config/proxy.toml
+    /// when it exists; otherwise runs on built-in defaults with its state (CA, policies) in
+    /// $AGENSHIELD_STATE_DIR, /var/lib/agenshield (root) or ~/.local/state/agenshield.
+    /// Listens on 127.0.0.1:15001 and [::1]:15001 (transparent) and 127.0.0.1:15080
+    /// (explicit HTTP proxy) unless configured otherwise. SIGHUP reloads the policy.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Daemon configuration file (TOML)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// FOR TESTS ONLY: treat every transparent connection as headed to ADDR instead of
+    /// asking the firewall for its original destination
+    #[arg(long, value_name = "ADDR")]
+    pub orig_dst_override: Option<SocketAddr>,
+}

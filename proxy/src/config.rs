@@ -1,0 +1,452 @@
+//! Daemon configuration (`proxy.toml`): every key optional, unknown keys rejected.
+//!
+//! A run without a config file uses built-in defaults with all state relocated under a
+//! directory the caller can write, so `agenshield proxy run` works out of the box.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// Where the installed product keeps its configuration.
+pub const DEFAULT_CONFIG_PATH: &str = "/opt/agenshield/config/proxy.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("no config file given and no writable state directory: {0}")]
+    NoStateDir(String),
+}
+
+/// The parsed file, as the operator wrote it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    listen: FileListen,
+    #[serde(default)]
+    paths: FilePaths,
+    #[serde(default)]
+    redirect: FileRedirect,
+    #[serde(default)]
+    upstream: Upstream,
+    #[serde(default)]
+    resolver: ResolverConfig,
+    #[serde(default)]
+    limits: Limits,
+    #[serde(default)]
+    tls: TlsConfig,
+    #[serde(default)]
+    testing: Testing,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileListen {
+    transparent: Option<Vec<SocketAddr>>,
+    explicit: Option<SocketAddr>,
+    dns: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+    admin: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePaths {
+    policies: Option<PathBuf>,
+    certs: Option<PathBuf>,
+    vault: Option<PathBuf>,
+    audit: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRedirect {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    agent_users: Vec<toml::Value>,
+}
+
+/// Upstream (proxy → internet) settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// PEM files trusted in addition to the system roots.
+    #[serde(default)]
+    pub extra_ca: Vec<PathBuf>,
+    /// Ranges the private-address guard lets through.
+    #[serde(default)]
+    pub allow_private: Vec<IpNet>,
+}
+
+/// The proxy's own resolver.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolverConfig {
+    /// `IP` or `IP:port`; empty means the system's configuration.
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Static name → addresses, consulted before DNS.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Vec<IpAddr>>,
+}
+
+/// Bounds on what a client may cost us.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Connections served at once, over all listeners; more wait in the kernel backlog.
+    pub max_connections: usize,
+    /// How long a new connection may take to send enough bytes to be classified.
+    #[serde(with = "humantime_serde")]
+    pub first_bytes_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub tls_handshake_timeout: Duration,
+    /// How long a client may take to send a request's headers (HTTP/1).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Largest request head (HTTP/1 buffer, HTTP/2 header list) accepted.
+    pub max_header_bytes: usize,
+    #[serde(with = "humantime_serde")]
+    pub upstream_connect_timeout: Duration,
+    /// Idle pooled upstream connections are closed after this long.
+    #[serde(with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
+    /// An opaque (non-HTTP) tunnel with no traffic either way for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub tunnel_idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 4096,
+            first_bytes_timeout: Duration::from_secs(5),
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 * 1024,
+            upstream_connect_timeout: Duration::from_secs(10),
+            upstream_idle_timeout: Duration::from_secs(90),
+            tunnel_idle_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Leaf certificates minted for intercepted connections.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    #[serde(with = "humantime_serde")]
+    pub leaf_validity: Duration,
+    pub leaf_cache_capacity: u64,
+    #[serde(with = "humantime_serde")]
+    pub leaf_cache_ttl: Duration,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            leaf_validity: Duration::from_secs(24 * 3600),
+            leaf_cache_capacity: 10_000,
+            leaf_cache_ttl: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+/// Knobs that exist only so the test-suite can run the proxy without a firewall.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Testing {
+    /// Pretend every transparent connection was headed here.
+    pub orig_dst_override: Option<SocketAddr>,
+}
+
+/// The effective configuration the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from; `None` for built-in defaults.
+    pub source: Option<PathBuf>,
+    /// Set when running on built-in defaults: where state was put.
+    pub state_dir: Option<PathBuf>,
+    pub transparent: Vec<SocketAddr>,
+    /// Whether `transparent` came from the defaults (a missing IPv6 loopback is then tolerated).
+    pub transparent_is_default: bool,
+    pub explicit: SocketAddr,
+    pub policies: PathBuf,
+    pub certs: PathBuf,
+    pub upstream: Upstream,
+    pub resolver: ResolverConfig,
+    pub limits: Limits,
+    pub tls: TlsConfig,
+    pub testing: Testing,
+    /// Keys the operator set whose feature this build does not have yet.
+    pub not_yet_effective: Vec<&'static str>,
+}
+
+fn default_transparent() -> Vec<SocketAddr> {
+    vec![
+        SocketAddr::from(([127, 0, 0, 1], 15001)),
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15001)),
+    ]
+}
+
+fn default_explicit() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 15080))
+}
+
+impl Config {
+    /// Loads `path`. Relative paths inside it are taken relative to the file's directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: e.message().to_string(),
+            }
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let installed = Path::new("/opt/agenshield");
+        Self::from_file(
+            file,
+            Some(path.to_path_buf()),
+            None,
+            &|p: &Path| base.join(p),
+            &|rel: &str| installed.join(rel),
+        )
+    }
+
+    /// Built-in defaults, with state under `state_dir`.
+    pub fn defaults_in(state_dir: &Path) -> Config {
+        let mut cfg = Self::from_file(
+            FileConfig::default(),
+            None,
+            Some(state_dir.to_path_buf()),
+            &|p: &Path| p.to_path_buf(),
+            &|rel: &str| state_dir.join(rel),
+        )
+        .unwrap_or_else(|_| unreachable!("built-in defaults are valid"));
+        cfg.state_dir = Some(state_dir.to_path_buf());
+        cfg
+    }
+
+    fn from_file(
+        f: FileConfig,
+        source: Option<PathBuf>,
+        state_dir: Option<PathBuf>,
+        relative: &dyn Fn(&Path) -> PathBuf,
+        default_path: &dyn Fn(&str) -> PathBuf,
+    ) -> Result<Config, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: source.clone().unwrap_or_default(),
+            message,
+        };
+        if f.redirect.enabled {
+            // Fail closed: an operator who asks for redirection must not believe it is on.
+            return Err(invalid(
+                "redirect.enabled = true: firewall redirection is not available in this build yet"
+                    .into(),
+            ));
+        }
+        let mut not_yet = Vec::new();
+        for (set, key) in [
+            (f.listen.dns.is_some(), "listen.dns"),
+            (f.listen.metrics.is_some(), "listen.metrics"),
+            (f.listen.admin.is_some(), "listen.admin"),
+            (f.paths.vault.is_some(), "paths.vault"),
+            (f.paths.audit.is_some(), "paths.audit"),
+            (!f.redirect.agent_users.is_empty(), "redirect.agent_users"),
+        ] {
+            if set {
+                not_yet.push(key);
+            }
+        }
+        let transparent_is_default = f.listen.transparent.is_none();
+        let transparent = f.listen.transparent.unwrap_or_else(default_transparent);
+        for ns in &f.resolver.nameservers {
+            parse_nameserver(ns).map_err(|m| invalid(format!("resolver.nameservers: {m}")))?;
+        }
+        for name in f.resolver.hosts.keys() {
+            if name.is_empty() || name.contains(['/', ' ', ':']) {
+                return Err(invalid(format!("resolver.hosts: invalid name {name:?}")));
+            }
+        }
+        if f.limits.max_connections == 0 {
+            return Err(invalid("limits.max_connections must be at least 1".into()));
+        }
+        if f.limits.max_header_bytes < 8192 {
+            return Err(invalid(
+                "limits.max_header_bytes must be at least 8192".into(),
+            ));
+        }
+        if f.tls.leaf_cache_ttl >= f.tls.leaf_validity {
+            return Err(invalid(
+                "tls.leaf_cache_ttl must be shorter than tls.leaf_validity".into(),
+            ));
+        }
+        let path_or = |p: Option<PathBuf>, rel: &str| match p {
+            Some(p) => relative(&p),
+            None => default_path(rel),
+        };
+        let upstream = Upstream {
+            extra_ca: f.upstream.extra_ca.iter().map(|p| relative(p)).collect(),
+            allow_private: f.upstream.allow_private,
+        };
+        Ok(Config {
+            source,
+            state_dir,
+            transparent,
+            transparent_is_default,
+            explicit: f.listen.explicit.unwrap_or_else(default_explicit),
+            policies: path_or(f.paths.policies, "policies"),
+            certs: path_or(f.paths.certs, "certs"),
+            upstream,
+            resolver: f.resolver,
+            limits: f.limits,
+            tls: f.tls,
+            testing: f.testing,
+            not_yet_effective: not_yet,
+        })
+    }
+}
+
+/// `IP` (port 53) or `IP:port`.
+pub fn parse_nameserver(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    s.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{s:?} is not an IP address or IP:port"))
+}
+
+/// Chooses the state directory for a run on built-in defaults.
+pub fn default_state_dir() -> Result<PathBuf, ConfigError> {
+    if let Some(dir) = std::env::var_os("AGENSHIELD_STATE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/agenshield"));
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+        return Ok(PathBuf::from(dir).join("agenshield"));
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => Ok(PathBuf::from(home).join(".local/state/agenshield")),
+        None => Err(ConfigError::NoStateDir(
+            "set AGENSHIELD_STATE_DIR or HOME".into(),
+        )),
+    }
+}
+
+/// 1-based line and column of byte offset `at` in `text`.
+pub fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let at = at.min(text.len());
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(at, |nl| at - nl - 1) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_an_error_with_position() {
+        let err = Config::parse("[listen]\ntransparant = []\n", Path::new("/x/proxy.toml"))
+            .expect_err("unknown key must fail");
+        let msg = err.to_string();
+        assert!(msg.starts_with("/x/proxy.toml:2:1:"), "{msg}");
+        assert!(msg.contains("transparant"), "{msg}");
+    }
+
+    #[test]
+    fn empty_file_gives_design_defaults() {
+        let cfg = Config::parse("", Path::new("/etc/a/proxy.toml")).expect("valid");
+        assert_eq!(cfg.transparent, default_transparent());
+        assert_eq!(cfg.explicit, default_explicit());
+        assert_eq!(cfg.policies, Path::new("/opt/agenshield/policies"));
+        assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
+        assert!(cfg.not_yet_effective.is_empty());
+    }
+
+    #[test]
+    fn relative_paths_follow_the_config_file() {
+        let cfg = Config::parse(
+            "[paths]\npolicies = \"pol\"\n[upstream]\nextra_ca = [\"ca.pem\"]\nallow_private = [\"127.0.0.0/8\"]\n",
+            Path::new("/etc/a/proxy.toml"),
+        )
+        .expect("valid");
+        assert_eq!(cfg.policies, Path::new("/etc/a/pol"));
+        assert_eq!(cfg.upstream.extra_ca, vec![PathBuf::from("/etc/a/ca.pem")]);
+        assert_eq!(cfg.upstream.allow_private.len(), 1);
+    }
+
+    #[test]
+    fn redirect_enabled_is_refused_until_supported() {
+        let err = Config::parse("[redirect]\nenabled = true\n", Path::new("p.toml"))
+            .expect_err("must refuse");
+        assert!(err.to_string().contains("redirect.enabled"));
+    }
+
+    #[test]
+    fn durations_and_limits_parse() {
+        let cfg = Config::parse(
+            "[limits]\nfirst_bytes_timeout = \"250ms\"\nmax_connections = 10\n",
+            Path::new("p.toml"),
+        )
+        .expect("valid");
+        assert_eq!(cfg.limits.first_bytes_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.limits.max_connections, 10);
+        assert!(Config::parse("[limits]\nmax_connections = 0\n", Path::new("p.toml")).is_err());
+    }
+
+    #[test]
+    fn defaults_relocate_under_state_dir() {
+        let cfg = Config::defaults_in(Path::new("/tmp/st"));
+        assert_eq!(cfg.policies, Path::new("/tmp/st/policies"));
+        assert_eq!(cfg.certs, Path::new("/tmp/st/certs"));
+        assert_eq!(cfg.state_dir.as_deref(), Some(Path::new("/tmp/st")));
+    }
+
+    #[test]
+    fn nameserver_forms() {
+        assert_eq!(
+            parse_nameserver("127.0.0.1").ok(),
+            "127.0.0.1:53".parse().ok()
+        );
+        assert_eq!(
+            parse_nameserver("[::1]:5353").ok(),
+            "[::1]:5353".parse().ok()
+        );
+        assert!(parse_nameserver("dns.google").is_err());
+    }
+}

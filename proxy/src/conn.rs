@@ -1,0 +1,81 @@
+//! What the proxy knows about one client connection.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+/// Which listener accepted the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerKind {
+    Transparent,
+    Explicit,
+}
+
+impl ListenerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerKind::Transparent => "transparent",
+            ListenerKind::Explicit => "explicit",
+        }
+    }
+}
+
+/// Where the client was headed before we looked inside: the original destination of a
+/// redirected connection (an address), or the authority of a CONNECT / absolute-URI request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestHost {
+    Ip(IpAddr),
+    /// Already normalized (lowercase, no trailing dot).
+    Name(String),
+}
+
+impl fmt::Display for DestHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DestHost::Ip(ip) => write!(f, "{ip}"),
+            DestHost::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dest {
+    pub host: DestHost,
+    pub port: u16,
+}
+
+impl Dest {
+    pub fn from_addr(addr: SocketAddr) -> Dest {
+        Dest {
+            host: DestHost::Ip(addr.ip()),
+            port: addr.port(),
+        }
+    }
+}
+
+impl fmt::Display for Dest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            DestHost::Ip(IpAddr::V6(v6)) => write!(f, "[{v6}]:{}", self.port),
+            h => write!(f, "{h}:{}", self.port),
+        }
+    }
+}
+
+/// The TLS side of an intercepted connection.
+#[derive(Debug, Clone)]
+pub struct TlsSide {
+    pub sni: Option<String>,
+    /// The host this connection may talk to: the SNI, else the destination. `Err` holds why
+    /// the SNI and the destination disagree; every request on it is then refused.
+    pub identity: Result<String, String>,
+    pub alpn: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConnCtx {
+    pub id: u64,
+    pub client: SocketAddr,
+    pub listener: ListenerKind,
+    pub dest: Dest,
+    pub tls: Option<TlsSide>,
+}

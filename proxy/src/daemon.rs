@@ -1,0 +1,189 @@
+//! `agenshield proxy run`: build the data path from the config, bind, serve until signalled.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
+use agenshield_pf::{platform_orig_dst, FixedOrigDst, OrigDst};
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::dial::Dialer;
+use crate::forward::Forwarder;
+use crate::guard::AddressGuard;
+use crate::listen;
+use crate::policy::Policy;
+use crate::resolve::Resolver;
+use crate::state::Proxy;
+use crate::tls::UpstreamTrust;
+
+/// The policy shipped with the product, seeded into a fresh state directory.
+const DEFAULT_POLICY: &str = include_str!("../../policies/default.toml");
+
+/// A start-up failure caused by bad input (config or policy): exit code 2, not 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    if let Some(dir) = &cfg.state_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating state directory {}", dir.display()))?;
+        println!(
+            "agenshield: no config file; running on built-in defaults with state in {}",
+            dir.display()
+        );
+        seed_default_policy(&cfg.policies)?;
+    }
+    for key in &cfg.not_yet_effective {
+        tracing::warn!("config key {key} is set but has no effect in this build yet");
+    }
+    let policy = Policy::load_dir(&cfg.policies).map_err(|e| BadInput(format!("policy: {e}")))?;
+    tracing::info!(
+        dir = %cfg.policies.display(),
+        hash = policy.hash(),
+        rules = policy.rule_count(),
+        "policy loaded"
+    );
+
+    let (ca, origin) = Ca::load_or_create(&cfg.certs).map_err(|e| BadInput(format!("CA: {e}")))?;
+    let verb = match origin {
+        CaOrigin::Created => "created",
+        CaOrigin::Loaded => "loaded",
+    };
+    println!(
+        "agenshield: CA {verb}: {} (SHA-256 {})",
+        cfg.certs.join("ca.pem").display(),
+        ca.fingerprint_sha256()
+    );
+    let leaves = LeafCache::new(
+        Arc::new(ca),
+        LeafConfig {
+            validity: cfg.tls.leaf_validity,
+            cache_capacity: cfg.tls.leaf_cache_capacity,
+            cache_ttl: cfg.tls.leaf_cache_ttl,
+        },
+    );
+    let trust = UpstreamTrust::load(&cfg.upstream.extra_ca).map_err(|e| BadInput(e.to_string()))?;
+    tracing::info!(
+        system = trust.system_roots,
+        extra = trust.extra_roots,
+        "upstream trust roots loaded"
+    );
+    let resolver = Resolver::new(&cfg.resolver)?;
+
+    let mut transparent = Vec::new();
+    for addr in &cfg.transparent {
+        match TcpListener::bind(addr).await {
+            Ok(l) => transparent.push(l),
+            // The default [::1] listener is optional on hosts without IPv6 loopback.
+            Err(e) if cfg.transparent_is_default && addr.is_ipv6() => {
+                tracing::warn!("not listening on {addr}: {e}");
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("binding transparent listener {addr}"))
+            }
+        }
+    }
+    let explicit = TcpListener::bind(cfg.explicit)
+        .await
+        .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
+    let mut own: Vec<SocketAddr> = transparent
+        .iter()
+        .filter_map(|l| l.local_addr().ok())
+        .collect();
+    let explicit_addr = explicit.local_addr()?;
+    own.push(explicit_addr);
+
+    let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own.clone());
+    let dialer = Arc::new(Dialer::new(
+        resolver,
+        guard,
+        cfg.limits.upstream_connect_timeout,
+    ));
+    let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
+    let proxy = Arc::new(Proxy::new(
+        policy,
+        leaves,
+        dialer,
+        forwarder,
+        cfg.limits.clone(),
+    ));
+
+    let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
+        Some(addr) => {
+            tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
+            Arc::new(FixedOrigDst(addr))
+        }
+        None => Arc::from(platform_orig_dst()),
+    };
+    let slots = Arc::new(Semaphore::new(cfg.limits.max_connections));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut transparent_addrs = Vec::new();
+    for l in transparent {
+        transparent_addrs.push(l.local_addr()?.to_string());
+        tasks.spawn(listen::transparent(
+            proxy.clone(),
+            l,
+            orig.clone(),
+            slots.clone(),
+        ));
+    }
+    tasks.spawn(listen::explicit(proxy.clone(), explicit, slots.clone()));
+
+    // One stable line on stdout that scripts and tests wait for.
+    println!(
+        "agenshield: ready transparent={} explicit={explicit_addr} policy={}",
+        transparent_addrs.join(","),
+        proxy.policy().hash()
+    );
+    let _ = std::io::stdout().flush();
+
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&proxy, &cfg.policies),
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            done = tasks.join_next() => {
+                if let Some(Err(e)) = done {
+                    anyhow::bail!("a listener stopped: {e}");
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Re-reads the policy directory; a bad policy keeps the last good one in force.
+fn reload(proxy: &Proxy, dir: &Path) {
+    match Policy::load_dir(dir) {
+        Ok(p) => {
+            tracing::info!(hash = p.hash(), rules = p.rule_count(), "policy reloaded");
+            proxy.replace_policy(p);
+        }
+        Err(e) => tracing::error!(
+            "policy reload failed, keeping {}: {e}",
+            proxy.policy().hash()
+        ),
+    }
+}
+
+/// On a first run with built-in defaults, give the operator the shipped policy to edit.
+fn seed_default_policy(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("default.toml");
+    std::fs::write(&file, DEFAULT_POLICY).with_context(|| format!("writing {}", file.display()))?;
+    println!("agenshield: wrote the default policy to {}", file.display());
+    Ok(())
+}

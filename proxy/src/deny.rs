@@ -1,0 +1,148 @@
+//! The refusal the agent sees: a status and a small JSON body that says which rule and why.
+//! Never carries a secret; the explanation is built from policy facts only.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+use crate::body::{full, ProxyBody};
+
+/// Machine-readable reasons, stable for clients and dashboards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    PolicyDenied,
+    HostMismatch,
+    DestinationForbidden,
+    BadRequest,
+    UpstreamDns,
+    UpstreamConnect,
+    UpstreamTls,
+    UpstreamError,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::PolicyDenied | ErrorCode::HostMismatch | ErrorCode::DestinationForbidden => {
+                StatusCode::FORBIDDEN
+            }
+            ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::UpstreamDns
+            | ErrorCode::UpstreamConnect
+            | ErrorCode::UpstreamTls
+            | ErrorCode::UpstreamError => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::PolicyDenied => "policy_denied",
+            ErrorCode::HostMismatch => "host_mismatch",
+            ErrorCode::DestinationForbidden => "destination_forbidden",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UpstreamDns => "upstream_dns",
+            ErrorCode::UpstreamConnect => "upstream_connect",
+            ErrorCode::UpstreamTls => "upstream_tls",
+            ErrorCode::UpstreamError => "upstream_error",
+        }
+    }
+
+    /// Whether trying again later might succeed without a policy change.
+    fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::UpstreamDns | ErrorCode::UpstreamConnect | ErrorCode::UpstreamError
+        )
+    }
+}
+
+/// A refusal, before it is rendered.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub message: String,
+    pub rule_id: Option<String>,
+    pub explanation: String,
+}
+
+impl Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
+        let message = message.into();
+        Refusal {
+            code,
+            explanation: message.clone(),
+            message,
+            rule_id: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error_code: ErrorCode,
+    message: &'a str,
+    rule_id: Option<&'a str>,
+    request_id: &'a str,
+    policy_hash: &'a str,
+    explanation: &'a str,
+    retryable: bool,
+}
+
+/// Renders a refusal as the response the agent receives.
+pub fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Response<ProxyBody> {
+    let body = Body {
+        error_code: r.code,
+        message: &r.message,
+        rule_id: r.rule_id.as_deref(),
+        request_id,
+        policy_hash,
+        explanation: &r.explanation,
+        retryable: r.code.retryable(),
+    };
+    let mut json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
+    json.push(b'\n');
+    let mut resp = Response::new(full(Bytes::from(json)));
+    *resp.status_mut() = r.code.status();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-agenshield-request-id", v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn deny_body_has_every_contract_field() {
+        let mut r = Refusal::new(ErrorCode::PolicyDenied, "GET x.test:443/ is not allowed");
+        r.rule_id = Some("block-x".into());
+        let resp = render(&r, "req-1", "sha256:abc");
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["error_code"], "policy_denied");
+        assert_eq!(v["rule_id"], "block-x");
+        assert_eq!(v["request_id"], "req-1");
+        assert_eq!(v["policy_hash"], "sha256:abc");
+        assert_eq!(v["retryable"], false);
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(v["explanation"].as_str().is_some());
+    }
+
+    #[test]
+    fn upstream_failures_are_502_and_retryable() {
+        assert_eq!(ErrorCode::UpstreamConnect.status(), StatusCode::BAD_GATEWAY);
+        assert!(ErrorCode::UpstreamConnect.retryable());
+        assert!(!ErrorCode::UpstreamTls.retryable());
+    }
+}

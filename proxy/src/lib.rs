@@ -1,0 +1,30 @@
+//! AgenShield's egress proxy: the daemon library behind the `agenshield` binary.
+//!
+//! A connection's path: `listen` (accept, original destination) → `connection` (classify the
+//! first bytes) → `intercept` (TLS with a minted leaf) or plain HTTP → `serve` (hyper) →
+//! `pipeline` (target → policy → forward) → `forward` (pooled, verified upstream client).
+//! Non-HTTP streams go to `tunnel`, decided on their destination alone.
+
+pub mod body;
+pub mod classify;
+pub mod cli;
+pub mod config;
+pub mod conn;
+pub mod connection;
+pub mod daemon;
+pub mod deny;
+pub mod dial;
+pub mod explicit;
+pub mod forward;
+pub mod guard;
+pub mod intercept;
+pub mod listen;
+pub mod pipeline;
+pub mod policy;
+pub mod prefixed;
+pub mod resolve;
+pub mod serve;
+pub mod state;
+pub mod target;
+pub mod tls;
+pub mod tunnel;

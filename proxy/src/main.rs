@@ -1,0 +1,72 @@
+use std::process::ExitCode;
+
+use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
+use agenshield_proxy::config::{default_state_dir, Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::daemon::{self, BadInput};
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Top::Proxy(ProxyCommand::Run(args)) => {
+            let cfg = match load_config(args.config.as_deref()) {
+                Ok(mut cfg) => {
+                    if args.orig_dst_override.is_some() {
+                        cfg.testing.orig_dst_override = args.orig_dst_override;
+                    }
+                    cfg
+                }
+                Err(e) => {
+                    eprintln!("agenshield: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("agenshield: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(daemon::run(cfg)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is::<BadInput>() => {
+                    eprintln!("agenshield: {e}");
+                    ExitCode::from(2)
+                }
+                Err(e) => {
+                    eprintln!("agenshield: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::error::Error>> {
+    if let Some(p) = path {
+        return Ok(Config::load(p)?);
+    }
+    let installed = std::path::Path::new(DEFAULT_CONFIG_PATH);
+    if installed.exists() {
+        return Ok(Config::load(installed)?);
+    }
+    Ok(Config::defaults_in(&default_state_dir()?))
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("AGENSHIELD_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}

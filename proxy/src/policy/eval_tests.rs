@@ -1,0 +1,481 @@
+//! Tests for `decide`: the decision table, path tricks, report mode and a speed check.
+
+use super::super::{PolicySource, Scheme};
+use super::*;
+
+pub(crate) fn policy(text: &str) -> Policy {
+    let src = PolicySource {
+        name: "test.toml".into(),
+        text: text.into(),
+    };
+    Policy::from_sources(&[src]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn http<'a>(method: &'a str, host: &'a str, port: u16, path: &'a str) -> RequestFacts<'a> {
+    RequestFacts {
+        host,
+        port,
+        scheme: if port == 80 {
+            Scheme::Http
+        } else {
+            Scheme::Https
+        },
+        method: Some(method),
+        path: Some(path),
+    }
+}
+
+fn tcp(host: &str, port: u16) -> RequestFacts<'_> {
+    RequestFacts {
+        host,
+        port,
+        scheme: Scheme::Tcp,
+        method: None,
+        path: None,
+    }
+}
+
+const TABLE_POLICY: &str = r#"
+version = 1
+default = "deny"
+mode = "enforce"
+
+[[rule]]
+id = "github-api"
+hosts = ["api.github.com"]
+ports = [443]
+methods = ["get", "POST"]
+paths = ["/repos/**", "/user"]
+action = "allow"
+priority = 100
+
+[[rule]]
+id = "gh-admin"
+hosts = ["api.github.com"]
+paths = ["/repos/*/admin", "/repos/*/admin/**"]
+action = "deny"
+priority = 100
+
+[[rule]]
+id = "ghuc"
+hosts = ["*.githubusercontent.com"]
+ports = [443]
+action = "allow"
+
+[[rule]]
+id = "internal-deny"
+hosts = ["*.internal.example"]
+action = "deny"
+priority = 50
+
+[[rule]]
+id = "ci-box"
+hosts = ["ci.internal.example"]
+action = "allow"
+priority = 60
+
+[[rule]]
+id = "tie-allow"
+hosts = ["tie.example"]
+action = "allow"
+priority = 10
+
+[[rule]]
+id = "tie-deny"
+hosts = ["tie.example"]
+action = "deny"
+priority = 10
+
+[[rule]]
+id = "order-a"
+hosts = ["order.example"]
+action = "allow"
+
+[[rule]]
+id = "order-b"
+hosts = ["order.example", "*.example"]
+action = "allow"
+
+[[rule]]
+id = "ssh-git"
+hosts = ["github.com"]
+ports = [22, 443]
+action = "allow"
+
+[[rule]]
+id = "loopback"
+hosts = ["127.0.0.2", "[::1]"]
+action = "allow"
+
+[[rule]]
+id = "no-delete"
+hosts = ["*"]
+methods = ["DELETE"]
+action = "deny"
+priority = 1000
+
+[[rule]]
+id = "docs-get"
+hosts = ["docs.example.com"]
+methods = ["GET", "HEAD"]
+paths = ["/*.html", "/guide/*"]
+action = "allow"
+priority = 5
+"#;
+
+#[test]
+fn decision_table() {
+    use Action::{Allow, Deny};
+    let p = policy(TABLE_POLICY);
+    assert_eq!(p.rule_count(), 13);
+    let cases: Vec<(RequestFacts<'_>, Action, Option<&str>)> = vec![
+        (
+            http("GET", "api.github.com", 443, "/repos/a/b"),
+            Allow,
+            Some("github-api"),
+        ),
+        (
+            http("POST", "API.GitHub.com.", 443, "/repos/a/b/pulls"),
+            Allow,
+            Some("github-api"),
+        ),
+        (
+            http("get", "api.github.com", 443, "/user"),
+            Allow,
+            Some("github-api"),
+        ),
+        (http("PUT", "api.github.com", 443, "/repos/a/b"), Deny, None),
+        (http("GET", "api.github.com", 80, "/repos/a/b"), Deny, None),
+        (http("GET", "api.github.com", 443, "/users/x"), Deny, None),
+        (http("GET", "api.github.com", 443, "/repos"), Deny, None),
+        // Equal priority: the deny wins although listed after the allow.
+        (
+            http("GET", "api.github.com", 443, "/repos/x/admin"),
+            Deny,
+            Some("gh-admin"),
+        ),
+        (
+            http("GET", "api.github.com", 443, "/repos/x/admin/keys/1"),
+            Deny,
+            Some("gh-admin"),
+        ),
+        (
+            http("GET", "api.github.com", 443, "/repos/x/y/admin"),
+            Allow,
+            Some("github-api"),
+        ),
+        // Leading wildcard: any depth, not the bare suffix.
+        (
+            http("GET", "raw.githubusercontent.com", 443, "/a"),
+            Allow,
+            Some("ghuc"),
+        ),
+        (
+            http("GET", "a.b.githubusercontent.com", 443, "/a"),
+            Allow,
+            Some("ghuc"),
+        ),
+        (http("GET", "githubusercontent.com", 443, "/a"), Deny, None),
+        (
+            http("GET", "evilgithubusercontent.com", 443, "/a"),
+            Deny,
+            None,
+        ),
+        (
+            http("GET", "raw.githubusercontent.com", 8443, "/a"),
+            Deny,
+            None,
+        ),
+        // Priorities: a specific allow above a wildcard deny.
+        (
+            http("GET", "ci.internal.example", 443, "/"),
+            Allow,
+            Some("ci-box"),
+        ),
+        (
+            http("GET", "db.internal.example", 443, "/"),
+            Deny,
+            Some("internal-deny"),
+        ),
+        (
+            tcp("db.internal.example", 5432),
+            Deny,
+            Some("internal-deny"),
+        ),
+        (http("GET", "tie.example", 443, "/"), Deny, Some("tie-deny")),
+        // Same priority and action: file/rule order.
+        (
+            http("GET", "order.example", 443, "/"),
+            Allow,
+            Some("order-a"),
+        ),
+        (
+            http("GET", "x.order.example", 443, "/"),
+            Allow,
+            Some("order-b"),
+        ),
+        // Raw TCP: host+port rules match, method/path rules cannot.
+        (tcp("github.com", 22), Allow, Some("ssh-git")),
+        (tcp("github.com", 23), Deny, None),
+        (tcp("api.github.com", 443), Deny, None),
+        (tcp("docs.example.com", 443), Deny, None),
+        (tcp("sub.tie.example", 443), Allow, Some("order-b")),
+        (tcp("127.0.0.2", 8080), Allow, Some("loopback")),
+        (tcp("[::1]", 8080), Allow, Some("loopback")),
+        (tcp("::ffff:127.0.0.2", 8080), Allow, Some("loopback")),
+        (tcp("127.0.0.1", 8080), Deny, None),
+        (tcp("127.2", 8080), Deny, None),
+        // Method deny at top priority; raw TCP is not over-denied by it.
+        (
+            http("DELETE", "api.github.com", 443, "/repos/a/b"),
+            Deny,
+            Some("no-delete"),
+        ),
+        (
+            http("delete", "order.example", 443, "/"),
+            Deny,
+            Some("no-delete"),
+        ),
+        // Path globs: `*` stays within a segment.
+        (
+            http("GET", "docs.example.com", 443, "/index.html"),
+            Allow,
+            Some("docs-get"),
+        ),
+        (
+            http("HEAD", "docs.example.com", 443, "/guide/intro"),
+            Allow,
+            Some("docs-get"),
+        ),
+        (
+            http("GET", "docs.example.com", 443, "/a/index.html"),
+            Deny,
+            None,
+        ),
+        (http("GET", "nothing.test", 443, "/"), Deny, None),
+        (http("GET", "bad host", 443, "/"), Deny, None),
+        (http("GET", "api.github.com", 443, "/repos/%zz"), Deny, None),
+    ];
+    for (req, action, rule) in cases {
+        let d = p.decide(&req);
+        assert_eq!(
+            (d.action, d.rule_id.as_deref()),
+            (action, rule),
+            "{req:?}: {}",
+            d.explanation
+        );
+        assert!(!d.reported_deny);
+    }
+}
+
+#[test]
+fn explanations() {
+    let p = policy(TABLE_POLICY);
+    let d = p.decide(&http("GET", "API.github.com", 443, "/repos/x"));
+    assert_eq!(
+        d.explanation,
+        "rule github-api (priority 100) allows GET api.github.com:443/repos/x"
+    );
+    let d = p.decide(&tcp("api.x.com", 443));
+    assert_eq!(
+        d.explanation,
+        "no rule matched tcp api.x.com:443; default deny"
+    );
+    let d = p.decide(&tcp("::2", 22));
+    assert_eq!(d.explanation, "no rule matched tcp [::2]:22; default deny");
+    let d = p.decide(&http("DELETE", "a.b", 443, "/x"));
+    assert_eq!(
+        d.explanation,
+        "rule no-delete (priority 1000) denies DELETE a.b:443/x"
+    );
+}
+
+#[test]
+fn default_allow_and_report_mode() {
+    let allow = policy(
+        "version = 1\ndefault = \"allow\"\n[[rule]]\nid = \"x\"\nhosts = [\"bad.example\"]\naction = \"deny\"\n",
+    );
+    assert_eq!(allow.default_action(), Action::Allow);
+    let d = allow.decide(&http("GET", "good.example", 443, "/"));
+    assert_eq!((d.action, d.rule_id), (Action::Allow, None));
+    assert_eq!(
+        d.explanation,
+        "no rule matched GET good.example:443/; default allow"
+    );
+    let d = allow.decide(&tcp("bad.example", 1));
+    assert_eq!((d.action, d.rule_id.as_deref()), (Action::Deny, Some("x")));
+
+    let report = policy(&TABLE_POLICY.replace("mode = \"enforce\"", "mode = \"report\""));
+    assert_eq!(report.mode(), Mode::Report);
+    let d = report.decide(&http("GET", "tie.example", 443, "/"));
+    assert_eq!(
+        (d.action, d.reported_deny, d.rule_id.as_deref()),
+        (Action::Allow, true, Some("tie-deny"))
+    );
+    assert!(
+        d.explanation.ends_with("; allowed in report mode"),
+        "{}",
+        d.explanation
+    );
+    let d = report.decide(&http("GET", "nothing.test", 443, "/"));
+    assert_eq!(
+        (d.action, d.reported_deny, d.rule_id),
+        (Action::Allow, true, None)
+    );
+    let d = report.decide(&http("GET", "order.example", 443, "/"));
+    assert_eq!((d.action, d.reported_deny), (Action::Allow, false));
+    // Unroutable input is denied even in report mode.
+    let d = report.decide(&http("GET", "a..b", 443, "/"));
+    assert_eq!((d.action, d.reported_deny), (Action::Deny, false));
+}
+
+#[test]
+fn path_tricks_cannot_reach_denied_paths() {
+    let p = policy(
+        r#"
+version = 1
+[[rule]]
+id = "all"
+hosts = ["*"]
+action = "allow"
+[[rule]]
+id = "admin"
+hosts = ["*"]
+paths = ["/admin", "/admin/**"]
+action = "deny"
+"#,
+    );
+    let tricks = [
+        "/admin",
+        "/admin/",
+        "/admin/a",
+        "/x/../admin/a",
+        "/%61dmin/a",
+        "/%61%64%6D%69%6E/a",
+        "//admin//a",
+        "/admin%2Fa",
+        "/admin%2fa",
+        "/admin%5Ca",
+        "/admin\\a",
+        "/./admin/a",
+        "/%2e/admin/a",
+        "/x/%2E%2E/admin/a",
+        "/x/..%2Fadmin/a",
+        "/x%2F..%2Fadmin",
+        "/../../admin/a",
+        "/admin/.",
+        "/admin/a/..",
+        "/x/y/../../admin/z",
+    ];
+    for raw in tricks {
+        // Both as the proxy passes it (pre-normalized) and raw (caller forgot).
+        let norm = normalize_path(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
+        for path in [norm.matching.as_str(), raw] {
+            let d = p.decide(&http("GET", "h.example", 443, path));
+            assert_eq!(d.action, Action::Deny, "{raw} as {path}: {}", d.explanation);
+            assert_eq!(d.rule_id.as_deref(), Some("admin"), "{raw}");
+        }
+    }
+    for ok in ["/administrator", "/x/admin", "/admin.html", "/"] {
+        let d = p.decide(&http("GET", "h.example", 443, ok));
+        assert_eq!(d.action, Action::Allow, "{ok}");
+    }
+}
+
+#[test]
+fn many_matching_wildcards_keep_evaluation_order() {
+    // 11 suffix patterns + exact + `*` all match: exercises the heap spill of the merge.
+    let labels = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"];
+    let host = format!("{}.example", labels.join("."));
+    let mut text = String::from("version = 1\n");
+    for (i, _) in labels.iter().enumerate().skip(1) {
+        let suffix = format!("{}.example", labels[i..].join("."));
+        text.push_str(&format!(
+            "[[rule]]\nid = \"w{i}\"\nhosts = [\"*.{suffix}\"]\nports = [{i}]\naction = \"allow\"\npriority = {i}\n"
+        ));
+    }
+    text.push_str("[[rule]]\nid = \"top\"\nhosts = [\"*.example\"]\nports = [99]\naction = \"deny\"\npriority = 99\n");
+    text.push_str(&format!(
+        "[[rule]]\nid = \"exact\"\nhosts = [\"{host}\"]\naction = \"allow\"\npriority = -1\n"
+    ));
+    text.push_str(
+        "[[rule]]\nid = \"any\"\nhosts = [\"*\"]\nports = [7]\naction = \"deny\"\npriority = 7\n",
+    );
+    let p = policy(&text);
+    for (port, want) in [
+        (3, "w3"),
+        (10, "w10"),
+        (99, "top"),
+        (7, "any"),
+        (1234, "exact"),
+    ] {
+        let d = p.decide(&tcp(&host, port));
+        assert_eq!(
+            d.rule_id.as_deref(),
+            Some(want),
+            "port {port}: {}",
+            d.explanation
+        );
+    }
+}
+
+#[test]
+fn may_allow_before_interception() {
+    let p = policy(TABLE_POLICY);
+    // Only method/path-constrained allows: a TCP decide denies, but HTTP requests may pass.
+    assert_eq!(p.decide(&tcp("api.github.com", 443)).action, Action::Deny);
+    assert!(p.may_allow("API.github.com", 443));
+    assert!(!p.may_allow("api.github.com", 8443));
+    assert!(p.may_allow("ci.internal.example", 1));
+    assert!(!p.may_allow("db.internal.example", 443));
+    assert!(!p.may_allow("tie.example", 443));
+    assert!(!p.may_allow("nothing.test", 443));
+    assert!(!p.may_allow("bad host", 443));
+    let open = policy("version = 1\ndefault = \"allow\"\n[[rule]]\nid = \"no-post\"\nhosts = [\"*\"]\nmethods = [\"POST\"]\naction = \"deny\"\n");
+    assert!(open.may_allow("x.example", 443));
+    let report = policy(&TABLE_POLICY.replace("\"enforce\"", "\"report\""));
+    assert!(report.may_allow("nothing.test", 443));
+}
+
+/// Run: `cargo test --release -- --ignored --nocapture decide_speed`. Measured on the 2-core
+/// dev VM (busy): ~0.3 µs per decision over 10k host rules; compiling them ~160 ms.
+#[test]
+#[ignore]
+fn decide_speed() {
+    use std::time::Instant;
+    let mut text = String::from("version = 1\n");
+    for i in 0..10_000 {
+        let host = if i % 10 == 0 {
+            format!("*.w{i}.example.com")
+        } else {
+            format!("h{i}.example.com")
+        };
+        text.push_str(&format!(
+            "[[rule]]\nid = \"r{i}\"\nhosts = [\"{host}\"]\nports = [443]\nmethods = [\"GET\"]\npaths = [\"/api/**\"]\naction = \"allow\"\npriority = {}\n",
+            i % 7
+        ));
+    }
+    text.push_str(
+        "[[rule]]\nid = \"any\"\nhosts = [\"*\"]\nmethods = [\"DELETE\"]\naction = \"deny\"\n",
+    );
+    let t = Instant::now();
+    let p = policy(&text);
+    println!("compile 10k rules: {:?}", t.elapsed());
+    let hosts: Vec<String> = (0..1000)
+        .map(|i| match i % 3 {
+            0 => format!("h{}.example.com", i * 7 + 1),
+            1 => format!("a.b.w{}.example.com", (i * 7) / 10 * 10),
+            _ => format!("miss{i}.other.org"),
+        })
+        .collect();
+    let n = 100_000;
+    let mut allowed = 0usize;
+    let t = Instant::now();
+    for i in 0..n {
+        let d = p.decide(&http("GET", &hosts[i % hosts.len()], 443, "/api/v1/items"));
+        allowed += usize::from(d.is_allowed());
+    }
+    let per = t.elapsed() / u32::try_from(n).expect("n");
+    println!("decide: {per:?} per decision ({allowed}/{n} allowed)");
+    assert!(allowed > n / 2);
+}

@@ -1,0 +1,69 @@
+//! curl, the agent's most common tool, as a test client.
+
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct CurlOut {
+    /// curl's exit code (0 = transfer done, whatever the HTTP status).
+    pub exit: i32,
+    pub status: u16,
+    /// `1.1`, `2`...
+    pub http_version: String,
+    pub body: Vec<u8>,
+    pub size_download: u64,
+    pub stderr: String,
+}
+
+impl CurlOut {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Runs curl with `args`, never following its environment's proxy settings unless told.
+/// `body_to_null` discards the body (large downloads) but still reports its size.
+pub async fn curl(args: &[&str], body_to_null: bool) -> CurlOut {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_path = dir.path().join("body");
+    let out = if body_to_null {
+        "/dev/null".to_string()
+    } else {
+        out_path.display().to_string()
+    };
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args(["-sS", "--max-time", "60", "-o", &out])
+        .args(["-w", "%{http_code} %{http_version} %{size_download}"])
+        .args(args)
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy");
+    let output = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .expect("curl finished in time")
+        .expect("curl runs (is it installed?)");
+    let w = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut parts = w.split_whitespace();
+    let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let http_version = parts.next().unwrap_or("").to_string();
+    let size_download = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = if body_to_null {
+        Vec::new()
+    } else {
+        std::fs::read(&out_path).unwrap_or_default()
+    };
+    CurlOut {
+        exit: output.status.code().unwrap_or(-1),
+        status,
+        http_version,
+        body,
+        size_download,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}

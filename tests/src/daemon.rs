@@ -1,0 +1,195 @@
+//! Runs the real `agenshield` binary for a test: a private state directory, a config that
+//! binds ephemeral loopback ports, and a resolver that can only answer from its static table
+//! (its nameserver is a dead loopback port), so nothing a test does can leave the machine.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// What a test wants from the daemon.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// Policy files: (file name, TOML text).
+    pub policies: Vec<(String, String)>,
+    /// Upstream CA files the daemon trusts in addition to the system roots.
+    pub extra_ca: Vec<PathBuf>,
+    /// Static resolver entries.
+    pub hosts: Vec<(String, IpAddr)>,
+    /// Where every transparent connection claims to be headed (tests have no firewall).
+    pub orig_dst: Option<SocketAddr>,
+    /// Extra `[limits]` lines, e.g. `first_bytes_timeout = "500ms"`.
+    pub limits: Vec<String>,
+}
+
+pub struct Daemon {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub transparent: SocketAddr,
+    pub explicit: SocketAddr,
+    /// PEM of the daemon's CA, for clients acting as the agent.
+    pub ca_pem: String,
+    pub ca_path: PathBuf,
+    log_path: PathBuf,
+}
+
+/// The binary cargo built beside this test executable (target/<profile>/agenshield).
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join("agenshield");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
+        bin.display()
+    );
+    bin
+}
+
+impl Daemon {
+    pub fn start(opts: DaemonOptions) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let policies = dir.path().join("policies");
+        std::fs::create_dir_all(&policies).expect("policy dir");
+        for (name, text) in &opts.policies {
+            std::fs::write(policies.join(name), text).expect("write policy");
+        }
+        let config = dir.path().join("proxy.toml");
+        std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
+        let log_path = dir.path().join("daemon.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut child = Command::new(binary())
+            .args(["proxy", "run", "--config"])
+            .arg(&config)
+            .env("AGENSHIELD_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn agenshield");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        // Keep draining stdout for the daemon's whole life so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("agenshield: ready ") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let ready = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("daemon did not become ready within 30 s; its log:\n{logs}");
+            }
+        };
+        let field = |key: &str| -> String {
+            ready
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("ready line lacks {key}: {ready}"))
+                .to_string()
+        };
+        let transparent = field("transparent=")
+            .split(',')
+            .next()
+            .and_then(|a| a.parse().ok())
+            .expect("transparent address");
+        let explicit = field("explicit=").parse().expect("explicit address");
+        let ca_path = dir.path().join("certs/ca.pem");
+        let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
+        Daemon {
+            child,
+            dir,
+            transparent,
+            explicit,
+            ca_pem,
+            ca_path,
+            log_path,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Still running?
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Peak resident set size (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmHWM")
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
+    let mut c = String::new();
+    let _ = writeln!(
+        c,
+        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\n"
+    );
+    let _ = writeln!(
+        c,
+        "[paths]\npolicies = {:?}\ncerts = {:?}\n",
+        dir.join("policies"),
+        dir.join("certs")
+    );
+    let cas: Vec<String> = opts.extra_ca.iter().map(|p| format!("{p:?}")).collect();
+    let _ = writeln!(
+        c,
+        "[upstream]\nextra_ca = [{}]\nallow_private = [\"127.0.0.0/8\"]\n",
+        cas.join(", ")
+    );
+    // The discard port on loopback: a name missing from the table fails fast and locally.
+    let _ = writeln!(
+        c,
+        "[resolver]\nnameservers = [\"127.0.0.1:9\"]\n[resolver.hosts]"
+    );
+    let mut names: Vec<&String> = opts.hosts.iter().map(|(n, _)| n).collect();
+    names.dedup();
+    for name in names {
+        let addrs: Vec<String> = opts
+            .hosts
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, a)| format!("\"{a}\""))
+            .collect();
+        let _ = writeln!(c, "{name:?} = [{}]", addrs.join(", "));
+    }
+    let _ = writeln!(c, "\n[limits]");
+    for l in &opts.limits {
+        let _ = writeln!(c, "{l}");
+    }
+    if let Some(dst) = opts.orig_dst {
+        let _ = writeln!(c, "\n[testing]\norig_dst_override = \"{dst}\"");
+    }
+    c
+}

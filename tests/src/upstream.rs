@@ -1,0 +1,299 @@
+//! A real upstream server on 127.0.0.1 for end-to-end tests: one port speaks TLS
+//! (h2 + http/1.1 via ALPN) and plain HTTP, and records every request it sees.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{header, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::tungstenite::{handshake::derive_accept_key, protocol::Role, Message};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::pki::{server_config, TestLeaf};
+
+type Body = BoxBody<Bytes, Infallible>;
+const CHUNK: usize = 64 * 1024;
+const TXT: &str = "text/plain";
+
+/// How to run an [`Upstream`].
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamOptions {
+    /// Leaf to serve over TLS; `None` = plain HTTP only (TLS handshakes are then dropped).
+    pub tls: Option<TestLeaf>,
+    /// Shown in response bodies (`hello from {name}\n`), to tell upstreams apart.
+    pub name: String,
+}
+
+/// One request as the upstream saw it.
+#[derive(Clone, Debug)]
+pub struct SeenRequest {
+    pub method: String,
+    pub path_and_query: String,
+    pub version: http::Version,
+    /// URI authority (h2 `:authority` or absolute-form) else the Host header.
+    pub authority: Option<String>,
+    /// Lower-case names, in received order.
+    pub headers: Vec<(String, String)>,
+    pub tls: bool,
+    pub sni: Option<String>,
+    pub alpn: Option<String>,
+    pub peer: SocketAddr,
+}
+
+/// A running upstream server; dropping it stops the server and all its connections.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<SeenRequest>>>,
+    accept_task: tokio::task::JoinHandle<()>,
+    _shutdown: watch::Sender<()>,
+}
+
+#[derive(Clone)]
+struct ConnInfo {
+    name: Arc<str>,
+    tls: bool,
+    sni: Option<String>,
+    alpn: Option<String>,
+    peer: SocketAddr,
+    seen: Arc<Mutex<Vec<SeenRequest>>>,
+    shutdown: watch::Receiver<()>,
+}
+
+impl Upstream {
+    /// Binds 127.0.0.1:0 and serves TLS and plain HTTP on that one port (first byte 0x16 → TLS).
+    pub async fn start(opts: UpstreamOptions) -> Upstream {
+        let bound = TcpListener::bind(("127.0.0.1", 0)).await;
+        let listener = bound.expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let cfg = opts
+            .tls
+            .as_ref()
+            .map(|leaf| server_config(leaf, &[b"h2", b"http/1.1"]));
+        let acceptor = cfg.map(TlsAcceptor::from);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (shutdown_tx, shutdown) = watch::channel(());
+        let base = ConnInfo {
+            name: opts.name.into(),
+            tls: false,
+            sni: None,
+            alpn: None,
+            peer: addr,
+            seen: seen.clone(),
+            shutdown,
+        };
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        eprintln!("upstream {}: accept error: {e}", base.name);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let mut info = base.clone();
+                info.peer = peer;
+                spawn_guarded(&base.shutdown, handle_conn(stream, acceptor.clone(), info));
+            }
+        });
+        Upstream {
+            addr,
+            seen,
+            accept_task,
+            _shutdown: shutdown_tx,
+        }
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.seen.lock().expect("requests lock").clone()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        // Dropping `_shutdown` right after this ends every connection task.
+        self.accept_task.abort();
+    }
+}
+
+/// Runs `fut` until it finishes or the owning [`Upstream`] is dropped.
+fn spawn_guarded(shutdown: &watch::Receiver<()>, fut: impl Future<Output = ()> + Send + 'static) {
+    let mut shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            _ = fut => {}
+        }
+    });
+}
+
+async fn handle_conn(stream: TcpStream, acceptor: Option<TlsAcceptor>, mut info: ConnInfo) {
+    let mut first = [0u8; 1];
+    if !matches!(stream.peek(&mut first).await, Ok(1)) {
+        return;
+    }
+    if first[0] != 0x16 {
+        return serve(stream, info).await;
+    }
+    let Some(acceptor) = acceptor else {
+        return eprintln!("upstream {}: TLS but no leaf configured", info.name);
+    };
+    match acceptor.accept(stream).await {
+        Ok(tls) => {
+            let conn = tls.get_ref().1;
+            info.tls = true;
+            info.sni = conn.server_name().map(str::to_owned);
+            let alpn = conn.alpn_protocol().map(String::from_utf8_lossy);
+            info.alpn = alpn.map(Into::into);
+            serve(tls, info).await
+        }
+        Err(e) => eprintln!("upstream {}: TLS handshake: {e}", info.name),
+    }
+}
+
+/// HTTP/1.1 or h2 (by preface, which also covers h2c prior knowledge) with upgrades.
+async fn serve(io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static, info: ConnInfo) {
+    let svc = service_fn(move |req| route(req, info.clone()));
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    if let Err(e) = conn.await {
+        eprintln!("upstream: connection error: {e}");
+    }
+}
+
+fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()).boxed());
+    *resp.status_mut() = status;
+    let ctype = http::HeaderValue::from_static(ctype);
+    resp.headers_mut().insert(header::CONTENT_TYPE, ctype);
+    resp
+}
+
+async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Body>, Infallible> {
+    let seen = record(&req, &info);
+    let path = req.uri().path().to_owned();
+    let num = |prefix: &str| path.strip_prefix(prefix)?.parse::<u64>().ok();
+    let resp = if path.starts_with("/echo") {
+        let body = req.into_body().collect().await;
+        let body_len = body.map_or(0, |b| b.to_bytes().len());
+        let mut headers = std::collections::BTreeMap::<&str, String>::new();
+        for (k, v) in &seen.headers {
+            let join = |old: &mut String| *old = format!("{old}, {v}");
+            let entry = headers.entry(k).and_modify(join);
+            entry.or_insert_with(|| v.clone());
+        }
+        let json = serde_json::json!({
+            "method": seen.method, "path": seen.path_and_query,
+            "version": format!("{:?}", seen.version), "authority": seen.authority,
+            "headers": headers, "body_len": body_len, "tls": seen.tls, "sni": seen.sni,
+            "alpn": seen.alpn, "name": &*info.name,
+        });
+        text(StatusCode::OK, "application/json", json.to_string())
+    } else if let Some(n) = num("/bytes/") {
+        bytes_response(n)
+    } else if let Some(code) = num("/status/") {
+        match u16::try_from(code).map(StatusCode::from_u16) {
+            Ok(Ok(s)) if (200..600).contains(&code) => {
+                let body = match code {
+                    204 | 304 => String::new(),
+                    _ => format!("status {code}\n"),
+                };
+                text(s, TXT, body)
+            }
+            _ => text(StatusCode::BAD_REQUEST, TXT, "bad status code\n"),
+        }
+    } else if let Some(ms) = num("/slow/") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        text(StatusCode::OK, TXT, format!("slept {ms}ms\n"))
+    } else if path == "/ws" {
+        websocket(&mut req, &info)
+    } else {
+        text(StatusCode::OK, TXT, format!("hello from {}\n", info.name))
+    };
+    Ok(resp)
+}
+
+fn lossy(v: &http::HeaderValue) -> String {
+    String::from_utf8_lossy(v.as_bytes()).into_owned()
+}
+
+fn record(req: &Request<Incoming>, info: &ConnInfo) -> SeenRequest {
+    let uri = req.uri();
+    let host = req.headers().get(header::HOST).map(lossy);
+    let headers = req.headers().iter().map(|(k, v)| (k.to_string(), lossy(v)));
+    let seen = SeenRequest {
+        method: req.method().to_string(),
+        path_and_query: uri.path_and_query().map_or("/".into(), |p| p.to_string()),
+        version: req.version(),
+        authority: uri.authority().map(|a| a.to_string()).or(host),
+        headers: headers.collect(),
+        tls: info.tls,
+        sni: info.sni.clone(),
+        alpn: info.alpn.clone(),
+        peer: info.peer,
+    };
+    info.seen.lock().expect("requests lock").push(seen.clone());
+    seen
+}
+
+/// Streams exactly `n` bytes (byte i = i % 251) in 64 KiB chunks sliced from one shared buffer.
+fn bytes_response(n: u64) -> Response<Body> {
+    let pattern = Bytes::from_iter((0..CHUNK + 251).map(|i| (i % 251) as u8));
+    let stream = futures_util::stream::unfold(0u64, move |off| {
+        let len = (n.saturating_sub(off)).min(CHUNK as u64) as usize;
+        let start = (off % 251) as usize;
+        let frame = Frame::data(pattern.slice(start..start + len));
+        let item = (len > 0).then(|| (Ok::<_, Infallible>(frame), off + len as u64));
+        std::future::ready(item)
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, n)
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("valid response")
+}
+
+/// HTTP/1.1 Upgrade to a WebSocket that echoes text and binary messages.
+fn websocket(req: &mut Request<Incoming>, info: &ConnInfo) -> Response<Body> {
+    let headers = req.headers();
+    let upgrade = headers.get(header::UPGRADE).map(lossy).unwrap_or_default();
+    let key = headers.get(header::SEC_WEBSOCKET_KEY);
+    let Some(accept) = key.filter(|_| upgrade.eq_ignore_ascii_case("websocket")) else {
+        return text(StatusCode::BAD_REQUEST, TXT, "expected websocket upgrade\n");
+    };
+    let accept = derive_accept_key(accept.as_bytes());
+    let on_upgrade = hyper::upgrade::on(req);
+    spawn_guarded(&info.shutdown, async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => return eprintln!("upstream: websocket upgrade failed: {e}"),
+        };
+        let mut ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;
+        while let Some(Ok(msg)) = ws.next().await {
+            if matches!(msg, Message::Text(_) | Message::Binary(_)) && ws.send(msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::UPGRADE, "websocket")
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::SEC_WEBSOCKET_ACCEPT, accept)
+        .body(Full::new(Bytes::new()).boxed())
+        .expect("valid response")
+}
