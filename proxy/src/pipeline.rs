@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpInfo;
 
 use crate::body::ProxyBody;
 use crate::conn::ConnCtx;
@@ -29,6 +30,11 @@ pub async fn handle(
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     match outcome {
         Ok((resp, target, rule)) => {
+            // The address actually dialed, which the agent never chose.
+            let upstream = resp
+                .extensions()
+                .get::<HttpInfo>()
+                .map(|i| i.remote_addr().to_string());
             tracing::info!(
                 request_id,
                 %method,
@@ -38,6 +44,7 @@ pub async fn handle(
                 decision = "allow",
                 rule = rule.as_deref().unwrap_or("(default)"),
                 status = resp.status().as_u16(),
+                upstream = upstream.as_deref().unwrap_or("-"),
                 ms,
                 "request"
             );

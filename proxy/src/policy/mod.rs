@@ -165,7 +165,7 @@ impl Policy {
         Ok(policy)
     }
 
-    /// `sha256:` + 16 hex digits over every source's name and text: identifies the loaded
+    /// `sha256:` + 16 hex digits over every source's file name and text: identifies the loaded
     /// policy in logs and audit records.
     pub fn hash(&self) -> &str {
         &self.hash
@@ -192,7 +192,12 @@ fn is_policy_file_name(name: &str) -> bool {
 fn hash_sources(sources: &[PolicySource]) -> String {
     let mut h = Sha256::new();
     for s in sources {
-        h.update(s.name.as_bytes());
+        // The file name, not its directory: the same policy hashes alike wherever it lives.
+        let name = Path::new(&s.name)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(&s.name);
+        h.update(name.as_bytes());
         h.update([0]);
         h.update(s.text.as_bytes());
         h.update([0]);
