@@ -1,9 +1,15 @@
 //! Redirect backends and original-destination lookup for AgenShield.
 //!
 //! This is the only crate that talks to the operating system's packet filter. The proxy sees
-//! it through [`OrigDst`]: given an accepted socket, where was the client really going?
+//! it through two seams: [`OrigDst`] (given an accepted socket, where was the client really
+//! going?) and [`Redirector`] (put the agent users' traffic into the proxy, or take it out).
 //! Tests swap in [`FixedOrigDst`] so the whole proxy runs on loopback without a firewall.
 
+pub mod nft;
 mod origdst;
+mod redirect;
 
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
+pub use redirect::{
+    platform_redirector, FirewallState, FirewallStatus, RedirectError, RedirectSpec, Redirector,
+};

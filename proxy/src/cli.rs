@@ -34,6 +34,40 @@ pub enum ProxyCommand {
     /// Listens on 127.0.0.1:15001 and [::1]:15001 (transparent) and 127.0.0.1:15080
     /// (explicit HTTP proxy) unless configured otherwise. SIGHUP reloads the policy.
     Run(RunArgs),
+
+    /// Install, remove or inspect the firewall rules that redirect the agent users' traffic
+    ///
+    /// Linux: one nftables table, `inet agenshield`. All TCP of the agent users (IPv4 and
+    /// IPv6, any port) goes to the transparent listener; their DNS (port 53) passes unchanged
+    /// unless redirect.allow_dns = false; everything else they send is rejected. Other users
+    /// are never touched. The rules stay when the daemon exits, so agent traffic fails closed
+    /// while the proxy is down. Needs root.
+    Firewall(FirewallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FirewallArgs {
+    #[command(subcommand)]
+    pub action: FirewallAction,
+
+    /// Daemon configuration file (TOML); default as for `run`
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Machine-readable output
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum FirewallAction {
+    /// Install (or atomically replace) the rules for the configured agent users
+    Up,
+    /// Remove the rules: the agent users' traffic goes direct again
+    Down,
+    /// Whether the rules are in place, match the configuration, and which uids they cover
+    /// (exit 0 only when in place and matching)
+    Status,
 }
 
 #[derive(Debug, clap::Args)]

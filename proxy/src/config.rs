@@ -44,7 +44,7 @@ struct FileConfig {
     #[serde(default)]
     paths: FilePaths,
     #[serde(default)]
-    redirect: FileRedirect,
+    redirect: Redirect,
     #[serde(default)]
     upstream: Upstream,
     #[serde(default)]
@@ -76,13 +76,50 @@ struct FilePaths {
     audit: Option<PathBuf>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileRedirect {
-    #[serde(default)]
-    enabled: bool,
-    #[serde(default)]
-    agent_users: Vec<toml::Value>,
+/// Firewall redirection of the agent users' traffic into the transparent listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Redirect {
+    /// `run` installs the rules at start and keeps them in place.
+    pub enabled: bool,
+    /// User names or uids whose traffic is redirected.
+    pub agent_users: Vec<AgentUser>,
+    /// Let agent DNS (udp/tcp 53) through unchanged.
+    pub allow_dns: bool,
+    /// Destinations the agent reaches directly, without the proxy.
+    pub exempt: Vec<IpNet>,
+    /// How often `run` checks that the rules are still in place (and restores them).
+    #[serde(with = "humantime_serde")]
+    pub reconcile_interval: Duration,
+}
+
+impl Default for Redirect {
+    fn default() -> Self {
+        Redirect {
+            enabled: false,
+            agent_users: vec![AgentUser::Name("ash_default_agent".into())],
+            allow_dns: true,
+            exempt: Vec::new(),
+            reconcile_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// An agent user, by name or uid.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum AgentUser {
+    Uid(u32),
+    Name(String),
+}
+
+impl std::fmt::Display for AgentUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentUser::Uid(u) => write!(f, "{u}"),
+            AgentUser::Name(n) => f.write_str(n),
+        }
+    }
 }
 
 /// Upstream (proxy → internet) settings.
@@ -196,6 +233,7 @@ pub struct Config {
     pub resolver: ResolverConfig,
     pub limits: Limits,
     pub tls: TlsConfig,
+    pub redirect: Redirect,
     pub testing: Testing,
     /// Keys the operator set whose feature this build does not have yet.
     pub not_yet_effective: Vec<&'static str>,
@@ -268,11 +306,14 @@ impl Config {
             path: source.clone().unwrap_or_default(),
             message,
         };
-        if f.redirect.enabled {
-            // Fail closed: an operator who asks for redirection must not believe it is on.
+        if f.redirect.agent_users.is_empty() {
             return Err(invalid(
-                "redirect.enabled = true: firewall redirection is not available in this build yet"
-                    .into(),
+                "redirect.agent_users must name at least one user".into(),
+            ));
+        }
+        if f.redirect.reconcile_interval < Duration::from_millis(100) {
+            return Err(invalid(
+                "redirect.reconcile_interval must be at least 100ms".into(),
             ));
         }
         let mut not_yet = Vec::new();
@@ -282,7 +323,6 @@ impl Config {
             (f.listen.admin.is_some(), "listen.admin"),
             (f.paths.vault.is_some(), "paths.vault"),
             (f.paths.audit.is_some(), "paths.audit"),
-            (!f.redirect.agent_users.is_empty(), "redirect.agent_users"),
         ] {
             if set {
                 not_yet.push(key);
@@ -331,6 +371,7 @@ impl Config {
             resolver: f.resolver,
             limits: f.limits,
             tls: f.tls,
+            redirect: f.redirect,
             testing: f.testing,
             not_yet_effective: not_yet,
         })
@@ -411,10 +452,21 @@ mod tests {
     }
 
     #[test]
-    fn redirect_enabled_is_refused_until_supported() {
-        let err = Config::parse("[redirect]\nenabled = true\n", Path::new("p.toml"))
-            .expect_err("must refuse");
-        assert!(err.to_string().contains("redirect.enabled"));
+    fn agent_users_take_names_and_uids() {
+        let cfg = Config::parse(
+            "[redirect]\nenabled = true\nagent_users = [\"ash_default_agent\", 5201]\nexempt = [\"10.9.0.0/16\"]\n",
+            Path::new("p.toml"),
+        )
+        .expect("valid");
+        assert!(cfg.redirect.enabled);
+        assert_eq!(
+            cfg.redirect.agent_users,
+            vec![
+                AgentUser::Name("ash_default_agent".into()),
+                AgentUser::Uid(5201)
+            ]
+        );
+        assert!(Config::parse("[redirect]\nagent_users = []\n", Path::new("p.toml")).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
-use agenshield_pf::{platform_orig_dst, FixedOrigDst, OrigDst};
+use agenshield_pf::{platform_orig_dst, platform_redirector, FixedOrigDst, OrigDst, Redirector};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::Config;
 use crate::dial::Dialer;
+use crate::firewall;
 use crate::forward::Forwarder;
 use crate::guard::AddressGuard;
 use crate::listen;
@@ -93,11 +94,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let explicit = TcpListener::bind(cfg.explicit)
         .await
         .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
-    let mut own: Vec<SocketAddr> = transparent
+    let transparent_bound: Vec<SocketAddr> = transparent
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .collect();
     let explicit_addr = explicit.local_addr()?;
+    let mut own = transparent_bound.clone();
     own.push(explicit_addr);
 
     let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own.clone());
@@ -122,6 +124,26 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
         None => Arc::from(platform_orig_dst()),
     };
+    if cfg.redirect.enabled {
+        let spec = firewall::spec(&cfg, &transparent_bound)
+            .map_err(|e| BadInput(format!("firewall: {e}")))?;
+        let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
+        backend
+            .apply(&spec)
+            .with_context(|| format!("installing {}", backend.describe()))?;
+        tracing::info!(
+            uids = ?spec.agent_uids,
+            v4 = ?spec.redirect_v4,
+            v6 = ?spec.redirect_v6,
+            "firewall: {} in place",
+            backend.describe()
+        );
+        tokio::spawn(firewall::reconcile(
+            backend,
+            spec,
+            cfg.redirect.reconcile_interval,
+        ));
+    }
     let slots = Arc::new(Semaphore::new(cfg.limits.max_connections));
     let mut tasks = tokio::task::JoinSet::new();
     let mut transparent_addrs = Vec::new();

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod deny;
 pub mod dial;
 pub mod explicit;
+pub mod firewall;
 pub mod forward;
 pub mod guard;
 pub mod intercept;

@@ -9,6 +9,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
+        Top::Proxy(ProxyCommand::Firewall(args)) => match load_config(args.config.as_deref()) {
+            Ok(cfg) => ExitCode::from(agenshield_proxy::firewall::command(
+                &cfg,
+                args.action,
+                args.json,
+            )),
+            Err(e) => {
+                eprintln!("agenshield: {e}");
+                ExitCode::from(2)
+            }
+        },
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {

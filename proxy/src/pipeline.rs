@@ -44,7 +44,7 @@ pub async fn handle(
                 decision = "allow",
                 rule = rule.as_deref().unwrap_or("(default)"),
                 status = resp.status().as_u16(),
-                upstream = upstream.as_deref().unwrap_or("-"),
+                upstream = %upstream.as_deref().unwrap_or("-"),
                 ms,
                 "request"
             );

@@ -4,9 +4,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::Instrument;
 
 use crate::conn::ConnCtx;
 use crate::pipeline;
@@ -33,7 +34,7 @@ where
         let ctx = ctx.clone();
         async move { Ok::<_, Infallible>(pipeline::handle(proxy, ctx, req).await) }
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(SpanExecutor);
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -55,5 +56,20 @@ where
         .await
     {
         tracing::debug!("client connection ended: {e}");
+    }
+}
+
+/// Spawns hyper's per-stream HTTP/2 tasks inside the connection's tracing span, so their log
+/// lines stay attributable to the connection.
+#[derive(Clone, Copy)]
+struct SpanExecutor;
+
+impl<F> hyper::rt::Executor<F> for SpanExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::spawn(fut.in_current_span());
     }
 }

@@ -28,16 +28,28 @@ impl CurlOut {
 /// Runs curl with `args`, never following its environment's proxy settings unless told.
 /// `body_to_null` discards the body (large downloads) but still reports its size.
 pub async fn curl(args: &[&str], body_to_null: bool) -> CurlOut {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out_path = dir.path().join("body");
-    let out = if body_to_null {
-        "/dev/null".to_string()
-    } else {
-        out_path.display().to_string()
+    curl_as(&[], args, body_to_null).await
+}
+
+/// Runs curl under `prefix` (e.g. `setpriv --reuid=…` to act as the agent user). The body
+/// comes back on stdout, so the agent needs no writable file of ours.
+pub async fn curl_as(prefix: &[String], args: &[&str], body_to_null: bool) -> CurlOut {
+    const MARK: &str = "\n@@agenshield-curl@@ ";
+    let out = if body_to_null { "/dev/null" } else { "-" };
+    let (program, pre) = match prefix.split_first() {
+        Some((p, rest)) => (p.as_str(), rest.to_vec()),
+        None => ("curl", Vec::new()),
     };
-    let mut cmd = tokio::process::Command::new("curl");
-    cmd.args(["-sS", "--max-time", "60", "-o", &out])
-        .args(["-w", "%{http_code} %{http_version} %{size_download}"])
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(&pre);
+    if !prefix.is_empty() {
+        cmd.arg("curl");
+    }
+    cmd.args(["-sS", "--max-time", "30", "-o", out])
+        .args([
+            "-w",
+            &format!("{MARK}%{{http_code}} %{{http_version}} %{{size_download}}"),
+        ])
         .args(args)
         .env_remove("http_proxy")
         .env_remove("https_proxy")
@@ -48,16 +60,19 @@ pub async fn curl(args: &[&str], body_to_null: bool) -> CurlOut {
         .await
         .expect("curl finished in time")
         .expect("curl runs (is it installed?)");
-    let w = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stdout = output.stdout;
+    let mark = MARK.as_bytes();
+    let split = stdout
+        .windows(mark.len())
+        .rposition(|w| w == mark)
+        .unwrap_or(stdout.len());
+    let body = stdout[..split].to_vec();
+    let w =
+        String::from_utf8_lossy(stdout.get(split + mark.len()..).unwrap_or_default()).into_owned();
     let mut parts = w.split_whitespace();
     let status = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let http_version = parts.next().unwrap_or("").to_string();
     let size_download = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = if body_to_null {
-        Vec::new()
-    } else {
-        std::fs::read(&out_path).unwrap_or_default()
-    };
     CurlOut {
         exit: output.status.code().unwrap_or(-1),
         status,

@@ -23,6 +23,12 @@ pub struct DaemonOptions {
     pub orig_dst: Option<SocketAddr>,
     /// Extra `[limits]` lines, e.g. `first_bytes_timeout = "500ms"`.
     pub limits: Vec<String>,
+    /// Ranges the private-address guard lets through, besides 127.0.0.0/8.
+    pub allow_private: Vec<String>,
+    /// Also listen on [::1] (transparent).
+    pub ipv6: bool,
+    /// Install the firewall redirect for this uid (root tests).
+    pub redirect_uid: Option<u32>,
 }
 
 pub struct Daemon {
@@ -62,60 +68,100 @@ impl Daemon {
         }
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
-        let log_path = dir.path().join("daemon.log");
-        let log = std::fs::File::create(&log_path).expect("log file");
-        let mut child = Command::new(binary())
-            .args(["proxy", "run", "--config"])
-            .arg(&config)
-            .env("AGENSHIELD_LOG", "debug")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn agenshield");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        // Keep draining stdout for the daemon's whole life so it never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.starts_with("agenshield: ready ") {
-                    let _ = tx.send(line);
-                }
-            }
-        });
-        let ready = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
-                panic!("daemon did not become ready within 30 s; its log:\n{logs}");
-            }
-        };
-        let field = |key: &str| -> String {
-            ready
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix(key))
-                .unwrap_or_else(|| panic!("ready line lacks {key}: {ready}"))
-                .to_string()
-        };
-        let transparent = field("transparent=")
-            .split(',')
-            .next()
-            .and_then(|a| a.parse().ok())
-            .expect("transparent address");
-        let explicit = field("explicit=").parse().expect("explicit address");
+        let (child, transparent, explicit) = spawn(dir.path());
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
             child,
+            log_path: dir.path().join("daemon.log"),
             dir,
             transparent,
             explicit,
             ca_pem,
             ca_path,
-            log_path,
         }
     }
 
+    /// Starts the daemon again on the same state (CA, policy, config) after it stopped.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, transparent, explicit) = spawn(self.dir.path());
+        self.child = child;
+        self.transparent = transparent;
+        self.explicit = explicit;
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and wait for the exit.
+    pub fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
+    /// The config file the daemon runs with.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("proxy.toml")
+    }
+}
+
+fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr) {
+    let config = dir.join("proxy.toml");
+    let log_path = dir.join("daemon.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .expect("log file");
+    let mut child = Command::new(binary())
+        .args(["proxy", "run", "--config"])
+        .arg(&config)
+        .env("AGENSHIELD_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn agenshield");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    // Keep draining stdout for the daemon's whole life so it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("agenshield: ready ") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let ready = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            let logs = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("daemon did not become ready within 30 s; its log:\n{logs}");
+        }
+    };
+    let field = |key: &str| -> String {
+        ready
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("ready line lacks {key}: {ready}"))
+            .to_string()
+    };
+    let transparent = field("transparent=")
+        .split(',')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("transparent address");
+    let explicit = field("explicit=").parse().expect("explicit address");
+    (child, transparent, explicit)
+}
+
+impl Daemon {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -152,9 +198,10 @@ impl Drop for Daemon {
 
 fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let mut c = String::new();
+    let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\n"
+        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\n"
     );
     let _ = writeln!(
         c,
@@ -163,11 +210,20 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
         dir.join("certs")
     );
     let cas: Vec<String> = opts.extra_ca.iter().map(|p| format!("{p:?}")).collect();
+    let mut private = vec!["\"127.0.0.0/8\"".to_string()];
+    private.extend(opts.allow_private.iter().map(|r| format!("{r:?}")));
     let _ = writeln!(
         c,
-        "[upstream]\nextra_ca = [{}]\nallow_private = [\"127.0.0.0/8\"]\n",
-        cas.join(", ")
+        "[upstream]\nextra_ca = [{}]\nallow_private = [{}]\n",
+        cas.join(", "),
+        private.join(", ")
     );
+    if let Some(uid) = opts.redirect_uid {
+        let _ = writeln!(
+            c,
+            "[redirect]\nenabled = true\nagent_users = [{uid}]\nreconcile_interval = \"200ms\"\n"
+        );
+    }
     // The discard port on loopback: a name missing from the table fails fast and locally.
     let _ = writeln!(
         c,

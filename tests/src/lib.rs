@@ -3,5 +3,6 @@
 
 pub mod curl;
 pub mod daemon;
+pub mod netlab;
 pub mod pki;
 pub mod upstream;

@@ -76,7 +76,19 @@ impl Upstream {
     /// Binds 127.0.0.1:0 and serves TLS and plain HTTP on that one port (first byte 0x16 → TLS).
     pub async fn start(opts: UpstreamOptions) -> Upstream {
         let bound = TcpListener::bind(("127.0.0.1", 0)).await;
-        let listener = bound.expect("bind 127.0.0.1:0");
+        Self::serve(bound.expect("bind 127.0.0.1:0"), opts)
+    }
+
+    /// Serves on a listener the caller bound (e.g. inside a network namespace).
+    pub fn serve_std(listener: std::net::TcpListener, opts: UpstreamOptions) -> Upstream {
+        listener.set_nonblocking(true).expect("nonblocking");
+        Self::serve(
+            TcpListener::from_std(listener).expect("tokio listener"),
+            opts,
+        )
+    }
+
+    fn serve(listener: TcpListener, opts: UpstreamOptions) -> Upstream {
         let addr = listener.local_addr().expect("local_addr");
         let cfg = opts
             .tls

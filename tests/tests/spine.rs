@@ -87,6 +87,7 @@ impl World {
             hosts,
             orig_dst: Some(up.addr),
             limits: limits.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
         });
         World {
             up,

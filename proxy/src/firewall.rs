@@ -1,0 +1,299 @@
+//! Redirecting the agent users into the proxy: the spec built from the config, the
+//! `agenshield proxy firewall up|down|status` commands, and the daemon's reconcile loop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenshield_pf::{FirewallState, FirewallStatus, RedirectSpec, Redirector};
+use serde::Serialize;
+
+use crate::config::{AgentUser, Config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error("agent user {0:?} does not exist")]
+    NoSuchUser(String),
+    #[error("looking up agent user {user:?}: {reason}")]
+    Lookup { user: String, reason: String },
+    #[error(
+        "agent uid {0} is the proxy's own uid: its upstream connections would be redirected \
+         into itself; run the proxy as another user"
+    )]
+    OwnUid(u32),
+    #[error("{0}")]
+    Listener(String),
+    #[error(transparent)]
+    Backend(#[from] agenshield_pf::RedirectError),
+}
+
+/// Agent users as uids.
+pub fn resolve_uids(users: &[AgentUser]) -> Result<Vec<u32>, FirewallError> {
+    users
+        .iter()
+        .map(|u| match u {
+            AgentUser::Uid(uid) => Ok(*uid),
+            AgentUser::Name(name) => match nix::unistd::User::from_name(name) {
+                Ok(Some(user)) => Ok(user.uid.as_raw()),
+                Ok(None) => Err(FirewallError::NoSuchUser(name.clone())),
+                Err(e) => Err(FirewallError::Lookup {
+                    user: name.clone(),
+                    reason: e.to_string(),
+                }),
+            },
+        })
+        .collect()
+}
+
+/// The redirect spec for `cfg`, pointing at the transparent listeners `bound` (actual
+/// addresses, so ephemeral ports work). The agent must never be the proxy's own uid.
+pub fn spec(cfg: &Config, bound: &[SocketAddr]) -> Result<RedirectSpec, FirewallError> {
+    let uids = resolve_uids(&cfg.redirect.agent_users)?;
+    let own = nix::unistd::geteuid().as_raw();
+    if uids.contains(&own) {
+        return Err(FirewallError::OwnUid(own));
+    }
+    // `redirect` sends v4 to 127.0.0.1 and v6 to ::1: only listeners there can receive it.
+    let port = |v4: bool| {
+        bound.iter().find_map(|a| {
+            let reachable = match a.ip() {
+                std::net::IpAddr::V4(ip) => v4 && (ip.is_loopback() || ip.is_unspecified()),
+                std::net::IpAddr::V6(ip) => !v4 && (ip.is_loopback() || ip.is_unspecified()),
+            };
+            (reachable && a.port() != 0).then_some(a.port())
+        })
+    };
+    let (redirect_v4, redirect_v6) = (port(true), port(false));
+    if redirect_v4.is_none() && redirect_v6.is_none() {
+        return Err(FirewallError::Listener(
+            "redirection needs a transparent listener on 127.0.0.1 or [::1] with a fixed port"
+                .into(),
+        ));
+    }
+    let exempt = cfg
+        .redirect
+        .exempt
+        .iter()
+        .map(|n| (n.network(), n.prefix_len()))
+        .collect();
+    Ok(RedirectSpec {
+        agent_uids: uids,
+        redirect_v4,
+        redirect_v6,
+        allow_dns: cfg.redirect.allow_dns,
+        exempt,
+    }
+    .normalized()?)
+}
+
+/// `status --json`.
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    pub backend: String,
+    pub state: &'static str,
+    pub in_place: bool,
+    pub matches_config: bool,
+    pub agent_uids: Vec<u32>,
+    pub configured_uids: Vec<u32>,
+    pub redirect_v4: Option<u16>,
+    pub redirect_v6: Option<u16>,
+}
+
+pub fn report(backend: &dyn Redirector, spec: &RedirectSpec, st: &FirewallStatus) -> StatusReport {
+    StatusReport {
+        backend: backend.describe(),
+        state: match st.state {
+            FirewallState::Absent => "absent",
+            FirewallState::Matches => "in_place",
+            FirewallState::Differs => "differs",
+        },
+        in_place: st.state != FirewallState::Absent,
+        matches_config: st.state == FirewallState::Matches,
+        agent_uids: st.installed_uids.clone(),
+        configured_uids: spec.agent_uids.clone(),
+        redirect_v4: spec.redirect_v4,
+        redirect_v6: spec.redirect_v6,
+    }
+}
+
+impl std::fmt::Display for StatusReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            "absent" => "not in place: agent traffic is NOT redirected",
+            "in_place" => "in place, matches the configuration",
+            _ => "in place, but DIFFERS from the configuration (edited by hand?)",
+        };
+        let uids = |v: &[u32]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            }
+        };
+        let port = |p: Option<u16>, host: &str| match p {
+            Some(p) => format!("{host}:{p}"),
+            None => "refused".into(),
+        };
+        writeln!(f, "firewall:       {}", self.backend)?;
+        writeln!(f, "state:          {state}")?;
+        writeln!(f, "covers uids:    {}", uids(&self.agent_uids))?;
+        writeln!(f, "configured:     {}", uids(&self.configured_uids))?;
+        write!(
+            f,
+            "redirect to:    IPv4 {}, IPv6 {}",
+            port(self.redirect_v4, "127.0.0.1"),
+            port(self.redirect_v6, "[::1]")
+        )
+    }
+}
+
+/// Keeps the rules in place for the daemon's lifetime: another tool can flush them, and a
+/// missing table means the agent's traffic would go direct... or nowhere, if only half is left.
+pub async fn reconcile(backend: Arc<dyn Redirector>, spec: RedirectSpec, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let (b, s) = (backend.clone(), spec.clone());
+        let checked = tokio::task::spawn_blocking(move || {
+            let st = b.status(&s)?;
+            if st.state != FirewallState::Matches {
+                b.apply(&s)?;
+            }
+            Ok::<_, agenshield_pf::RedirectError>(st.state)
+        })
+        .await;
+        match checked {
+            Ok(Ok(FirewallState::Matches)) => {}
+            Ok(Ok(FirewallState::Absent)) => {
+                tracing::warn!("firewall: {} had vanished; restored", backend.describe())
+            }
+            Ok(Ok(FirewallState::Differs)) => {
+                tracing::warn!(
+                    "firewall: {} had been changed; restored",
+                    backend.describe()
+                )
+            }
+            Ok(Err(e)) => tracing::error!("firewall: reconcile failed: {e}"),
+            Err(e) => tracing::error!("firewall: reconcile task failed: {e}"),
+        }
+    }
+}
+
+/// `agenshield proxy firewall ACTION`: prints the outcome, returns the exit code.
+pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> u8 {
+    use crate::cli::FirewallAction;
+    let backend = agenshield_pf::platform_redirector();
+    let spec = || {
+        spec(cfg, &cfg.transparent).map_err(|e| {
+            eprintln!("agenshield: firewall: {e}");
+        })
+    };
+    let outcome = match action {
+        // Removing needs no spec: whatever we own goes.
+        FirewallAction::Down => backend.remove().map(|removed| {
+            let verb = if removed {
+                "removed"
+            } else {
+                "was not in place"
+            };
+            format!("firewall: {} {verb}", backend.describe())
+        }),
+        FirewallAction::Up => {
+            let Ok(spec) = spec() else { return 2 };
+            backend.apply(&spec).map(|()| {
+                format!(
+                    "firewall: {} installed for uids {:?}",
+                    backend.describe(),
+                    spec.agent_uids
+                )
+            })
+        }
+        FirewallAction::Status => {
+            let Ok(spec) = spec() else { return 2 };
+            match backend.status(&spec) {
+                Ok(st) => {
+                    let r = report(backend.as_ref(), &spec, &st);
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                    } else {
+                        println!("{r}");
+                    }
+                    return if r.matches_config { 0 } else { 1 };
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    finish(outcome, json)
+}
+
+fn finish(outcome: Result<String, agenshield_pf::RedirectError>, json: bool) -> u8 {
+    match outcome {
+        Ok(msg) if json => {
+            println!("{}", serde_json::json!({ "ok": true, "message": msg }));
+            0
+        }
+        Ok(msg) => {
+            println!("{msg}");
+            0
+        }
+        Err(e) => {
+            eprintln!("agenshield: firewall: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> Config {
+        let text = format!("[redirect]\nagent_users = [4242]\n{extra}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("proxy.toml");
+        std::fs::write(&file, text).expect("write");
+        Config::load(&file).expect("config")
+    }
+
+    #[test]
+    fn spec_points_each_family_at_its_loopback_listener() {
+        let bound: Vec<SocketAddr> = vec![
+            "127.0.0.1:15001".parse().expect("a"),
+            "[::1]:15002".parse().expect("a"),
+        ];
+        let s = spec(&cfg("exempt = [\"10.9.0.0/16\"]\n"), &bound).expect("spec");
+        assert_eq!(s.agent_uids, vec![4242]);
+        assert_eq!((s.redirect_v4, s.redirect_v6), (Some(15001), Some(15002)));
+        assert_eq!(s.exempt, vec![("10.9.0.0".parse().expect("ip"), 16)]);
+        assert!(s.allow_dns);
+    }
+
+    #[test]
+    fn spec_without_ipv6_listener_refuses_ipv6() {
+        let bound: Vec<SocketAddr> = vec!["127.0.0.1:15001".parse().expect("a")];
+        let s = spec(&cfg(""), &bound).expect("spec");
+        assert_eq!(s.redirect_v6, None);
+        let nowhere: Vec<SocketAddr> = vec!["10.0.0.1:15001".parse().expect("a")];
+        assert!(spec(&cfg(""), &nowhere).is_err());
+    }
+
+    #[test]
+    fn own_uid_as_agent_is_refused() {
+        let own = nix::unistd::geteuid().as_raw();
+        let mut c2 = cfg("");
+        c2.redirect.agent_users = vec![AgentUser::Uid(own)];
+        let bound: Vec<SocketAddr> = vec!["127.0.0.1:15001".parse().expect("a")];
+        assert!(matches!(spec(&c2, &bound), Err(FirewallError::OwnUid(_))));
+    }
+
+    #[test]
+    fn unknown_user_is_named() {
+        let mut c = cfg("");
+        c.redirect.agent_users = vec![AgentUser::Name("no-such-user-agenshield".into())];
+        let err = resolve_uids(&c.redirect.agent_users).expect_err("unknown");
+        assert!(err.to_string().contains("no-such-user-agenshield"));
+    }
+}

@@ -1,0 +1,456 @@
+//! Root end-to-end tests of the transparent path on Linux: a real agent uid, the real nftables
+//! redirect installed by the daemon, and upstreams in a network namespace this test creates.
+//! Without root they print why they skip; with CI=true a skip is a failure.
+#![cfg(target_os = "linux")]
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
+
+use agenshield_e2e::curl::{curl_as, CurlOut};
+use agenshield_e2e::daemon::{binary, Daemon, DaemonOptions};
+use agenshield_e2e::netlab::{root_or_skip, sh, AgentUser, Internet};
+use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "upstreams"
+hosts = ["allowed.test", "other.test"]
+action = "allow"
+
+[[rule]]
+id = "block-denied"
+hosts = ["denied.test"]
+action = "deny"
+"#;
+
+struct Lab {
+    daemon: Daemon,
+    net: Internet,
+    user: AgentUser,
+    allowed: Vec<Upstream>,
+    other: Upstream,
+    raw: std::net::TcpListener,
+    udp: std::net::UdpSocket,
+    /// Our CA and the upstream CA, where the agent user can read them.
+    our_ca: PathBuf,
+    upstream_ca: PathBuf,
+    _share: tempfile::TempDir,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    async fn new(serial: MutexGuard<'static, ()>) -> Lab {
+        let tag = std::process::id() % 97 + 1;
+        let user = AgentUser::create(tag);
+        let net = Internet::create();
+        let ca = TestCa::new("root e2e upstream CA");
+        let (a4, a6, b4) = (net.a4.to_string(), net.a6.to_string(), net.b4.to_string());
+        let leaf = ca.leaf(&["allowed.test", "other.test", "denied.test", &a4, &a6, &b4]);
+        let sa = |ip: std::net::IpAddr, port| SocketAddr::new(ip, port);
+        let listeners = net.bind_tcp(&[
+            sa(net.a4, 443),
+            sa(net.a4, 80),
+            sa(net.a4, 8443),
+            sa(net.a6, 443),
+            sa(net.b4, 443),
+            sa(net.a4, 2222),
+        ]);
+        let mut listeners = listeners.into_iter();
+        let mut allowed = Vec::new();
+        for _ in 0..4 {
+            let l = listeners.next().expect("listener");
+            allowed.push(Upstream::serve_std(
+                l,
+                UpstreamOptions {
+                    tls: Some(leaf.clone()),
+                    name: "allowed".into(),
+                },
+            ));
+        }
+        let other = Upstream::serve_std(
+            listeners.next().expect("listener"),
+            UpstreamOptions {
+                tls: Some(leaf.clone()),
+                name: "other".into(),
+            },
+        );
+        let raw = listeners.next().expect("raw listener");
+        raw.set_nonblocking(true).expect("nonblocking");
+        let udp = net.bind_udp(sa(net.a4, 443));
+        udp.set_nonblocking(true).expect("nonblocking");
+
+        let share = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let upstream_ca = share.path().join("upstream-ca.pem");
+        ca.write_pem(&upstream_ca).expect("write");
+        let daemon = Daemon::start(DaemonOptions {
+            policies: vec![("main.toml".into(), POLICY.into())],
+            extra_ca: vec![upstream_ca.clone()],
+            hosts: vec![
+                ("allowed.test".into(), net.a4),
+                ("allowed.test".into(), net.a6),
+                ("other.test".into(), net.b4),
+                ("denied.test".into(), net.a4),
+            ],
+            allow_private: vec![net.net4.clone(), net.net6.clone()],
+            ipv6: true,
+            redirect_uid: Some(user.uid),
+            ..Default::default()
+        });
+        let our_ca = share.path().join("agenshield-ca.pem");
+        std::fs::copy(&daemon.ca_path, &our_ca).expect("copy CA");
+        std::fs::set_permissions(&our_ca, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        Lab {
+            daemon,
+            net,
+            user,
+            allowed,
+            other,
+            raw,
+            udp,
+            our_ca,
+            upstream_ca,
+            _share: share,
+            _serial: serial,
+        }
+    }
+
+    /// curl as the agent user, trusting only our CA, with `name` pinned to `ip`.
+    async fn agent(&self, url: &str, name: &str, ip: std::net::IpAddr) -> CurlOut {
+        self.net.assert_route(ip);
+        let port = url_port(url);
+        let ip = if ip.is_ipv6() {
+            format!("[{ip}]")
+        } else {
+            ip.to_string()
+        };
+        let resolve = format!("{name}:{port}:{ip}");
+        let ca = self.our_ca.display().to_string();
+        curl_as(
+            &self.user.as_agent(),
+            &["--cacert", &ca, "--resolve", &resolve, url],
+            false,
+        )
+        .await
+    }
+
+    /// curl as the agent, trusting only the upstream's own CA: succeeds only if NOT intercepted.
+    async fn agent_direct(&self, url: &str, name: &str, ip: std::net::IpAddr) -> CurlOut {
+        self.net.assert_route(ip);
+        let resolve = format!("{name}:{}:{ip}", url_port(url));
+        let ca = self.upstream_ca.display().to_string();
+        curl_as(
+            &self.user.as_agent(),
+            &["--cacert", &ca, "--resolve", &resolve, url],
+            false,
+        )
+        .await
+    }
+
+    fn allowed_requests(&self) -> usize {
+        self.allowed.iter().map(|u| u.requests().len()).sum()
+    }
+
+    /// Runs a shell snippet as the agent user.
+    fn agent_shell(&self, script: &str) -> std::process::Output {
+        let prefix = self.user.as_agent();
+        Command::new(&prefix[0])
+            .args(&prefix[1..])
+            .args(["bash", "-c", script])
+            .output()
+            .expect("agent shell")
+    }
+
+    fn firewall(&self, action: &str, config: &std::path::Path) -> (i32, String) {
+        let out = Command::new(binary())
+            .args(["proxy", "firewall", action, "--config"])
+            .arg(config)
+            .output()
+            .expect("firewall command");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.daemon.kill9();
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "agenshield"])
+            .output();
+    }
+}
+
+fn url_port(url: &str) -> u16 {
+    let rest = url.split("://").nth(1).unwrap_or("");
+    let authority = rest.split('/').next().unwrap_or("");
+    match authority.rsplit_once(':') {
+        Some((_, p)) if !p.ends_with(']') => p.parse().unwrap_or(443),
+        _ if url.starts_with("http://") => 80,
+        _ => 443,
+    }
+}
+
+fn table_count() -> usize {
+    let out = sh(&["nft", "list", "tables"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim() == "table inet agenshield")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_https_plain_http_and_ipv6_are_intercepted_without_any_settings() {
+    let Some(serial) = root_or_skip("agent_https_plain_http_and_ipv6_are_intercepted") else {
+        return;
+    };
+    let lab = Lab::new(serial).await;
+    let (a4, a6) = (lab.net.a4, lab.net.a6);
+
+    let out = lab.agent("https://allowed.test/", "allowed.test", a4).await;
+    assert_eq!(
+        (out.exit, out.status),
+        (0, 200),
+        "{out:?}\n{}",
+        lab.daemon.logs()
+    );
+    assert_eq!(out.text(), "hello from allowed\n");
+
+    let out = lab.agent("https://denied.test/", "denied.test", a4).await;
+    assert_eq!(out.status, 403, "{out:?}");
+    assert_eq!(out.json()["rule_id"], "block-denied");
+    assert_eq!(out.json()["error_code"], "policy_denied");
+
+    let out = lab.agent("https://allowed.test/", "allowed.test", a6).await;
+    assert_eq!((out.exit, out.status), (0, 200), "IPv6: {out:?}");
+    let out = lab.agent("https://denied.test/", "denied.test", a6).await;
+    assert_eq!(out.status, 403, "IPv6 denial: {out:?}");
+
+    let out = lab.agent("http://allowed.test/", "allowed.test", a4).await;
+    assert_eq!(
+        (out.status, out.text().as_str()),
+        (200, "hello from allowed\n"),
+        "port 80: {out:?}"
+    );
+    let out = lab
+        .agent("https://allowed.test:8443/", "allowed.test", a4)
+        .await;
+    assert_eq!(out.status, 200, "port 8443: {out:?}");
+
+    // The agent trusting only the upstream's real CA fails: it is talking to us.
+    let out = lab
+        .agent_direct("https://allowed.test/", "allowed.test", a4)
+        .await;
+    assert_ne!(
+        out.exit, 0,
+        "the agent must not reach the upstream directly: {out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_raw_tcp_and_udp_are_refused_while_root_is_untouched() {
+    let Some(serial) = root_or_skip("agent_raw_tcp_and_udp_are_refused") else {
+        return;
+    };
+    let lab = Lab::new(serial).await;
+    let a4 = lab.net.a4;
+    lab.net.assert_route(a4);
+
+    // Opaque TCP to a non-HTTP port: redirected, decided by policy (default deny), closed.
+    let out = lab.agent_shell(&format!(
+        "exec 3<>/dev/tcp/{a4}/2222 && printf 'SSH-2.0-agent\\r\\n' >&3 && timeout 5 cat <&3; true"
+    ));
+    assert!(out.status.success(), "{out:?}");
+    // UDP (QUIC's transport) other than DNS is rejected before it leaves.
+    let udp = lab.agent_shell(&format!("echo quic > /dev/udp/{a4}/443"));
+    assert!(!udp.status.success(), "UDP to 443 must fail: {udp:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        lab.raw.accept().is_err(),
+        "the raw TCP connection must not reach the upstream"
+    );
+    let mut buf = [0u8; 64];
+    assert!(
+        lab.udp.recv_from(&mut buf).is_err(),
+        "no datagram may arrive"
+    );
+    assert!(
+        lab.daemon.logs().contains("opaque TCP"),
+        "the refusal is logged"
+    );
+
+    // Root (the proxy's own uid here) is not redirected: it sees the upstream's own certificate.
+    let resolve = format!("allowed.test:443:{a4}");
+    let ca = lab.upstream_ca.display().to_string();
+    let out = curl_as(
+        &[],
+        &[
+            "--cacert",
+            &ca,
+            "--resolve",
+            &resolve,
+            "https://allowed.test/",
+        ],
+        false,
+    )
+    .await;
+    assert_eq!(
+        (out.exit, out.status),
+        (0, 200),
+        "root goes direct: {out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_dials_what_it_resolved_not_the_ip_the_agent_chose() {
+    let Some(serial) = root_or_skip("proxy_dials_what_it_resolved") else {
+        return;
+    };
+    let lab = Lab::new(serial).await;
+    // SNI says allowed.test, but the agent connects to other.test's address.
+    let out = lab
+        .agent("https://allowed.test/", "allowed.test", lab.net.b4)
+        .await;
+    assert_eq!(
+        (out.status, out.text().as_str()),
+        (200, "hello from allowed\n"),
+        "{out:?}"
+    );
+    assert!(
+        lab.other.requests().is_empty(),
+        "other.test must see nothing"
+    );
+    assert_eq!(lab.allowed_requests(), 1);
+    let logs = lab.daemon.logs();
+    let want = format!("orig_dst={}:443", lab.net.b4);
+    let dialed = format!("upstream={}:443", lab.net.a4);
+    assert!(
+        logs.lines()
+            .any(|l| l.contains(&want) && l.contains(&dialed)),
+        "the log must show the agent's destination and the address dialed:\n{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_outlive_the_daemon_are_reconciled_and_removed_only_by_firewall_down() {
+    let Some(serial) = root_or_skip("rules_outlive_the_daemon") else {
+        return;
+    };
+    let mut lab = Lab::new(serial).await;
+    let a4 = lab.net.a4;
+    let url = "https://allowed.test/";
+
+    // Crash: the rules stay, agent traffic is refused, nothing goes direct.
+    lab.daemon.kill9();
+    let before = lab.allowed_requests();
+    let out = lab.agent(url, "allowed.test", a4).await;
+    assert_ne!(
+        out.exit, 0,
+        "with the proxy dead the agent must be refused: {out:?}"
+    );
+    let out = lab.agent_direct(url, "allowed.test", a4).await;
+    assert_ne!(out.exit, 0, "and must not get through directly: {out:?}");
+    assert_eq!(lab.allowed_requests(), before);
+    assert_eq!(table_count(), 1);
+
+    // Restart: traffic flows again.
+    lab.daemon.restart();
+    let out = lab.agent(url, "allowed.test", a4).await;
+    assert_eq!(out.status, 200, "after restart: {out:?}");
+
+    // Someone deletes the table: the daemon restores it and says so.
+    sh(&["nft", "delete", "table", "inet", "agenshield"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while table_count() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(table_count(), 1, "reconcile must restore the table");
+    assert!(lab.daemon.logs().contains("had vanished; restored"));
+    // …or edits it: restored too.
+    sh(&[
+        "nft",
+        "add",
+        "rule",
+        "inet",
+        "agenshield",
+        "filter_output",
+        "meta",
+        "skuid",
+        "1",
+        "accept",
+    ]);
+    let config = lab.daemon.config_path();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !lab.daemon.logs().contains("had been changed; restored") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(lab.daemon.logs().contains("had been changed; restored"));
+
+    // A clean stop leaves the rules; only `firewall down` removes them.
+    lab.daemon.stop();
+    assert_eq!(table_count(), 1);
+    let (code, text) = lab.firewall("down", &config);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(table_count(), 0);
+    let out = lab.agent_direct(url, "allowed.test", a4).await;
+    assert_eq!(
+        (out.exit, out.status),
+        (0, 200),
+        "direct again after down: {out:?}"
+    );
+
+    // `up` twice leaves one table; `status` matches; a hand edit is detected.
+    let fixed = lab._share.path().join("fixed.toml");
+    std::fs::write(
+        &fixed,
+        format!(
+            "[listen]\ntransparent = [\"127.0.0.1:15999\"]\n[redirect]\nagent_users = [{}]\n",
+            lab.user.uid
+        ),
+    )
+    .expect("write");
+    for _ in 0..2 {
+        let (code, text) = lab.firewall("up", &fixed);
+        assert_eq!(code, 0, "{text}");
+    }
+    assert_eq!(table_count(), 1);
+    let (code, text) = lab.firewall("status", &fixed);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("matches the configuration") && text.contains(&lab.user.uid.to_string()),
+        "{text}"
+    );
+    sh(&[
+        "nft",
+        "add",
+        "rule",
+        "inet",
+        "agenshield",
+        "filter_output",
+        "meta",
+        "skuid",
+        "1",
+        "accept",
+    ]);
+    let (code, text) = lab.firewall("status", &fixed);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("DIFFERS"), "{text}");
+    let (code, text) = lab.firewall("down", &fixed);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = lab.firewall("status", &fixed);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("not in place"), "{text}");
+}
