@@ -44,6 +44,133 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     for key in &cfg.not_yet_effective {
         tracing::warn!("config key {key} is set but has no effect in this build yet");
     }
+    let listeners = Listeners::bind(&cfg).await?;
+    // Redirect first: from here on the agent fails closed even if the rest of start-up fails
+    // (a bad policy, say), because the rules outlive this process.
+    if cfg.redirect.enabled {
+        install_firewall(&cfg, &listeners.transparent_addrs)?;
+    }
+    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs())?);
+    let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
+        Some(addr) => {
+            tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
+            Arc::new(FixedOrigDst(addr))
+        }
+        None => Arc::from(platform_orig_dst()),
+    };
+    let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
+    let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
+    let slots = Arc::new(Semaphore::new(cfg.limits.max_connections));
+    let mut tasks = tokio::task::JoinSet::new();
+    for l in transparent {
+        tasks.spawn(listen::transparent(
+            proxy.clone(),
+            l,
+            orig.clone(),
+            slots.clone(),
+        ));
+    }
+    tasks.spawn(listen::explicit(proxy.clone(), explicit, slots.clone()));
+
+    // One stable line on stdout that scripts and tests wait for.
+    println!(
+        "agenshield: ready transparent={} explicit={explicit_addr} policy={}",
+        transparent_addrs
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        proxy.policy().hash()
+    );
+    let _ = std::io::stdout().flush();
+
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&proxy, &cfg.policies),
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            done = tasks.join_next() => {
+                if let Some(Err(e)) = done {
+                    anyhow::bail!("a listener stopped: {e}");
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// The bound listeners, before anything is served on them.
+struct Listeners {
+    transparent: Vec<TcpListener>,
+    transparent_addrs: Vec<SocketAddr>,
+    explicit: TcpListener,
+    explicit_addr: SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
+        let mut transparent = Vec::new();
+        for addr in &cfg.transparent {
+            match TcpListener::bind(addr).await {
+                Ok(l) => transparent.push(l),
+                // The default [::1] listener is optional on hosts without IPv6 loopback.
+                Err(e) if cfg.transparent_is_default && addr.is_ipv6() => {
+                    tracing::warn!("not listening on {addr}: {e}");
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("binding transparent listener {addr}"))
+                }
+            }
+        }
+        let explicit = TcpListener::bind(cfg.explicit)
+            .await
+            .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
+        Ok(Listeners {
+            transparent_addrs: transparent
+                .iter()
+                .map(TcpListener::local_addr)
+                .collect::<Result<_, _>>()?,
+            explicit_addr: explicit.local_addr()?,
+            transparent,
+            explicit,
+        })
+    }
+
+    /// Every address we listen on: the proxy must never dial itself.
+    fn own_addrs(&self) -> Vec<SocketAddr> {
+        let mut own = self.transparent_addrs.clone();
+        own.push(self.explicit_addr);
+        own
+    }
+}
+
+/// Installs the redirect for the bound listeners and keeps it in place while we run.
+fn install_firewall(cfg: &Config, transparent: &[SocketAddr]) -> anyhow::Result<()> {
+    let spec = firewall::spec(cfg, transparent).map_err(|e| BadInput(format!("firewall: {e}")))?;
+    let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
+    backend
+        .apply(&spec)
+        .with_context(|| format!("installing {}", backend.describe()))?;
+    tracing::info!(
+        uids = ?spec.agent_uids,
+        v4 = ?spec.redirect_v4,
+        v6 = ?spec.redirect_v6,
+        "firewall: {} in place",
+        backend.describe()
+    );
+    tokio::spawn(firewall::reconcile(
+        backend,
+        spec,
+        cfg.redirect.reconcile_interval,
+    ));
+    Ok(())
+}
+
+/// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
+fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
     let policy = Policy::load_dir(&cfg.policies).map_err(|e| BadInput(format!("policy: {e}")))?;
     tracing::info!(
         dir = %cfg.policies.display(),
@@ -51,7 +178,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         rules = policy.rule_count(),
         "policy loaded"
     );
-
     let (ca, origin) = Ca::load_or_create(&cfg.certs).map_err(|e| BadInput(format!("CA: {e}")))?;
     let verb = match origin {
         CaOrigin::Created => "created",
@@ -77,111 +203,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         "upstream trust roots loaded"
     );
     let resolver = Resolver::new(&cfg.resolver)?;
-
-    let mut transparent = Vec::new();
-    for addr in &cfg.transparent {
-        match TcpListener::bind(addr).await {
-            Ok(l) => transparent.push(l),
-            // The default [::1] listener is optional on hosts without IPv6 loopback.
-            Err(e) if cfg.transparent_is_default && addr.is_ipv6() => {
-                tracing::warn!("not listening on {addr}: {e}");
-            }
-            Err(e) => {
-                return Err(e).with_context(|| format!("binding transparent listener {addr}"))
-            }
-        }
-    }
-    let explicit = TcpListener::bind(cfg.explicit)
-        .await
-        .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
-    let transparent_bound: Vec<SocketAddr> = transparent
-        .iter()
-        .filter_map(|l| l.local_addr().ok())
-        .collect();
-    let explicit_addr = explicit.local_addr()?;
-    let mut own = transparent_bound.clone();
-    own.push(explicit_addr);
-
-    let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own.clone());
+    let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own);
     let dialer = Arc::new(Dialer::new(
         resolver,
         guard,
         cfg.limits.upstream_connect_timeout,
     ));
     let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
-    let proxy = Arc::new(Proxy::new(
+    Ok(Proxy::new(
         policy,
         leaves,
         dialer,
         forwarder,
         cfg.limits.clone(),
-    ));
-
-    let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
-        Some(addr) => {
-            tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
-            Arc::new(FixedOrigDst(addr))
-        }
-        None => Arc::from(platform_orig_dst()),
-    };
-    if cfg.redirect.enabled {
-        let spec = firewall::spec(&cfg, &transparent_bound)
-            .map_err(|e| BadInput(format!("firewall: {e}")))?;
-        let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
-        backend
-            .apply(&spec)
-            .with_context(|| format!("installing {}", backend.describe()))?;
-        tracing::info!(
-            uids = ?spec.agent_uids,
-            v4 = ?spec.redirect_v4,
-            v6 = ?spec.redirect_v6,
-            "firewall: {} in place",
-            backend.describe()
-        );
-        tokio::spawn(firewall::reconcile(
-            backend,
-            spec,
-            cfg.redirect.reconcile_interval,
-        ));
-    }
-    let slots = Arc::new(Semaphore::new(cfg.limits.max_connections));
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut transparent_addrs = Vec::new();
-    for l in transparent {
-        transparent_addrs.push(l.local_addr()?.to_string());
-        tasks.spawn(listen::transparent(
-            proxy.clone(),
-            l,
-            orig.clone(),
-            slots.clone(),
-        ));
-    }
-    tasks.spawn(listen::explicit(proxy.clone(), explicit, slots.clone()));
-
-    // One stable line on stdout that scripts and tests wait for.
-    println!(
-        "agenshield: ready transparent={} explicit={explicit_addr} policy={}",
-        transparent_addrs.join(","),
-        proxy.policy().hash()
-    );
-    let _ = std::io::stdout().flush();
-
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    loop {
-        tokio::select! {
-            _ = hup.recv() => reload(&proxy, &cfg.policies),
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            done = tasks.join_next() => {
-                if let Some(Err(e)) = done {
-                    anyhow::bail!("a listener stopped: {e}");
-                }
-            }
-        }
-    }
-    tracing::info!("shutting down");
-    Ok(())
+    ))
 }
 
 /// Re-reads the policy directory; a bad policy keeps the last good one in force.

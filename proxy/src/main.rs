@@ -73,7 +73,8 @@ fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("AGENSHIELD_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+        // rustls warns about client quirks (an IP literal sent as SNI) once per connection.
+        .unwrap_or_else(|_| EnvFilter::new("info,rustls=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -3,6 +3,7 @@
 
 pub mod curl;
 pub mod daemon;
+#[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod pki;
 pub mod upstream;

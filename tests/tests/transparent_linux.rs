@@ -454,3 +454,84 @@ async fn rules_outlive_the_daemon_are_reconciled_and_removed_only_by_firewall_do
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("not in place"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises root tests (one nftables table); each test owns its runtime, so
+// holding it across awaits blocks nothing but the other root tests, as intended.
+#[allow(clippy::await_holding_lock)]
+async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
+    let Some(_serial) =
+        root_or_skip("a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed")
+    else {
+        return;
+    };
+    let user = AgentUser::create(std::process::id() % 97 + 101);
+    let net = Internet::create();
+    let ca = TestCa::new("fail-closed upstream CA");
+    let listener = net.bind_tcp(&[SocketAddr::new(net.a4, 443)]).remove(0);
+    let up = Upstream::serve_std(
+        listener,
+        UpstreamOptions {
+            tls: Some(ca.leaf(&["allowed.test"])),
+            name: "allowed".into(),
+        },
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).expect("mkdir");
+    std::fs::write(policies.join("broken.toml"), "version = 1\n[[rule]\n").expect("write");
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\n\
+             [paths]\npolicies = {:?}\ncerts = {:?}\n[redirect]\nenabled = true\nagent_users = [{}]\n",
+            policies,
+            dir.path().join("certs"),
+            user.uid
+        ),
+    )
+    .expect("write");
+    let out = Command::new(binary())
+        .args(["proxy", "run", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    let cleanup = || {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "agenshield"])
+            .output();
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.code() != Some(2) || table_count() != 1 {
+        cleanup();
+        panic!(
+            "expected exit 2 with the rules in place; got {:?}: {stderr}",
+            out.status.code()
+        );
+    }
+    assert!(stderr.contains("broken.toml:2"), "{stderr}");
+    // The agent, trusting the upstream's own CA, gets nowhere: not intercepted, not direct.
+    net.assert_route(net.a4);
+    let resolve = format!("allowed.test:443:{}", net.a4);
+    let ca_file = dir.path().join("upstream-ca.pem");
+    ca.write_pem(&ca_file).expect("write");
+    std::fs::set_permissions(&ca_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let ca_arg = ca_file.display().to_string();
+    let res = curl_as(
+        &user.as_agent(),
+        &[
+            "--cacert",
+            &ca_arg,
+            "--resolve",
+            &resolve,
+            "https://allowed.test/",
+        ],
+        false,
+    )
+    .await;
+    cleanup();
+    assert_ne!(res.exit, 0, "the agent must be refused: {res:?}");
+    assert!(up.requests().is_empty());
+}
