@@ -378,6 +378,10 @@ async fn rules_outlive_the_daemon_are_reconciled_and_removed_only_by_firewall_do
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(table_count(), 1, "reconcile must restore the table");
+    // The log line follows the restore; wait for it too.
+    while !lab.daemon.logs().contains("had vanished; restored") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(lab.daemon.logs().contains("had vanished; restored"));
     // …or edits it: restored too.
     sh(&[
