@@ -22,3 +22,38 @@ where
 {
     body.map_err(Into::into).boxed()
 }
+
+/// `body`, keeping `guard` alive until the body is finished or dropped (an in-flight slot,
+/// say, that must cover the whole response, not just its headers).
+pub fn guarded<G: Send + Sync + Unpin + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
+    Guarded {
+        body,
+        _guard: guard,
+    }
+    .boxed()
+}
+
+struct Guarded<G> {
+    body: ProxyBody,
+    _guard: G,
+}
+
+impl<G: Unpin> http_body::Body for Guarded<G> {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}

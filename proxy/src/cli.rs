@@ -43,6 +43,91 @@ pub enum ProxyCommand {
     /// are never touched. The rules stay when the daemon exits, so agent traffic fails closed
     /// while the proxy is down. Needs root.
     Firewall(FirewallArgs),
+
+    /// Talk to the running daemon (status, reload, tail, policy, approvals) or check policy
+    /// files offline
+    ///
+    /// Uses the admin socket (listen.admin in the config; exit 1 with one line if the daemon
+    /// is not running). Root and members of agenshield-admin may use it; agent users never.
+    Ctl(CtlArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    #[command(subcommand)]
+    pub command: CtlCommand,
+
+    /// Daemon configuration file (TOML), for the socket and policy paths; default as for `run`
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Admin socket to use instead of the configured one
+    #[arg(long, value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+
+    /// Machine-readable output
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Uptime, listeners, firewall state, policy hash and load time, last reload error, counts
+    Status,
+    /// Reload the policy now (a bad policy keeps the current one; exit 1 with the reason)
+    Reload,
+    /// Request counters and certificate cache figures
+    Stats,
+    /// Recent decisions; with -f, follow new ones as they happen
+    Tail {
+        /// Keep printing decisions as they happen
+        #[arg(short, long)]
+        follow: bool,
+        /// Only this decision (allow, deny, limited, ask-approved, ask-denied, ask-timeout, error)
+        #[arg(long)]
+        decision: Option<String>,
+        /// Only this host
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Check, lint or show policy
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Requests held by `ask` rules
+    #[command(subcommand)]
+    Pending(PendingCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// What the policy decides for METHOD URL: decision, rule, explanation, obligations
+    Check {
+        method: String,
+        url: String,
+        /// Decide offline against the policy files in DIR instead of asking the daemon
+        #[arg(long, value_name = "DIR")]
+        policy: Option<PathBuf>,
+    },
+    /// Validate policy files (default: the configured policy directory); exit 2 on errors
+    Lint { files: Vec<PathBuf> },
+    /// The policy in force: directory, hash, rules, mode, load time, last reload error
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PendingCommand {
+    /// Requests waiting for an answer
+    List,
+    /// Let a held request through
+    Approve {
+        id: String,
+        /// Also let later requests that rule asks about, to the same host and port, through
+        /// until the daemon restarts
+        #[arg(long)]
+        remember: bool,
+    },
+    /// Refuse a held request (the agent gets a 403)
+    Deny { id: String },
 }
 
 #[derive(Debug, clap::Args)]

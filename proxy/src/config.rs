@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 /// Where the installed product keeps its configuration.
 pub const DEFAULT_CONFIG_PATH: &str = "/opt/agenshield/config/proxy.toml";
+/// The installed daemon's admin socket.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -54,7 +56,26 @@ struct FileConfig {
     #[serde(default)]
     tls: TlsConfig,
     #[serde(default)]
+    approvals: Approvals,
+    #[serde(default)]
     testing: Testing,
+}
+
+/// Requests held by `ask` rules.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Approvals {
+    /// How long a held request waits for an operator; then it is denied.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for Approvals {
+    fn default() -> Self {
+        Approvals {
+            timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,6 +248,8 @@ pub struct Config {
     /// Whether `transparent` came from the defaults (a missing IPv6 loopback is then tolerated).
     pub transparent_is_default: bool,
     pub explicit: SocketAddr,
+    /// The admin API's Unix socket.
+    pub admin: PathBuf,
     pub policies: PathBuf,
     pub certs: PathBuf,
     pub upstream: Upstream,
@@ -234,6 +257,7 @@ pub struct Config {
     pub limits: Limits,
     pub tls: TlsConfig,
     pub redirect: Redirect,
+    pub approvals: Approvals,
     pub testing: Testing,
     /// Keys the operator set whose feature this build does not have yet.
     pub not_yet_effective: Vec<&'static str>,
@@ -320,7 +344,6 @@ impl Config {
         for (set, key) in [
             (f.listen.dns.is_some(), "listen.dns"),
             (f.listen.metrics.is_some(), "listen.metrics"),
-            (f.listen.admin.is_some(), "listen.admin"),
             (f.paths.vault.is_some(), "paths.vault"),
             (f.paths.audit.is_some(), "paths.audit"),
         ] {
@@ -346,6 +369,9 @@ impl Config {
                 "limits.max_header_bytes must be at least 8192".into(),
             ));
         }
+        if f.approvals.timeout.is_zero() {
+            return Err(invalid("approvals.timeout must be more than 0s".into()));
+        }
         if f.tls.leaf_cache_ttl >= f.tls.leaf_validity {
             return Err(invalid(
                 "tls.leaf_cache_ttl must be shorter than tls.leaf_validity".into(),
@@ -359,12 +385,18 @@ impl Config {
             extra_ca: f.upstream.extra_ca.iter().map(|p| relative(p)).collect(),
             allow_private: f.upstream.allow_private,
         };
+        let admin = match f.listen.admin {
+            Some(p) => relative(&p),
+            None if state_dir.is_some() => default_path("proxy.sock"),
+            None => PathBuf::from(DEFAULT_ADMIN_SOCKET),
+        };
         Ok(Config {
             source,
             state_dir,
             transparent,
             transparent_is_default,
             explicit: f.listen.explicit.unwrap_or_else(default_explicit),
+            admin,
             policies: path_or(f.paths.policies, "policies"),
             certs: path_or(f.paths.certs, "certs"),
             upstream,
@@ -372,6 +404,7 @@ impl Config {
             limits: f.limits,
             tls: f.tls,
             redirect: f.redirect,
+            approvals: f.approvals,
             testing: f.testing,
             not_yet_effective: not_yet,
         })
@@ -486,6 +519,7 @@ mod tests {
         let cfg = Config::defaults_in(Path::new("/tmp/st"));
         assert_eq!(cfg.policies, Path::new("/tmp/st/policies"));
         assert_eq!(cfg.certs, Path::new("/tmp/st/certs"));
+        assert_eq!(cfg.admin, Path::new("/tmp/st/proxy.sock"));
         assert_eq!(cfg.state_dir.as_deref(), Some(Path::new("/tmp/st")));
     }
 

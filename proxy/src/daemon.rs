@@ -6,22 +6,27 @@ use std::path::Path;
 use std::sync::Arc;
 
 use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
-use agenshield_pf::{platform_orig_dst, platform_redirector, FixedOrigDst, OrigDst, Redirector};
+use agenshield_pf::{
+    platform_orig_dst, platform_redirector, FixedOrigDst, OrigDst, RedirectSpec, Redirector,
+};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
 
+use crate::admin::{self, Admin, AdminAuth, DaemonInfo};
+use crate::approvals::Approvals;
 use crate::config::Config;
 use crate::dial::Dialer;
 use crate::firewall;
 use crate::forward::Forwarder;
 use crate::guard::AddressGuard;
 use crate::listen;
-use crate::policy::Policy;
+use crate::policy_store::PolicyStore;
 use crate::resolve::Resolver;
-use crate::state::Proxy;
+use crate::state::{Proxy, ProxyParts};
 use crate::tls::UpstreamTrust;
+use crate::watch::watch_policies;
 
 /// The policy shipped with the product, seeded into a fresh state directory.
 const DEFAULT_POLICY: &str = include_str!("../../policies/default.toml");
@@ -47,9 +52,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&cfg).await?;
     // Redirect first: from here on the agent fails closed even if the rest of start-up fails
     // (a bad policy, say), because the rules outlive this process.
-    if cfg.redirect.enabled {
-        install_firewall(&cfg, &listeners.transparent_addrs)?;
-    }
+    let firewall = if cfg.redirect.enabled {
+        Some(install_firewall(&cfg, &listeners.transparent_addrs)?)
+    } else {
+        None
+    };
     let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs())?);
     let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
         Some(addr) => {
@@ -72,14 +79,37 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     tasks.spawn(listen::explicit(proxy.clone(), explicit, slots.clone()));
 
+    let admin_listener = admin::bind(&cfg.admin).await?;
+    let admin = Arc::new(Admin::new(
+        proxy.clone(),
+        DaemonInfo {
+            started: std::time::Instant::now(),
+            transparent: transparent_addrs.clone(),
+            explicit: explicit_addr,
+            socket: cfg.admin.clone(),
+            firewall,
+        },
+        admin_auth(&cfg),
+    ));
+    tasks.spawn(admin::serve(admin_listener, admin));
+    // Kept alive for the daemon's lifetime; dropping it stops hot reload.
+    let _watcher = match watch_policies(proxy.clone()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work", cfg.policies.display());
+            None
+        }
+    };
+
     // One stable line on stdout that scripts and tests wait for.
     println!(
-        "agenshield: ready transparent={} explicit={explicit_addr} policy={}",
+        "agenshield: ready transparent={} explicit={explicit_addr} admin={} policy={}",
         transparent_addrs
             .iter()
             .map(SocketAddr::to_string)
             .collect::<Vec<_>>()
             .join(","),
+        cfg.admin.display(),
         proxy.policy().hash()
     );
     let _ = std::io::stdout().flush();
@@ -88,7 +118,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&proxy, &cfg.policies),
+            _ = hup.recv() => { let _ = proxy.reload("SIGHUP"); }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             done = tasks.join_next() => {
@@ -148,7 +178,10 @@ impl Listeners {
 }
 
 /// Installs the redirect for the bound listeners and keeps it in place while we run.
-fn install_firewall(cfg: &Config, transparent: &[SocketAddr]) -> anyhow::Result<()> {
+fn install_firewall(
+    cfg: &Config,
+    transparent: &[SocketAddr],
+) -> anyhow::Result<(Arc<dyn Redirector>, RedirectSpec)> {
     let spec = firewall::spec(cfg, transparent).map_err(|e| BadInput(format!("firewall: {e}")))?;
     let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
     backend
@@ -162,16 +195,18 @@ fn install_firewall(cfg: &Config, transparent: &[SocketAddr]) -> anyhow::Result<
         backend.describe()
     );
     tokio::spawn(firewall::reconcile(
-        backend,
-        spec,
+        backend.clone(),
+        spec.clone(),
         cfg.redirect.reconcile_interval,
     ));
-    Ok(())
+    Ok((backend, spec))
 }
 
 /// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
 fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
-    let policy = Policy::load_dir(&cfg.policies).map_err(|e| BadInput(format!("policy: {e}")))?;
+    let policies =
+        PolicyStore::load(&cfg.policies).map_err(|e| BadInput(format!("policy: {e}")))?;
+    let policy = policies.current();
     tracing::info!(
         dir = %cfg.policies.display(),
         hash = policy.hash(),
@@ -210,26 +245,37 @@ fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
         cfg.limits.upstream_connect_timeout,
     ));
     let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
-    Ok(Proxy::new(
-        policy,
+    Ok(Proxy::new(ProxyParts {
+        policies,
         leaves,
         dialer,
         forwarder,
-        cfg.limits.clone(),
-    ))
+        limits: cfg.limits.clone(),
+        approvals: Approvals::new(cfg.approvals.timeout),
+    }))
 }
 
-/// Re-reads the policy directory; a bad policy keeps the last good one in force.
-fn reload(proxy: &Proxy, dir: &Path) {
-    match Policy::load_dir(dir) {
-        Ok(p) => {
-            tracing::info!(hash = p.hash(), rules = p.rule_count(), "policy reloaded");
-            proxy.replace_policy(p);
-        }
-        Err(e) => tracing::error!(
-            "policy reload failed, keeping {}: {e}",
-            proxy.policy().hash()
-        ),
+/// Who may use the admin socket: root, our own uid, the admin group; never an agent.
+fn admin_auth(cfg: &Config) -> AdminAuth {
+    let agent_uids = cfg
+        .redirect
+        .agent_users
+        .iter()
+        .filter_map(|u| match firewall::resolve_uids(std::slice::from_ref(u)) {
+            Ok(uids) => uids.first().copied(),
+            Err(e) => {
+                tracing::debug!("admin socket: agent user {u} not refused by uid: {e}");
+                None
+            }
+        })
+        .collect();
+    AdminAuth {
+        own_uid: nix::unistd::geteuid().as_raw(),
+        admin_gid: nix::unistd::Group::from_name(admin::ADMIN_GROUP)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+        agent_uids,
     }
 }
 

@@ -12,6 +12,7 @@ use crate::body::{full, ProxyBody};
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     PolicyDenied,
+    RateLimited,
     HostMismatch,
     DestinationForbidden,
     BadRequest,
@@ -28,6 +29,7 @@ impl ErrorCode {
                 StatusCode::FORBIDDEN
             }
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
             | ErrorCode::UpstreamTls
@@ -38,6 +40,7 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::PolicyDenied => "policy_denied",
+            ErrorCode::RateLimited => "rate_limited",
             ErrorCode::HostMismatch => "host_mismatch",
             ErrorCode::DestinationForbidden => "destination_forbidden",
             ErrorCode::BadRequest => "bad_request",
@@ -52,7 +55,10 @@ impl ErrorCode {
     fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::UpstreamDns | ErrorCode::UpstreamConnect | ErrorCode::UpstreamError
+            ErrorCode::UpstreamDns
+                | ErrorCode::UpstreamConnect
+                | ErrorCode::UpstreamError
+                | ErrorCode::RateLimited
         )
     }
 }
@@ -64,6 +70,8 @@ pub struct Refusal {
     pub message: String,
     pub rule_id: Option<String>,
     pub explanation: String,
+    /// Seconds until a retry may succeed (rate limits): sent as `Retry-After`.
+    pub retry_after: Option<u64>,
 }
 
 impl Refusal {
@@ -74,6 +82,7 @@ impl Refusal {
             explanation: message.clone(),
             message,
             rule_id: None,
+            retry_after: None,
         }
     }
 }
@@ -110,6 +119,9 @@ pub fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Response<Prox
         HeaderValue::from_static("application/json"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(secs) = r.retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     if let Ok(v) = HeaderValue::from_str(request_id) {
         h.insert("x-agenshield-request-id", v);
     }

@@ -17,6 +17,10 @@ use crate::target::Target;
 
 type Upstream = Client<HttpsConnector<DialConnector>, ProxyBody>;
 
+/// HTTP/2 flow-control windows towards upstreams: enough for ~100 MB/s at 10 ms RTT.
+const STREAM_WINDOW: u32 = 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+
 pub struct Forwarder {
     /// h2 or http/1.1, whichever the upstream's ALPN picks.
     any: Upstream,
@@ -42,7 +46,10 @@ impl Forwarder {
                 .pool_timer(TokioTimer::new())
                 .timer(TokioTimer::new())
                 .pool_idle_timeout(limits.upstream_idle_timeout)
-                .http2_adaptive_window(true)
+                // Fixed windows bound what one slow reader can make us buffer (the adaptive
+                // window grows to 16 MiB per stream).
+                .http2_initial_stream_window_size(STREAM_WINDOW)
+                .http2_initial_connection_window_size(CONNECTION_WINDOW)
                 .set_host(true)
                 .build(connector)
         };

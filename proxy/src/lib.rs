@@ -5,15 +5,20 @@
 //! `pipeline` (target → policy → forward) → `forward` (pooled, verified upstream client).
 //! Non-HTTP streams go to `tunnel`, decided on their destination alone.
 
+pub mod admin;
+pub mod approvals;
 pub mod body;
+pub mod check;
 pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod connection;
+pub mod ctl;
 pub mod daemon;
 pub mod deny;
 pub mod dial;
+pub mod events;
 pub mod explicit;
 pub mod firewall;
 pub mod forward;
@@ -22,10 +27,13 @@ pub mod intercept;
 pub mod listen;
 pub mod pipeline;
 pub mod policy;
+pub mod policy_store;
 pub mod prefixed;
+pub mod ratelimit;
 pub mod resolve;
 pub mod serve;
 pub mod state;
 pub mod target;
 pub mod tls;
 pub mod tunnel;
+pub mod watch;

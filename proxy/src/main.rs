@@ -20,6 +20,13 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
+            Ok(cfg) => ExitCode::from(agenshield_proxy::ctl::run(args, &cfg)),
+            Err(e) => {
+                eprintln!("agenshield: {e}");
+                ExitCode::from(2)
+            }
+        },
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {

@@ -4,53 +4,92 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use agenshield_certs::LeafCache;
-use arc_swap::ArcSwap;
 
+use crate::approvals::Approvals;
 use crate::config::Limits;
 use crate::dial::Dialer;
+use crate::events::Events;
 use crate::forward::Forwarder;
 use crate::policy::Policy;
+use crate::policy_store::PolicyStore;
+use crate::ratelimit::{ConcurrencyCaps, Limiter};
 use crate::tls::InterceptTls;
 
 pub struct Proxy {
-    policy: ArcSwap<Policy>,
+    pub policies: PolicyStore,
     pub leaves: LeafCache,
     pub tls: InterceptTls,
     pub dialer: Arc<Dialer>,
     pub forwarder: Forwarder,
     pub limits: Limits,
+    pub events: Events,
+    pub approvals: Approvals,
+    pub limiter: Limiter,
+    pub caps: ConcurrencyCaps,
     next_conn: AtomicU64,
 }
 
+/// The parts `Proxy::new` assembles.
+pub struct ProxyParts {
+    pub policies: PolicyStore,
+    pub leaves: LeafCache,
+    pub dialer: Arc<Dialer>,
+    pub forwarder: Forwarder,
+    pub limits: Limits,
+    pub approvals: Approvals,
+}
+
 impl Proxy {
-    pub fn new(
-        policy: Policy,
-        leaves: LeafCache,
-        dialer: Arc<Dialer>,
-        forwarder: Forwarder,
-        limits: Limits,
-    ) -> Proxy {
+    pub fn new(p: ProxyParts) -> Proxy {
         Proxy {
-            policy: ArcSwap::from_pointee(policy),
-            leaves,
+            policies: p.policies,
+            leaves: p.leaves,
             tls: InterceptTls::new(),
-            dialer,
-            forwarder,
-            limits,
+            dialer: p.dialer,
+            forwarder: p.forwarder,
+            limits: p.limits,
+            events: Events::default(),
+            approvals: p.approvals,
+            limiter: Limiter::new(),
+            caps: ConcurrencyCaps::new(),
             next_conn: AtomicU64::new(1),
         }
     }
 
     /// The policy in force now. A request keeps the one it started with.
     pub fn policy(&self) -> Arc<Policy> {
-        self.policy.load_full()
+        self.policies.current()
     }
 
-    pub fn replace_policy(&self, policy: Policy) {
-        self.policy.store(Arc::new(policy));
+    /// Reloads the policy directory, logging and counting the outcome.
+    pub fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
+        let counters = &self.events.counters;
+        match self.policies.reload() {
+            Ok(p) => {
+                counters.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    hash = p.hash(),
+                    rules = p.rule_count(),
+                    "policy reloaded ({why})"
+                );
+                Ok(p)
+            }
+            Err(e) => {
+                counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "policy reload ({why}) failed, keeping {}: {e}",
+                    self.policy().hash()
+                );
+                Err(e)
+            }
+        }
     }
 
     pub fn next_conn_id(&self) -> u64 {
+        self.events
+            .counters
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 }

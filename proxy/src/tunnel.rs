@@ -29,7 +29,8 @@ where
         path: None,
     });
     let rule = decision.rule_id.as_deref().unwrap_or("(default)");
-    if decision.action == Action::Deny {
+    // An opaque stream cannot be held for approval: `ask` refuses it like `deny`.
+    if decision.action != Action::Allow {
         tracing::info!(
             decision = "deny",
             rule,

@@ -29,6 +29,10 @@ pub struct DaemonOptions {
     pub ipv6: bool,
     /// Install the firewall redirect for this uid (root tests).
     pub redirect_uid: Option<u32>,
+    /// Agent uids the admin socket must refuse (without redirecting them).
+    pub agent_uids: Vec<u32>,
+    /// `[approvals] timeout`, e.g. "1s".
+    pub approvals_timeout: Option<String>,
 }
 
 pub struct Daemon {
@@ -103,6 +107,38 @@ impl Daemon {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
+    }
+
+    /// The admin socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("proxy.sock")
+    }
+
+    /// Runs `agenshield proxy ctl ARGS --socket … --config …` (optionally under a prefix such
+    /// as `setpriv`): (exit code, stdout, stderr).
+    pub fn ctl(&self, prefix: &[String], args: &[&str]) -> (i32, String, String) {
+        let mut cmd = match prefix.split_first() {
+            Some((p, rest)) => {
+                let mut c = Command::new(p);
+                c.args(rest).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
+        cmd.args(["proxy", "ctl"])
+            .args(args)
+            .arg("--socket")
+            .arg(self.socket());
+        // Another uid cannot read our private config; the socket is all ctl needs then.
+        if prefix.is_empty() {
+            cmd.arg("--config").arg(self.config_path());
+        }
+        let out = cmd.output().expect("run ctl");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// The config file the daemon runs with.
@@ -201,7 +237,8 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\n"
+        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\n",
+        dir.join("proxy.sock")
     );
     let _ = writeln!(
         c,
@@ -223,6 +260,12 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
             c,
             "[redirect]\nenabled = true\nagent_users = [{uid}]\nreconcile_interval = \"200ms\"\n"
         );
+    } else if !opts.agent_uids.is_empty() {
+        let uids: Vec<String> = opts.agent_uids.iter().map(u32::to_string).collect();
+        let _ = writeln!(c, "[redirect]\nagent_users = [{}]\n", uids.join(", "));
+    }
+    if let Some(t) = &opts.approvals_timeout {
+        let _ = writeln!(c, "[approvals]\ntimeout = {t:?}\n");
     }
     // The discard port on loopback: a name missing from the table fails fast and locally.
     let _ = writeln!(

@@ -1,126 +1,15 @@
-//! `decide`: host index lookup, then the first matching candidate in evaluation order. The
-//! index keeps a decision O(labels in host) rather than O(rules).
+//! `decide`: host index lookup, then the first matching candidate in evaluation order
+//! (priority desc; deny, then ask, then allow; then file and rule order).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use globset::GlobSet;
-
-use super::host::{normalize_host_cow, parent_suffixes, HostPattern};
+use super::host::normalize_host_cow;
+use super::matcher::CompiledRule;
 use super::path::{is_matching_form, normalize_path};
+use super::rate::Obligations;
 use super::{Action, Decision, Mode, Policy, RequestFacts};
-
-/// One rule, validated. Everything but the host, which lives in [`HostIndex`].
-#[derive(Debug)]
-pub(crate) struct CompiledRule {
-    pub id: Arc<str>,
-    pub action: Action,
-    pub priority: i32,
-    /// Sorted; `None` = any port.
-    pub ports: Option<Box<[u16]>>,
-    /// Upper-case; `None` = any method.
-    pub methods: Option<Box<[Box<str>]>>,
-    /// `None` = any path.
-    pub paths: Option<GlobSet>,
-}
-
-impl CompiledRule {
-    /// Everything but the host. A rule constraining methods or paths never matches a request
-    /// where they are unknown (raw TCP): allowing would over-allow, denying would over-deny.
-    fn matches(&self, port: u16, method: Option<&str>, path: Option<&str>) -> bool {
-        if !self.matches_port(port) {
-            return false;
-        }
-        if let Some(methods) = &self.methods {
-            match method {
-                Some(m) if methods.iter().any(|x| x.eq_ignore_ascii_case(m)) => {}
-                _ => return false,
-            }
-        }
-        if let Some(globs) = &self.paths {
-            match path {
-                Some(p) if globs.is_match(p) => {}
-                _ => return false,
-            }
-        }
-        true
-    }
-
-    fn matches_port(&self, port: u16) -> bool {
-        self.ports
-            .as_ref()
-            .is_none_or(|ports| ports.binary_search(&port).is_ok())
-    }
-}
-
-/// Rule positions (in evaluation order, ascending) by host pattern.
-#[derive(Debug, Default)]
-pub(crate) struct HostIndex {
-    exact: HashMap<Box<str>, Vec<usize>, FastHash>,
-    /// Keyed by the suffix after `*.`.
-    suffix: HashMap<Box<str>, Vec<usize>, FastHash>,
-    any: Vec<usize>,
-}
-
-/// FxHash-style hasher: several times faster than SipHash on short host names. Flooding is
-/// not a concern: the keys come from the policy; requests only look up.
-type FastHash = BuildHasherDefault<FxHasher>;
-
-#[derive(Default)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
-        }
-        for &b in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl HostIndex {
-    /// Positions must be inserted in ascending order.
-    pub(crate) fn insert(&mut self, pattern: HostPattern, pos: usize) {
-        let list = match pattern {
-            HostPattern::Any => &mut self.any,
-            HostPattern::Exact(h) => self.exact.entry(h.into()).or_default(),
-            HostPattern::Suffix(s) => self.suffix.entry(s.into()).or_default(),
-        };
-        if list.last() != Some(&pos) {
-            list.push(pos);
-        }
-    }
-
-    /// Calls `f` with each candidate list for a canonical host (each sorted ascending).
-    fn candidates<'a>(&'a self, host: &str, mut f: impl FnMut(&'a [usize])) {
-        if let Some(v) = self.exact.get(host) {
-            f(v);
-        }
-        if !self.suffix.is_empty() {
-            for s in parent_suffixes(host) {
-                if let Some(v) = self.suffix.get(s) {
-                    f(v);
-                }
-            }
-        }
-        if !self.any.is_empty() {
-            f(&self.any);
-        }
-    }
-}
 
 impl Policy {
     /// The verdict for one request or connection. Never fails: a host or path that cannot be
@@ -142,7 +31,7 @@ impl Policy {
 
         let mut found = None;
         self.scan(&host, |rule| {
-            let hit = rule.matches(req.port, req.method, path);
+            let hit = rule.matches(&host, req.scheme, req.port, req.method, path);
             if hit {
                 found = Some(rule);
             }
@@ -154,9 +43,10 @@ impl Policy {
         }
     }
 
-    /// Whether some request to `host:port` could be allowed (report mode: always). For an
-    /// early check before TLS interception, where method and path are not known yet: `decide`
-    /// with `method: None` would treat every method/path-constrained allow rule as not matching.
+    /// Whether some request to `host:port` could be allowed or asked about (report mode:
+    /// always). For an early check before TLS interception, where scheme details, method and
+    /// path are not known yet: `decide` with `method: None` would treat every
+    /// method/path-constrained allow rule as not matching.
     pub fn may_allow(&self, host: &str, port: u16) -> bool {
         let Ok(host) = normalize_host_cow(host) else {
             return false;
@@ -166,15 +56,18 @@ impl Policy {
         }
         let mut verdict = None;
         self.scan(&host, |rule| {
-            if !rule.matches_port(port) {
+            if !rule.ports.matches(port) || rule.is_excepted(&host) {
                 return false;
             }
-            let unconditional = rule.methods.is_none() && rule.paths.is_none();
-            if unconditional || rule.action == Action::Allow {
-                verdict = Some(rule.action == Action::Allow);
+            if rule.action != Action::Deny {
+                verdict = Some(true);
                 return true;
             }
-            false // A method/path-specific deny leaves other requests open.
+            if rule.host_port_only() {
+                verdict = Some(false);
+                return true;
+            }
+            false // A scheme/method/path-specific deny leaves other requests open.
         });
         verdict.unwrap_or(self.default == Action::Allow)
     }
@@ -230,7 +123,12 @@ impl Policy {
         host: &str,
         path: Option<&str>,
     ) -> Decision {
-        let reported_deny = action == Action::Deny && self.mode == Mode::Report;
+        let reported_deny = action != Action::Allow && self.mode == Mode::Report;
+        // The rule's obligations hold for what it allows, and for an ask once approved.
+        let obligations = match rule {
+            Some(r) if r.action != Action::Deny => r.obligations,
+            _ => Obligations::default(),
+        };
         let mut text = String::with_capacity(128);
         // Writing to a String cannot fail.
         let _ = match rule {
@@ -243,6 +141,8 @@ impl Policy {
                     (Action::Allow, _) => "allows",
                     (Action::Deny, false) => "denies",
                     (Action::Deny, true) => "would deny",
+                    (Action::Ask, false) => "asks approval for",
+                    (Action::Ask, true) => "would ask approval for",
                 }
             ),
             None => write!(text, "no rule matched "),
@@ -258,6 +158,12 @@ impl Policy {
             text.push_str("; default ");
             text.push_str(action.as_str());
         }
+        if let Some(rate) = &obligations.rate {
+            let _ = write!(text, "; rate {rate}");
+        }
+        if let Some(n) = obligations.max_concurrent {
+            let _ = write!(text, "; at most {n} concurrent per host");
+        }
         if reported_deny {
             text.push_str("; allowed in report mode");
         }
@@ -266,6 +172,7 @@ impl Policy {
             reported_deny,
             rule_id: rule.map(|r| Arc::clone(&r.id)),
             explanation: text,
+            obligations,
         }
     }
 }
@@ -276,9 +183,10 @@ fn invalid(explanation: String) -> Decision {
         reported_deny: false,
         rule_id: None,
         explanation,
+        obligations: Obligations::default(),
     }
 }
 
 #[cfg(test)]
 #[path = "eval_tests.rs"]
-mod tests;
+pub(crate) mod tests;

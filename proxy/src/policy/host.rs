@@ -1,8 +1,11 @@
 //! Host normalization and host patterns. One canonical spelling per host, so `API.x.com.`,
-//! `[::1]` or `::ffff:127.0.0.1` cannot slip past a rule written for `api.x.com` / `::1` / `127.0.0.1`.
+//! `[::1]`, `::ffff:127.0.0.1` or `bücher.example` cannot slip past a rule written for
+//! `api.x.com` / `::1` / `127.0.0.1` / `xn--bcher-kva.example`.
 
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
+
+use idna::uts46::{AsciiDenyList, DnsLength, Hyphens, Uts46};
 
 const MAX_HOST_LEN: usize = 253;
 const MAX_LABEL_LEN: usize = 63;
@@ -25,12 +28,16 @@ pub enum HostError {
     Colon,
     #[error("numeric host that is not a dotted-quad IPv4 address (e.g. \"127.1\", \"0x7f.1\")")]
     AmbiguousNumeric,
+    #[error("invalid internationalized domain name (UTS 46 / IDNA): disallowed character or malformed \"xn--\" label")]
+    InvalidIdn,
 }
 
 /// Canonical form of a host as received (port already stripped): ASCII-lowercased, one
 /// trailing dot and IPv6 brackets removed, IPv6 compressed (IPv4-mapped IPv6 becomes the
-/// IPv4 address). Numeric hosts other than strict dotted-quads are rejected because
-/// resolvers read `127.1` or `0x7f.0.0.1` as IP addresses rules would not recognize.
+/// IPv4 address), internationalized names as punycode (UTS 46 ToASCII, as browsers do).
+/// Numeric hosts other than strict dotted-quads are rejected because resolvers read `127.1`
+/// or `0x7f.0.0.1` as IP addresses rules would not recognize. Callers must dial the returned
+/// name, not the raw one: the decision is only about the canonical form.
 pub fn normalize_host(raw: &str) -> Result<String, HostError> {
     normalize_host_cow(raw).map(Cow::into_owned)
 }
@@ -42,6 +49,24 @@ pub(crate) fn normalize_host_cow(raw: &str) -> Result<Cow<'_, str>, HostError> {
         let ip: Ipv6Addr = inner.parse().map_err(|_| HostError::BadIpv6)?;
         return Ok(Cow::Owned(canonical_v6(ip)));
     }
+    if !raw.is_ascii() || has_punycode_label(raw) {
+        // Unicode (or already-encoded) names: map and encode, then check the ASCII result
+        // like any other host, so the mapping cannot produce something the rules never see.
+        let ascii = Uts46::new()
+            .to_ascii(
+                raw.as_bytes(),
+                AsciiDenyList::URL,
+                Hyphens::Allow,
+                DnsLength::Ignore,
+            )
+            .map_err(|_| HostError::InvalidIdn)?;
+        return ascii_host(&ascii).map(|h| Cow::Owned(h.into_owned()));
+    }
+    ascii_host(raw)
+}
+
+/// The checks and canonical form for an ASCII host (no brackets).
+fn ascii_host(raw: &str) -> Result<Cow<'_, str>, HostError> {
     let host = raw.strip_suffix('.').unwrap_or(raw);
     if host.is_empty() {
         return Err(HostError::Empty);
@@ -87,6 +112,13 @@ pub(crate) fn normalize_host_cow(raw: &str) -> Result<Cow<'_, str>, HostError> {
     })
 }
 
+/// True when some label starts with the ACE prefix `xn--` (any case): such labels must be
+/// valid punycode, and are lower-cased by the IDNA mapping.
+fn has_punycode_label(host: &str) -> bool {
+    host.split('.')
+        .any(|l| l.len() >= 4 && l.as_bytes()[..4].eq_ignore_ascii_case(b"xn--"))
+}
+
 fn canonical_v6(ip: Ipv6Addr) -> String {
     match ip.to_ipv4_mapped() {
         Some(v4) => v4.to_string(),
@@ -114,6 +146,20 @@ pub(crate) enum HostPattern {
     Exact(String),
     /// `*.suffix`: any host strictly below `suffix` (any depth), not `suffix` itself.
     Suffix(String),
+}
+
+impl HostPattern {
+    /// Whether canonical `host` matches (the index does this for rule hosts; this is for
+    /// the few patterns checked per rule, e.g. AgenShield's `allowedHosts` exemptions).
+    pub(crate) fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Any => true,
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Suffix(s) => host
+                .strip_suffix(s.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        }
+    }
 }
 
 /// Parses a `hosts` entry from a policy file; the error is a complete reason for the operator.
@@ -150,96 +196,5 @@ pub(crate) fn parent_suffixes(host: &str) -> impl Iterator<Item = &str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn normalizes() {
-        let cases = [
-            ("API.GitHub.com", "api.github.com"),
-            ("api.github.com.", "api.github.com"),
-            ("[::1]", "::1"),
-            ("::1", "::1"),
-            ("[0:0:0:0:0:0:0:1]", "::1"),
-            ("[::FFFF:127.0.0.1]", "127.0.0.1"),
-            ("127.0.0.2", "127.0.0.2"),
-            ("127.0.0.2.", "127.0.0.2"),
-            ("my_host.internal", "my_host.internal"),
-            ("123.example.com", "123.example.com"),
-            ("x.0xfoo", "x.0xfoo"),
-        ];
-        for (raw, want) in cases {
-            assert_eq!(normalize_host(raw).as_deref(), Ok(want), "{raw}");
-        }
-        assert!(matches!(
-            normalize_host_cow("a.b"),
-            Ok(Cow::Borrowed("a.b"))
-        ));
-    }
-
-    #[test]
-    fn rejects() {
-        let cases = [
-            ("", HostError::Empty),
-            (".", HostError::Empty),
-            ("a..b", HostError::EmptyLabel),
-            (".a", HostError::EmptyLabel),
-            ("a.b..", HostError::EmptyLabel),
-            ("example.com:443", HostError::Colon),
-            ("[::1]:443", HostError::BadIpv6),
-            ("[::1", HostError::BadIpv6),
-            ("[fe80::1%25eth0]", HostError::BadIpv6),
-            ("a b", HostError::InvalidChar(' ')),
-            ("a/b", HostError::InvalidChar('/')),
-            ("caf\u{e9}.com", HostError::InvalidChar('\u{e9}')),
-            ("127.1", HostError::AmbiguousNumeric),
-            ("0x7f.0.0.1", HostError::AmbiguousNumeric),
-            ("2130706433", HostError::AmbiguousNumeric),
-            ("127.000.0.1", HostError::AmbiguousNumeric),
-            ("1.2.3.4.5", HostError::AmbiguousNumeric),
-        ];
-        for (raw, want) in cases {
-            assert_eq!(normalize_host(raw), Err(want), "{raw:?}");
-        }
-        assert_eq!(
-            normalize_host(&"a".repeat(64)),
-            Err(HostError::LabelTooLong)
-        );
-        let long = vec!["abc"; 70].join(".");
-        assert_eq!(normalize_host(&long), Err(HostError::TooLong));
-    }
-
-    #[test]
-    fn patterns() {
-        assert_eq!(parse_host_pattern("*"), Ok(HostPattern::Any));
-        assert_eq!(
-            parse_host_pattern("*.GitHubUserContent.com."),
-            Ok(HostPattern::Suffix("githubusercontent.com".into()))
-        );
-        assert_eq!(
-            parse_host_pattern("[::1]"),
-            Ok(HostPattern::Exact("::1".into()))
-        );
-        for bad in [
-            "a*.b",
-            "a.*.c",
-            "*a.b",
-            "*.*.b",
-            "**",
-            "*.",
-            "*.127.0.0.1",
-            "a.b*",
-        ] {
-            assert!(parse_host_pattern(bad).is_err(), "{bad}");
-        }
-        let e = parse_host_pattern("a.*.c").expect_err("bad");
-        assert!(e.contains("leading \"*.\""), "{e}");
-    }
-
-    #[test]
-    fn suffixes() {
-        let got: Vec<_> = parent_suffixes("a.b.example.com").collect();
-        assert_eq!(got, ["b.example.com", "example.com", "com"]);
-        assert_eq!(parent_suffixes("localhost").count(), 0);
-    }
-}
+#[path = "host_tests.rs"]
+mod tests;

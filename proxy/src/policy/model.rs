@@ -1,29 +1,28 @@
-//! The policy file as written (serde). Kept separate from the compiled form so the on-disk
-//! schema can grow (AgenShield JSON, `ask`, rate limits) without touching evaluation.
+//! The policy as read, whatever the file format: the TOML and AgenShield JSON front-ends both
+//! produce these, so validation and compilation (`rule.rs`, `compile.rs`) exist once.
 //!
-//! Fields carry `Spanned` wherever a later semantic check needs to point at a line:column.
+//! Values keep `Spanned` byte ranges into their source text, for file:line:col in errors.
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::rate::RateFile;
 use super::Mode;
 
-/// The only file format version understood.
-pub(crate) const VERSION: i64 = 1;
+/// A list whose entries (and the list itself) know where they were written.
+pub(crate) type List<T> = Spanned<Vec<Spanned<T>>>;
 
-/// One `*.toml` policy file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PolicyFile {
-    /// Must be present and equal to [`VERSION`]; optional here only to give a clear message.
-    pub version: Option<Spanned<i64>>,
+/// One source file, parsed and checked for shape.
+pub(crate) struct ParsedSource {
     pub default: Option<Spanned<DefaultAction>>,
     pub mode: Option<Spanned<Mode>>,
-    #[serde(default, rename = "rule")]
-    pub rules: Vec<RuleFile>,
+    pub rules: Vec<RuleDef>,
+    /// Rules present but not applying to network traffic (AgenShield: disabled, or not
+    /// `http_request`): counted for `Policy::ignored_rule_count`.
+    pub ignored: usize,
 }
 
-/// `default = "allow" | "deny"`.
+/// `default = "allow" | "deny"` (TOML) or `"defaultAction"` (AgenShield JSON).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum DefaultAction {
@@ -31,27 +30,46 @@ pub(crate) enum DefaultAction {
     Deny,
 }
 
-/// One `[[rule]]` table.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RuleFile {
+/// One rule. Its id was validated by the front-end; everything else is validated by
+/// `rule::compile_rule`.
+pub(crate) struct RuleDef {
     pub id: Spanned<String>,
-    pub hosts: Spanned<Vec<Spanned<String>>>,
-    pub ports: Option<Spanned<Vec<Spanned<i64>>>>,
-    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
-    pub paths: Option<Spanned<Vec<Spanned<String>>>>,
-    /// A string, not an enum: `"ask"` is reserved and gets its own message.
+    /// `"allow" | "deny" | "ask"`; a string so an unknown action gets its own message.
     pub action: Spanned<String>,
-    pub priority: Option<i32>,
-    #[allow(dead_code)] // Kept for `agenshield policy show` and audit logs later.
-    pub description: Option<String>,
-    /// Reserved for the rate-limit issue; rejected by the compiler for now.
-    pub rate: Option<Spanned<toml::Value>>,
-    /// Reserved for the injection issue; rejected by the compiler for now.
-    pub inject: Option<Spanned<toml::Value>>,
+    pub priority: i32,
+    pub rate: Option<Spanned<RateFile>>,
+    pub max_concurrent: Option<Spanned<i64>>,
+    /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
+    pub matchers: Vec<MatchDef>,
 }
 
-/// Parses one source; the error keeps toml's byte span for line:column.
-pub(crate) fn parse(text: &str) -> Result<PolicyFile, toml::de::Error> {
-    toml::from_str(text)
+/// What one alternative of a rule matches. `None` means "any".
+pub(crate) struct MatchDef {
+    pub hosts: List<String>,
+    pub schemes: Option<List<String>>,
+    pub ports: Option<List<i64>>,
+    /// `ports` lists the ports this does NOT match (AgenShield `allowedPorts`).
+    pub ports_excluded: bool,
+    pub methods: Option<List<String>>,
+    pub paths: Option<List<String>>,
+    /// AgenShield matches URL globs case-insensitively; TOML paths are case-sensitive.
+    pub paths_case_insensitive: bool,
+    /// Hosts exempted from this matcher (AgenShield `allowedHosts` beat `deniedHosts`).
+    pub except_hosts: Vec<Spanned<String>>,
+}
+
+impl MatchDef {
+    /// Matches `hosts` with no other condition.
+    pub(crate) fn hosts(hosts: List<String>) -> MatchDef {
+        MatchDef {
+            hosts,
+            schemes: None,
+            ports: None,
+            ports_excluded: false,
+            methods: None,
+            paths: None,
+            paths_case_insensitive: false,
+            except_hosts: Vec::new(),
+        }
+    }
 }

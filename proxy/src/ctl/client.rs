@@ -1,0 +1,108 @@
+//! Talking to the daemon's admin socket.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("the daemon is not running (no one answers on {0})")]
+    NotRunning(PathBuf),
+    #[error("permission denied on {0}: run as root or as a member of agenshield-admin")]
+    NoAccess(PathBuf),
+    #[error("{0}")]
+    Refused(String),
+    #[error("talking to the daemon: {0}")]
+    Protocol(String),
+}
+
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    pub fn new(socket: &Path) -> Client {
+        Client {
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    /// Sends one request; the response body is left to the caller (it may stream).
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(StatusCode, Incoming), CtlError> {
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                    CtlError::NotRunning(self.socket.clone())
+                }
+                std::io::ErrorKind::PermissionDenied => CtlError::NoAccess(self.socket.clone()),
+                _ => CtlError::Protocol(format!("{}: {e}", self.socket.display())),
+            })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| CtlError::Protocol(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, "agenshield")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| CtlError::Protocol(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| CtlError::Protocol(e.to_string()))?;
+        let status = resp.status();
+        if status == StatusCode::FORBIDDEN {
+            let text = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(CtlError::Refused(error_text(&text)));
+        }
+        Ok((status, resp.into_body()))
+    }
+
+    /// Sends a request and reads a JSON answer; a non-2xx answer becomes `Err` with the
+    /// daemon's message.
+    pub async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, CtlError> {
+        let (status, body) = self.send(method, path, body).await?;
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| CtlError::Protocol(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(CtlError::Refused(error_text(&bytes)));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| CtlError::Protocol(format!("bad JSON: {e}")))
+    }
+}
+
+fn error_text(bytes: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(bytes).trim().to_string())
+}

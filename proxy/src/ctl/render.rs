@@ -1,0 +1,221 @@
+//! Human output for `ctl`: aligned, one fact per line, nothing the JSON does not also say.
+
+use serde_json::Value;
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("-")
+}
+
+fn list(v: &Value) -> String {
+    match v.as_array() {
+        Some(a) if !a.is_empty() => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| x.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "-".into(),
+    }
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+pub fn status(v: &Value) -> String {
+    let p = &v["policy"];
+    let c = &v["counts"];
+    let fw = &v["firewall"];
+    let firewall = if fw["enabled"].as_bool() == Some(true) {
+        format!(
+            "{} (agent uids {})",
+            s(&fw["state"]),
+            list(&fw["agent_uids"])
+        )
+    } else {
+        "redirect disabled in the config".into()
+    };
+    let last_error = match p["last_error"].as_object() {
+        Some(e) => format!(
+            "FAILED at {}: {}",
+            e.get("at").map(s).unwrap_or("-"),
+            e.get("message").map(s).unwrap_or("-")
+        ),
+        None => "none".into(),
+    };
+    [
+        format!(
+            "agenshield {}   pid {}   up {}",
+            s(&v["version"]),
+            v["pid"],
+            duration(v["uptime_secs"].as_u64().unwrap_or(0))
+        ),
+        format!("transparent   {}", list(&v["listeners"]["transparent"])),
+        format!("explicit      {}", s(&v["listeners"]["explicit"])),
+        format!("admin socket  {}", s(&v["listeners"]["admin"])),
+        format!("firewall      {firewall}"),
+        format!(
+            "policy        {}  {} rules  {}  loaded {}",
+            s(&p["hash"]),
+            p["rules"],
+            s(&p["mode"]),
+            s(&p["loaded_at"])
+        ),
+        format!("policy dir    {}", s(&p["dir"])),
+        format!("last reload   {last_error}"),
+        format!(
+            "requests      allowed {}  denied {}  limited {}  errors {}",
+            c["allowed"], c["denied"], c["limited"], c["errors"]
+        ),
+        format!(
+            "connections   {}   pending approvals {}",
+            c["connections"], v["pending"]
+        ),
+    ]
+    .join("\n")
+}
+
+pub fn stats(v: &Value) -> String {
+    let c = &v["counts"];
+    let l = &v["leaf_certificates"];
+    [
+        format!("connections      {}", c["connections"]),
+        format!("allowed          {}", c["allowed"]),
+        format!("denied           {}", c["denied"]),
+        format!("rate limited     {}", c["limited"]),
+        format!("errors           {}", c["errors"]),
+        format!(
+            "policy reloads   ok {}  failed {}",
+            c["reloads_ok"], c["reloads_failed"]
+        ),
+        format!(
+            "leaf certs       minted {}  cache hits {}  misses {}",
+            l["minted"], l["cache_hits"], l["cache_misses"]
+        ),
+        format!("pending          {}", v["pending"]),
+    ]
+    .join("\n")
+}
+
+pub fn policy(v: &Value) -> String {
+    let mut out = vec![
+        format!("policy dir    {}", s(&v["dir"])),
+        format!("hash          {}", s(&v["hash"])),
+        format!("rules         {}", v["rules"]),
+        format!("mode          {}", s(&v["mode"])),
+        format!("loaded        {}", s(&v["loaded_at"])),
+    ];
+    if let Some(e) = v["last_error"].as_object() {
+        out.push(format!(
+            "last reload   FAILED: {}",
+            e.get("message").map(s).unwrap_or("-")
+        ));
+    }
+    if let Some(rules) = v["rule_list"].as_array() {
+        out.push(String::new());
+        out.push(format!(
+            "{:<28} {:<6} {:>8}  {}",
+            "RULE", "ACTION", "PRIORITY", "MATCHES"
+        ));
+        for r in rules {
+            out.push(format!(
+                "{:<28} {:<6} {:>8}  {}",
+                s(&r["id"]),
+                s(&r["action"]),
+                r["priority"],
+                s(&r["summary"])
+            ));
+        }
+    }
+    out.join("\n")
+}
+
+pub fn check(v: &Value) -> String {
+    let mut out = vec![
+        format!(
+            "{} {}://{}:{}{}",
+            s(&v["method"]),
+            s(&v["scheme"]),
+            s(&v["host"]),
+            v["port"],
+            s(&v["path"])
+        ),
+        format!(
+            "decision      {}{}",
+            s(&v["decision"]).to_uppercase(),
+            if v["reported_deny"].as_bool() == Some(true) {
+                " (report mode: would be denied)"
+            } else {
+                ""
+            }
+        ),
+        format!(
+            "rule          {}",
+            v["rule_id"].as_str().unwrap_or("(default)")
+        ),
+        format!("explanation   {}", s(&v["explanation"])),
+    ];
+    if let Some(o) = v["obligations"].as_object() {
+        let parts: Vec<String> = o
+            .iter()
+            .filter(|(_, x)| !x.is_null())
+            .map(|(k, x)| format!("{k} {x}"))
+            .collect();
+        if !parts.is_empty() {
+            out.push(format!("obligations   {}", parts.join("; ")));
+        }
+    }
+    out.push(format!("policy        {}", s(&v["policy_hash"])));
+    out.join("\n")
+}
+
+pub fn pending(v: &Value) -> String {
+    let Some(items) = v.as_array().filter(|a| !a.is_empty()) else {
+        return "no requests are waiting for approval".into();
+    };
+    let mut out = vec![format!(
+        "{:<6} {:<20} {:<7} {:<40} {}",
+        "ID", "SINCE", "METHOD", "DESTINATION", "RULE"
+    )];
+    for p in items {
+        let since = s(&p["since"]);
+        out.push(format!(
+            "{:<6} {:<20} {:<7} {:<40} {}",
+            s(&p["id"]),
+            since.get(..19).unwrap_or(since),
+            s(&p["method"]),
+            format!("{}:{}{}", s(&p["host"]), p["port"], s(&p["path"])),
+            s(&p["rule_id"])
+        ));
+    }
+    out.join("\n")
+}
+
+pub fn event(v: &Value) -> String {
+    let time = s(&v["time"]);
+    format!(
+        "{} {:<12} {:>3} {:<6} {}://{}:{}{}  rule={}{}",
+        time.get(11..23).unwrap_or(time),
+        s(&v["decision"]),
+        v["status"],
+        s(&v["method"]),
+        s(&v["scheme"]),
+        s(&v["host"]),
+        v["port"],
+        s(&v["path"]),
+        v["rule_id"].as_str().unwrap_or("(default)"),
+        v["error_code"]
+            .as_str()
+            .map(|c| format!(" error={c}"))
+            .unwrap_or_default()
+    )
+}

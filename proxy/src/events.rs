@@ -1,0 +1,130 @@
+//! What the daemon tells its operators about each decision: a live feed (`ctl tail -f`), the
+//! last few (`ctl tail`), and counters (`ctl stats`). The audit log will read the same events.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// One decision, as operators see it. Never carries a secret: no headers, no query values.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionEvent {
+    /// RFC 3339, UTC.
+    pub time: String,
+    pub request_id: String,
+    pub conn_id: u64,
+    pub client: String,
+    /// `allow`, `deny`, `limited`, `ask-approved`, `ask-denied`, `ask-timeout`, `error`.
+    pub decision: &'static str,
+    pub method: String,
+    pub scheme: &'static str,
+    pub host: String,
+    pub port: u16,
+    /// The normalized path, without the query.
+    pub path: String,
+    pub rule_id: Option<String>,
+    pub status: u16,
+    pub error_code: Option<&'static str>,
+    pub upstream: Option<String>,
+    pub ms: f64,
+}
+
+/// Counters for `ctl stats` and `ctl status`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub connections: AtomicU64,
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+    pub limited: AtomicU64,
+    pub asked: AtomicU64,
+    pub errors: AtomicU64,
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CountersSnapshot {
+    pub connections: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub limited: u64,
+    pub asked: u64,
+    pub errors: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CountersSnapshot {
+            connections: g(&self.connections),
+            allowed: g(&self.allowed),
+            denied: g(&self.denied),
+            limited: g(&self.limited),
+            asked: g(&self.asked),
+            errors: g(&self.errors),
+            reloads_ok: g(&self.reloads_ok),
+            reloads_failed: g(&self.reloads_failed),
+        }
+    }
+}
+
+const RECENT: usize = 200;
+
+pub struct Events {
+    live: broadcast::Sender<DecisionEvent>,
+    recent: Mutex<VecDeque<DecisionEvent>>,
+    pub counters: Counters,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            live: broadcast::channel(1024).0,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            counters: Counters::default(),
+        }
+    }
+}
+
+impl Events {
+    pub fn publish(&self, ev: DecisionEvent) {
+        let c = &self.counters;
+        match ev.decision {
+            "allow" | "ask-approved" => &c.allowed,
+            "deny" | "ask-denied" | "ask-timeout" => &c.denied,
+            "limited" => &c.limited,
+            _ => &c.errors,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut recent) = self.recent.lock() {
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(ev.clone());
+        }
+        // Nobody listening is fine; a slow listener loses events and is told so.
+        let _ = self.live.send(ev);
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<DecisionEvent> {
+        self.live.subscribe()
+    }
+
+    pub fn recent(&self) -> Vec<DecisionEvent> {
+        self.recent
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Now, as RFC 3339 UTC with milliseconds.
+pub fn now_rfc3339() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    now.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| now.unix_timestamp().to_string())
+}

@@ -1,0 +1,120 @@
+//! A compiled rule alternative and how it matches a request. Everything but the host, which
+//! the host index (`index.rs`) has already matched when these checks run.
+
+use std::sync::Arc;
+
+use globset::GlobSet;
+
+use super::host::HostPattern;
+use super::rate::Obligations;
+use super::{Action, Scheme};
+
+/// One matcher of one rule, validated. Several may share an id (AgenShield patterns).
+#[derive(Debug)]
+pub(crate) struct CompiledRule {
+    pub id: Arc<str>,
+    pub action: Action,
+    pub priority: i32,
+    pub schemes: SchemeSet,
+    pub ports: PortMatch,
+    /// Upper-case, sorted; `None` = any method.
+    pub methods: Option<Box<[Box<str>]>>,
+    /// `None` = any path.
+    pub paths: Option<GlobSet>,
+    /// Hosts this rule does not apply to, although its host patterns match them.
+    pub except_hosts: Box<[HostPattern]>,
+    /// The rule's, carried into decisions it makes when it allows or asks.
+    pub obligations: Obligations,
+}
+
+/// A set of schemes as a bit mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SchemeSet(u8);
+
+impl SchemeSet {
+    pub(crate) const ANY: SchemeSet = SchemeSet(0b111);
+    pub(crate) const EMPTY: SchemeSet = SchemeSet(0);
+
+    fn bit(s: Scheme) -> u8 {
+        match s {
+            Scheme::Http => 1,
+            Scheme::Https => 2,
+            Scheme::Tcp => 4,
+        }
+    }
+
+    pub(crate) fn with(self, s: Scheme) -> SchemeSet {
+        SchemeSet(self.0 | Self::bit(s))
+    }
+
+    pub(crate) fn contains(self, s: Scheme) -> bool {
+        self.0 & Self::bit(s) != 0
+    }
+
+    pub(crate) fn is_any(self) -> bool {
+        self == Self::ANY
+    }
+}
+
+/// Which ports a rule covers. Lists are sorted and deduplicated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PortMatch {
+    Any,
+    In(Box<[u16]>),
+    /// Every port but these (AgenShield `allowedPorts` turned into a deny).
+    NotIn(Box<[u16]>),
+}
+
+impl PortMatch {
+    pub(crate) fn matches(&self, port: u16) -> bool {
+        match self {
+            PortMatch::Any => true,
+            PortMatch::In(list) => list.binary_search(&port).is_ok(),
+            PortMatch::NotIn(list) => list.binary_search(&port).is_err(),
+        }
+    }
+}
+
+impl CompiledRule {
+    /// Everything but the host patterns. A rule constraining methods or paths never matches
+    /// a request where they are unknown (raw TCP): allowing would over-allow, denying would
+    /// over-deny.
+    pub(crate) fn matches(
+        &self,
+        host: &str,
+        scheme: Scheme,
+        port: u16,
+        method: Option<&str>,
+        path: Option<&str>,
+    ) -> bool {
+        if !self.schemes.contains(scheme) || !self.ports.matches(port) {
+            return false;
+        }
+        if let Some(methods) = &self.methods {
+            match method {
+                Some(m) if methods.iter().any(|x| x.eq_ignore_ascii_case(m)) => {}
+                _ => return false,
+            }
+        }
+        if let Some(globs) = &self.paths {
+            match path {
+                Some(p) if globs.is_match(p) => {}
+                _ => return false,
+            }
+        }
+        !self.is_excepted(host)
+    }
+
+    pub(crate) fn is_excepted(&self, host: &str) -> bool {
+        self.except_hosts.iter().any(|p| p.matches(host))
+    }
+
+    /// True when only the host and port decide whether this rule matches.
+    pub(crate) fn host_port_only(&self) -> bool {
+        self.schemes.is_any() && self.methods.is_none() && self.paths.is_none()
+    }
+}
+
+#[cfg(test)]
+#[path = "features_tests.rs"]
+mod tests;

@@ -1,0 +1,185 @@
+//! AgenShield URL patterns (`https://api.github.com/**`, `*.example.com`,
+//! `http://localhost:*`) as matchers: `[scheme://]host[:port][/path-glob]`.
+//!
+//! - scheme `http`/`https` (or `*`): only that scheme; absent: any scheme, TCP included.
+//! - port: as written; `*` = any; absent = the scheme's default port, or any port when the
+//!   scheme is absent too.
+//! - path: a glob on the normalized path, case-insensitive like AgenShield's matcher; `*`
+//!   stays within a segment, `**` crosses segments; `[ ] { }` are literal as in AgenShield.
+//!   Absent: any path.
+
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::model::MatchDef;
+
+/// The matcher for one pattern; every value points at the pattern's span for errors.
+pub(crate) fn matcher(pattern: &str, span: &Range<usize>) -> Result<MatchDef, String> {
+    let p = parse(pattern).map_err(|why| format!("invalid pattern {pattern:?}: {why}"))?;
+    let one = |v: String| Spanned::new(span.clone(), vec![Spanned::new(span.clone(), v)]);
+    let port = p
+        .port
+        .map(|n| Spanned::new(span.clone(), vec![Spanned::new(span.clone(), i64::from(n))]));
+    Ok(MatchDef {
+        schemes: p.scheme.map(|s| one(s.to_owned())),
+        ports: port,
+        paths: p.path.map(one),
+        paths_case_insensitive: true,
+        ..MatchDef::hosts(one(p.host))
+    })
+}
+
+struct Parsed {
+    scheme: Option<&'static str>,
+    host: String,
+    port: Option<u16>,
+    path: Option<String>,
+}
+
+fn parse(pattern: &str) -> Result<Parsed, String> {
+    let (scheme, rest) = match pattern.split_once("://") {
+        None => (None, pattern),
+        Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
+            "http" => (Some("http"), rest),
+            "https" => (Some("https"), rest),
+            "*" => (None, rest),
+            other => return Err(format!("unsupported scheme {other:?} (use http or https)")),
+        },
+    };
+    if rest.contains(['?', '#']) {
+        return Err(
+            "query strings and fragments cannot be matched (rules see the path only)".into(),
+        );
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(&rest[i..])),
+        None => (rest, None),
+    };
+    if authority.contains('@') {
+        return Err("userinfo (\"user@\") is not allowed".into());
+    }
+    let (host, port) = split_port(authority)?;
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    // AgenShield's `**` matches anything, so as a host it can only mean "any host".
+    let host = if host == "**" { "*" } else { host };
+    let port = match (port, scheme) {
+        (Some("*"), _) => None,
+        (Some(p), _) => Some(parse_port(p)?),
+        (None, Some("https")) => Some(443),
+        (None, Some(_)) => Some(80),
+        (None, None) => None,
+    };
+    Ok(Parsed {
+        scheme,
+        host: host.to_owned(),
+        port,
+        path: path.map(escape_literals),
+    })
+}
+
+/// Splits `host[:port]`; `[v6]:port` is bracketed, a bare IPv6 literal has no port.
+fn split_port(authority: &str) -> Result<(&str, Option<&str>), String> {
+    if authority.starts_with('[') {
+        let end = authority.find(']').ok_or("unclosed \"[\" in host")?;
+        let (host, rest) = authority.split_at(end + 1);
+        return match rest.strip_prefix(':') {
+            Some(port) => Ok((host, Some(port))),
+            None if rest.is_empty() => Ok((host, None)),
+            None => Err(format!("unexpected {rest:?} after the IPv6 address")),
+        };
+    }
+    match authority.matches(':').count() {
+        0 => Ok((authority, None)),
+        1 => Ok(authority
+            .split_once(':')
+            .map_or((authority, None), |(h, p)| (h, Some(p)))),
+        _ => Ok((authority, None)),
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16, String> {
+    p.parse::<u16>()
+        .ok()
+        .filter(|&n| n != 0 && p.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| format!("invalid port {p:?} (1..=65535 or \"*\")"))
+}
+
+/// AgenShield treats `[ ] { }` literally; in a glob they are classes and alternations.
+fn escape_literals(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if matches!(c, '[' | ']' | '{' | '}' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn show(p: &str) -> Result<String, String> {
+        parse(p).map(|x| format!("{:?} {} {:?} {:?}", x.scheme, x.host, x.port, x.path))
+    }
+
+    #[test]
+    fn parses() {
+        let ok = [
+            (
+                "https://api.github.com/**",
+                "Some(\"https\") api.github.com Some(443) Some(\"/**\")",
+            ),
+            (
+                "*.githubusercontent.com",
+                "None *.githubusercontent.com None None",
+            ),
+            (
+                "http://localhost:3000/*",
+                "Some(\"http\") localhost Some(3000) Some(\"/*\")",
+            ),
+            ("http://localhost:*", "Some(\"http\") localhost None None"),
+            (
+                "HTTPS://X.example:8443",
+                "Some(\"https\") X.example Some(8443) None",
+            ),
+            (
+                "https://[::1]:8080/a",
+                "Some(\"https\") [::1] Some(8080) Some(\"/a\")",
+            ),
+            ("::1", "None ::1 None None"),
+            ("example.com:22", "None example.com Some(22) None"),
+            ("*://x.example/", "None x.example None Some(\"/\")"),
+            ("**", "None * None None"),
+            (
+                "https://x/a[1]{b}",
+                "Some(\"https\") x Some(443) Some(\"/a\\\\[1\\\\]\\\\{b\\\\}\")",
+            ),
+        ];
+        for (p, want) in ok {
+            assert_eq!(show(p).as_deref(), Ok(want), "{p}");
+        }
+        let bad = [
+            ("ftp://x.example/", "unsupported scheme \"ftp\""),
+            ("https://x.example/a?b=1", "query strings"),
+            ("https://x.example/#top", "query strings"),
+            ("https://user@x.example/", "userinfo"),
+            ("https:///a", "no host"),
+            ("", "no host"),
+            ("https://x.example:0/", "invalid port \"0\""),
+            ("https://x.example:70000/", "invalid port"),
+            ("https://x.example:+1/", "invalid port"),
+            ("https://x.example:/", "invalid port \"\""),
+            ("https://[::1/", "unclosed"),
+            ("https://[::1]x/", "unexpected \"x\""),
+        ];
+        for (p, want) in bad {
+            let e = parse(p).err().unwrap_or_default();
+            assert!(e.contains(want), "{p}: {e}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Rule obligations: the rate limit and concurrency cap a rule attaches to what it allows.
+//! The policy only validates and carries them; the proxy keeps the buckets and counters.
+//!
+//! `rate = { requests = R, per = P, burst = B }` is a token bucket: it holds at most `B`
+//! tokens (default `R`) and starts full; one token is added every `P / R`; each request
+//! takes one, and a request finding the bucket empty is refused (429 + Retry-After).
+
+use std::fmt;
+use std::ops::Range;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, Serializer};
+use toml::Spanned;
+
+/// Bounds that catch typos (`requests = 6000000`) without limiting real use.
+pub const MAX_RATE_REQUESTS: u32 = 1_000_000;
+pub const MAX_RATE_PER: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_CONCURRENT: u32 = 100_000;
+
+/// A rule's token bucket (see the module docs). Invariants: `requests`, `burst` in
+/// `1..=MAX_RATE_REQUESTS`, `per` a whole number of seconds in `1s..=24h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    /// Tokens added per `per`.
+    pub requests: u32,
+    pub per: Duration,
+    /// Bucket capacity: the most requests allowed back to back. `burst` if given, else `requests`.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// Time to earn one token: `per / requests` (at least 1 µs given the bounds).
+    pub fn token_interval(&self) -> Duration {
+        self.per / self.requests.max(1)
+    }
+}
+
+/// What the proxy must enforce for a request the rule allows (or after an `ask` is approved).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Obligations {
+    pub rate: Option<RateLimit>,
+    /// Requests in flight at once, per host, under this rule.
+    pub max_concurrent: Option<u32>,
+}
+
+impl Obligations {
+    pub fn is_empty(&self) -> bool {
+        self.rate.is_none() && self.max_concurrent.is_none()
+    }
+}
+
+/// `rate = { ... }` as written in TOML.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateFile {
+    pub requests: Spanned<i64>,
+    pub per: Spanned<String>,
+    pub burst: Option<Spanned<i64>>,
+}
+
+/// Validates a written rate; the error carries the span of the offending value.
+pub(crate) fn compile_rate(r: &RateFile) -> Result<RateLimit, (Range<usize>, String)> {
+    let count = |v: &Spanned<i64>, key: &str| {
+        u32::try_from(*v.get_ref())
+            .ok()
+            .filter(|n| (1..=MAX_RATE_REQUESTS).contains(n))
+            .ok_or_else(|| {
+                let msg = format!(
+                    "`{key}` must be between 1 and {MAX_RATE_REQUESTS}, not {}",
+                    v.get_ref()
+                );
+                (v.span(), msg)
+            })
+    };
+    let requests = count(&r.requests, "rate.requests")?;
+    let per = parse_per(r.per.get_ref()).map_err(|m| (r.per.span(), m))?;
+    let burst = match &r.burst {
+        Some(b) if *b.get_ref() == 0 => {
+            return Err((
+                b.span(),
+                "`rate.burst` = 0 would refuse every request (burst is the bucket size; \
+                 use action = \"deny\" to block)"
+                    .into(),
+            ))
+        }
+        Some(b) => count(b, "rate.burst")?,
+        None => requests,
+    };
+    Ok(RateLimit {
+        requests,
+        per,
+        burst,
+    })
+}
+
+/// `"30s"`, `"1m"`, `"2h"` (whole numbers) or `"second"`, `"minute"`, `"hour"`.
+pub(crate) fn parse_per(s: &str) -> Result<Duration, String> {
+    let secs = match s {
+        "second" => Some(1),
+        "minute" => Some(60),
+        "hour" => Some(3600),
+        _ => {
+            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let (num, unit) = s.split_at(split);
+            let scale = match unit {
+                "s" => Some(1),
+                "m" => Some(60),
+                "h" => Some(3600),
+                _ => None,
+            };
+            // Digits only (no sign, no fraction); bounded so the product cannot overflow.
+            let n = (!num.is_empty() && num.len() <= 6)
+                .then(|| num.parse::<u64>().ok())
+                .flatten();
+            n.zip(scale).map(|(n, scale)| n * scale)
+        }
+    };
+    let Some(secs) = secs else {
+        return Err(format!(
+            "invalid `rate.per` {s:?}: use a whole number with a unit (\"30s\", \"1m\", \"1h\") \
+             or \"second\", \"minute\", \"hour\""
+        ));
+    };
+    let per = Duration::from_secs(secs);
+    if per.is_zero() || per > MAX_RATE_PER {
+        return Err(format!("`rate.per` {s:?} must be between 1s and 24h"));
+    }
+    Ok(per)
+}
+
+/// The shortest exact spelling: `1h`, `1m`, `90s`.
+fn format_per(d: Duration) -> String {
+    let s = d.as_secs();
+    if s > 0 && s % 3600 == 0 {
+        format!("{}h", s / 3600)
+    } else if s > 0 && s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+impl fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} per {}, burst {}",
+            self.requests,
+            format_per(self.per),
+            self.burst
+        )
+    }
+}
+
+/// `{"requests":60,"per":"1m","burst":10}`: `per` as written, not serde's `{secs,nanos}`.
+impl Serialize for RateLimit {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RateLimit", 3)?;
+        st.serialize_field("requests", &self.requests)?;
+        st.serialize_field("per", &format_per(self.per))?;
+        st.serialize_field("burst", &self.burst)?;
+        st.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_forms() {
+        let ok = [
+            ("1s", 1),
+            ("30s", 30),
+            ("1m", 60),
+            ("90m", 5400),
+            ("1h", 3600),
+            ("24h", 86400),
+            ("second", 1),
+            ("minute", 60),
+            ("hour", 3600),
+        ];
+        for (s, secs) in ok {
+            assert_eq!(parse_per(s), Ok(Duration::from_secs(secs)), "{s}");
+        }
+        for bad in [
+            "", "0s", "1", "m", "1.5m", "-1s", "1 m", "1d", "25h", "1M", "+1s", "9999999h",
+        ] {
+            assert!(parse_per(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_per("0s")
+            .expect_err("zero")
+            .contains("between 1s and 24h"));
+    }
+
+    #[test]
+    fn formats_and_serializes() {
+        let r = RateLimit {
+            requests: 60,
+            per: Duration::from_secs(60),
+            burst: 10,
+        };
+        assert_eq!(r.to_string(), "60 per 1m, burst 10");
+        assert_eq!(r.token_interval(), Duration::from_secs(1));
+        let o = Obligations {
+            rate: Some(r),
+            max_concurrent: Some(4),
+        };
+        let json = serde_json::to_string(&o).expect("serializes");
+        assert_eq!(
+            json,
+            r#"{"rate":{"requests":60,"per":"1m","burst":10},"max_concurrent":4}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Obligations::default()).expect("serializes"),
+            r#"{"rate":null,"max_concurrent":null}"#
+        );
+        assert_eq!(format_per(Duration::from_secs(90)), "90s");
+        assert_eq!(format_per(Duration::from_secs(7200)), "2h");
+    }
+}

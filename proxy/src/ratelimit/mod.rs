@@ -1,0 +1,130 @@
+//! Rate limits (token buckets) and per-host concurrency caps.
+//!
+//! # Token buckets
+//! A bucket holds at most `burst` tokens, starts full, and refills continuously at
+//! `requests / per`. Arithmetic is exact integer fixed point (see `bucket.rs`), so refill
+//! never drifts and a `retry_after` is never a nanosecond too early.
+//!
+//! [`Limiter::check`] debits one token from every listed bucket or from none: the buckets
+//! are locked in ascending [`LimitKey`] order (a total order, so no deadlock), decided on,
+//! and released. No lock is held across an `.await` (everything here is synchronous).
+//!
+//! # Memory bound (why not moka)
+//! Evicting a bucket that is *not* full would hand the agent a fresh full bucket, i.e. free
+//! tokens: with `1 request / hour`, a TTI cache of 10 min would allow 6 requests an hour.
+//! moka's TTI cannot see bucket state and runs on its own clock (not `tokio::time`), so the
+//! limiter uses a sharded map and evicts only buckets that are **full** (indistinguishable
+//! from a fresh one, so eviction is lossless) and unreferenced:
+//! * idle sweep: full and untouched for `idle_ttl` (10 min); runs inline from `check` at most
+//!   once per [`SWEEP_INTERVAL`], or explicitly via [`Limiter::sweep`];
+//! * hard cap `max_buckets` (100 000): when full, a pressure sweep evicts every full bucket
+//!   (at most once a second, so a flood of new hosts cannot make each call O(n)); if the
+//!   table is still full, requests needing a *new* bucket are refused (fail closed).
+//!
+//! Concurrency caps need no sweep: a host's entry is removed as soon as its last in-flight
+//! permit (or failed attempt) goes away, so memory is O(hosts with requests in flight).
+
+mod bucket;
+mod concurrency;
+mod limiter;
+
+#[cfg(test)]
+mod concurrency_tests;
+#[cfg(test)]
+mod eviction_tests;
+#[cfg(test)]
+mod limiter_tests;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use concurrency::{ConcurrencyCaps, ConcurrencyPermit};
+pub use limiter::{Limiter, LimiterStats, DEFAULT_IDLE_TTL, DEFAULT_MAX_BUCKETS, SWEEP_INTERVAL};
+
+/// `requests` tokens per `per`, holding at most `burst`. Identical to the policy's struct.
+///
+/// Degenerate values are safe: `burst == 0` refuses everything, `requests == 0` is a
+/// one-off quota of `burst` that never refills, and `per` is clamped to
+/// `[1 ns, u64::MAX ns]` (so `per == 0` means "refill instantly").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RateLimit {
+    pub requests: u32,
+    pub per: Duration,
+    pub burst: u32,
+}
+
+/// Scope of a bucket. Keys compare byte-exact: callers pass normalised host names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LimitKey {
+    Rule(Arc<str>),
+    Host(String),
+    Secret(String),
+}
+
+/// Which [`LimitKey`] variant, for per-kind counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    Rule,
+    Host,
+    Secret,
+}
+
+impl LimitKey {
+    pub fn kind(&self) -> KeyKind {
+        match self {
+            LimitKey::Rule(_) => KeyKind::Rule,
+            LimitKey::Host(_) => KeyKind::Host,
+            LimitKey::Secret(_) => KeyKind::Secret,
+        }
+    }
+}
+
+impl fmt::Display for LimitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitKey::Rule(id) => write!(f, "rule:{id}"),
+            LimitKey::Host(h) => write!(f, "host:{h}"),
+            LimitKey::Secret(s) => write!(f, "secret:{s}"),
+        }
+    }
+}
+
+/// A request was refused by the bucket `key`; a token will be there after `retry_after`.
+///
+/// When several buckets are empty, `key` is the one with the longest wait (the request can
+/// only pass once all of them have a token). `retry_after == Duration::MAX` means "never"
+/// (`burst == 0`, or an exhausted `requests == 0` quota).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("rate limit exceeded for {key}; retry after {retry_after:?}")]
+pub struct Limited {
+    pub key: LimitKey,
+    pub retry_after: Duration,
+}
+
+impl Limited {
+    /// Whole seconds for a `Retry-After` header: rounded up, at least 1, saturating.
+    pub fn retry_after_secs(&self) -> u64 {
+        let d = self.retry_after;
+        let up = u64::from(d.subsec_nanos() > 0);
+        d.as_secs().saturating_add(up).max(1)
+    }
+}
+
+/// The host already has `max` requests in flight.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("host {host} already has {max} requests in flight")]
+pub struct AtCapacity {
+    pub host: String,
+    pub max: u32,
+}
+
+impl From<crate::policy::RateLimit> for RateLimit {
+    fn from(r: crate::policy::RateLimit) -> Self {
+        RateLimit {
+            requests: r.requests,
+            per: r.per,
+            burst: r.burst,
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The operator's side: hot reload under load, rate limits, `ask` approvals, and `ctl`
+//! against the real daemon over its admin socket.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn policy(x_action: &str, extra: &str) -> String {
+    format!(
+        r#"version = 1
+default = "deny"
+
+[[rule]]
+id = "x"
+hosts = ["x.test"]
+action = "{x_action}"
+
+[[rule]]
+id = "y"
+hosts = ["y.test"]
+action = "allow"
+{extra}"#
+    )
+}
+
+async fn world(policy_text: &str, approvals_timeout: Option<&str>) -> (Upstream, Daemon) {
+    let up = Upstream::start(UpstreamOptions {
+        tls: None,
+        name: "plain".into(),
+    })
+    .await;
+    let daemon = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), policy_text.into())],
+        hosts: ["x.test", "y.test", "z.test"]
+            .iter()
+            .map(|h| (h.to_string(), LOCAL))
+            .collect(),
+        approvals_timeout: approvals_timeout.map(str::to_string),
+        ..Default::default()
+    });
+    (up, daemon)
+}
+
+/// A keep-alive HTTP/1.1 client speaking to the explicit listener with absolute URIs.
+struct ProxyClient {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+}
+
+struct Reply {
+    status: u16,
+    retry_after: Option<String>,
+    body: String,
+}
+
+impl ProxyClient {
+    async fn connect(daemon: &Daemon) -> ProxyClient {
+        let tcp = TcpStream::connect(daemon.explicit).await.expect("connect");
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        ProxyClient { sender }
+    }
+
+    async fn get(&mut self, url: &str) -> Result<Reply, String> {
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let req = http::Request::get(url)
+            .body(Empty::new())
+            .map_err(|e| e.to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            retry_after,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+}
+
+fn error_code(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error_code"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_under_load_takes_effect_within_200ms_and_fails_nothing_else() {
+    let (up, daemon) = world(&policy("allow", ""), None).await;
+    let port = up.addr.port();
+    let (x_url, y_url) = (
+        format!("http://x.test:{port}/"),
+        format!("http://y.test:{port}/"),
+    );
+    let mut client = ProxyClient::connect(&daemon).await;
+    // Warm up: both allowed.
+    for url in [&x_url, &y_url] {
+        assert_eq!(client.get(url).await.expect("warm-up").status, 200);
+    }
+
+    let file = daemon.dir.path().join("policies/main.toml");
+    let started = Instant::now();
+    let mut written_at = None;
+    let mut first_403 = None;
+    let mut n = 0u32;
+    // Bounded: at most 20,000 requests or 10 s.
+    while n < 20_000 && started.elapsed() < Duration::from_secs(10) {
+        n += 1;
+        if written_at.is_none() && started.elapsed() > Duration::from_millis(300) {
+            // truncate-then-write, as many editors save
+            std::fs::write(&file, policy("deny", "")).expect("rewrite policy");
+            written_at = Some(Instant::now());
+        }
+        for (url, is_x) in [(&x_url, true), (&y_url, false)] {
+            let r = client
+                .get(url)
+                .await
+                .unwrap_or_else(|e| panic!("request {n} failed: {e}"));
+            match (is_x, r.status) {
+                (_, 200) => {}
+                (true, 403) if error_code(&r.body) == "policy_denied" => {
+                    if first_403.is_none() {
+                        first_403 = Some(Instant::now());
+                    }
+                }
+                _ => panic!("unexpected reply to {url}: {} {}", r.status, r.body),
+            }
+        }
+        if first_403.is_some_and(|t| t.elapsed() > Duration::from_millis(300)) {
+            break;
+        }
+    }
+    let (written, denied) = (
+        written_at.expect("policy rewritten"),
+        first_403.expect("x.test denied"),
+    );
+    let took = denied.saturating_duration_since(written);
+    eprintln!("reload took effect {took:?} after the write ({n} request pairs)");
+    assert!(took <= Duration::from_millis(200), "took {took:?}");
+    // Once denied, it stays denied.
+    assert_eq!(client.get(&x_url).await.expect("x").status, 403);
+
+    // An invalid file: enforcement unchanged, and ctl status names the error.
+    std::fs::write(&file, "version = 1\n[[rule]]\nid = \"x\"\nhosts = 5\n").expect("write");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(client.get(&x_url).await.expect("x").status, 403);
+    assert_eq!(client.get(&y_url).await.expect("y").status, 200);
+    let (code, out, err) = daemon.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let msg = v["policy"]["last_error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("main.toml:4:"),
+        "status must show the reload error: {v}"
+    );
+    let (code, human, _) = daemon.ctl(&[], &["status"]);
+    assert_eq!(code, 0);
+    assert!(human.contains("last reload   FAILED"), "{human}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_rule_answers_429_with_retry_after() {
+    let extra = "\n[[rule]]\nid = \"z-limited\"\nhosts = [\"z.test\"]\naction = \"allow\"\nrate = { requests = 3, per = \"1m\", burst = 3 }\n";
+    let (up, daemon) = world(&policy("allow", extra), None).await;
+    let url = format!("http://z.test:{}/", up.addr.port());
+    let mut client = ProxyClient::connect(&daemon).await;
+    for _ in 0..3 {
+        assert_eq!(client.get(&url).await.expect("ok").status, 200);
+    }
+    let r = client.get(&url).await.expect("limited");
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(error_code(&r.body), "rate_limited");
+    let secs: u64 = r
+        .retry_after
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
+    assert!((1..=20).contains(&secs), "Retry-After {secs}");
+    assert_eq!(
+        up.requests().len(),
+        3,
+        "the limited request never reached the upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_holds_the_request_until_approved_and_times_out_to_a_denial() {
+    let (up, daemon) = world(&policy("ask", ""), Some("2s")).await;
+    let url = format!("http://x.test:{}/approve-me", up.addr.port());
+
+    let held = tokio::spawn({
+        let mut client = ProxyClient::connect(&daemon).await;
+        let url = url.clone();
+        async move { client.get(&url).await }
+    });
+    let id = wait_pending(&daemon).await;
+    assert!(!held.is_finished(), "the request must be held");
+    let (code, out, err) = daemon.ctl(&[], &["pending", "approve", &id]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r = held.await.expect("join").expect("reply");
+    assert_eq!((r.status, r.body.as_str()), (200, "hello from plain\n"));
+
+    // Nobody answers: denied after the timeout, with a readable reason.
+    let started = Instant::now();
+    let mut client = ProxyClient::connect(&daemon).await;
+    let r = client.get(&url).await.expect("reply");
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("needs approval"), "{}", r.body);
+    assert!(started.elapsed() >= Duration::from_millis(1900));
+
+    // An explicit denial.
+    let held = tokio::spawn({
+        let mut client = ProxyClient::connect(&daemon).await;
+        let url = url.clone();
+        async move { client.get(&url).await }
+    });
+    let id = wait_pending(&daemon).await;
+    let (code, _, err) = daemon.ctl(&[], &["pending", "deny", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(held.await.expect("join").expect("reply").status, 403);
+    assert_eq!(
+        up.requests().len(),
+        1,
+        "only the approved request reached the upstream"
+    );
+}
+
+async fn wait_pending(daemon: &Daemon) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let (code, out, _) = daemon.ctl(&[], &["pending", "list", "--json"]);
+        if code == 0 {
+            if let Some(id) = serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|v| v[0]["id"].as_str().map(str::to_string))
+            {
+                return id;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no pending request appeared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_reports_policy_checks_lints_and_a_stopped_daemon_in_one_line() {
+    let (up, mut daemon) = world(&policy("deny", ""), None).await;
+    let (code, out, err) = daemon.ctl(&[], &["policy", "check", "GET", "http://x.test/a"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("DENY") && out.contains("rule          x"),
+        "{out}"
+    );
+    let dir = daemon.dir.path().join("policies");
+    let dir_arg = dir.display().to_string();
+    let (code, out, _) = daemon.ctl(
+        &[],
+        &[
+            "policy",
+            "check",
+            "GET",
+            "https://y.test/",
+            "--policy",
+            &dir_arg,
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        (v["decision"].as_str(), v["rule_id"].as_str()),
+        (Some("allow"), Some("y"))
+    );
+    let (code, _, err) = daemon.ctl(&[], &["policy", "check", "GET", "https://user@y.test/"]);
+    assert_eq!(code, 2, "userinfo is bad input: {err}");
+
+    let bad = daemon.dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "version = 1\n[[rule]]\nid = \"a\"\nhosts = [\"*x.test\"]\naction = \"allow\"\n",
+    )
+    .expect("write");
+    let (code, _, err) = daemon.ctl(&[], &["policy", "lint", bad.to_str().expect("utf-8")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.toml:"), "{err}");
+    let (code, out, err) = daemon.ctl(&[], &["policy", "lint"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    let mut c = ProxyClient::connect(&daemon).await;
+    let _ = c.get(&format!("http://y.test:{}/", up.addr.port())).await;
+    let (code, out, _) = daemon.ctl(&[], &["tail", "--json"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().any(|l| l.contains("\"host\":\"y.test\"")),
+        "{out}"
+    );
+    let (code, out, _) = daemon.ctl(&[], &["stats"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("allowed"), "{out}");
+    let (code, out, err) = daemon.ctl(&[], &["reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    daemon.stop();
+    let (code, out, err) = daemon.ctl(&[], &["status"]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    assert!(err.contains("not running"), "{err}");
+}
