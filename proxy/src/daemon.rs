@@ -129,6 +129,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
+    let _ = std::fs::remove_file(&cfg.admin);
     Ok(())
 }
 

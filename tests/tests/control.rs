@@ -324,6 +324,13 @@ async fn ctl_reports_policy_checks_lints_and_a_stopped_daemon_in_one_line() {
     assert!(out.contains("allowed"), "{out}");
     let (code, out, err) = daemon.ctl(&[], &["reload"]);
     assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = daemon.ctl(&[], &["policy", "show"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with('x') && l.contains("deny") && l.contains("x.test")),
+        "{out}"
+    );
 
     daemon.stop();
     let (code, out, err) = daemon.ctl(&[], &["status"]);

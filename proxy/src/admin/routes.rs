@@ -52,7 +52,11 @@ pub async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<
             }
         }
         (Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(admin)),
-        (Method::GET, ["v1", "policy"]) => json(StatusCode::OK, &admin.proxy.policies.info()),
+        (Method::GET, ["v1", "policy"]) => {
+            let mut v = serde_json::to_value(admin.proxy.policies.info()).unwrap_or_default();
+            v["rule_list"] = serde_json::to_value(admin.proxy.policy().rules()).unwrap_or_default();
+            json(StatusCode::OK, &v)
+        }
         (Method::POST, ["v1", "policy", "check"]) => policy_check(admin, req).await,
         (Method::GET, ["v1", "tail"]) => tail(admin, &query),
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),

@@ -12,6 +12,8 @@ use super::{Action, Scheme};
 /// One matcher of one rule, validated. Several may share an id (AgenShield patterns).
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
+    /// What it matches, as written, for `ctl policy show`.
+    pub summary: Arc<str>,
     pub id: Arc<str>,
     pub action: Action,
     pub priority: i32,

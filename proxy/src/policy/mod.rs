@@ -45,6 +45,16 @@ pub struct PolicySource {
     pub text: String,
 }
 
+/// One compiled rule as `ctl policy show` lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RuleSummary {
+    pub id: String,
+    pub action: &'static str,
+    pub priority: i32,
+    pub summary: String,
+    pub obligations: Obligations,
+}
+
 /// A compiled, immutable policy. `Send + Sync`; share it behind an `Arc`.
 #[derive(Debug)]
 pub struct Policy {
@@ -175,6 +185,20 @@ impl Policy {
 
     /// AgenShield rules present but not applying here (disabled, not `http_request`, or
     /// without patterns).
+    /// The rules in evaluation order, one line each.
+    pub fn rules(&self) -> Vec<RuleSummary> {
+        self.rules
+            .iter()
+            .map(|r| RuleSummary {
+                id: r.id.to_string(),
+                action: r.action.as_str(),
+                priority: r.priority,
+                summary: r.summary.to_string(),
+                obligations: r.obligations,
+            })
+            .collect()
+    }
+
     pub fn ignored_rule_count(&self) -> usize {
         self.ignored
     }

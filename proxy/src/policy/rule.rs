@@ -69,6 +69,7 @@ pub(crate) fn compile_rule(
             }
         };
         let rule = CompiledRule {
+            summary: summary(m).into(),
             id: Arc::clone(&id),
             action,
             priority: def.priority,
@@ -200,4 +201,39 @@ fn non_empty<'a, T>(
 /// RFC 9110 `tchar`.
 fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// One line saying what a matcher covers, for `ctl policy show`.
+fn summary(m: &MatchDef) -> String {
+    let list = |l: &List<String>| {
+        l.get_ref()
+            .iter()
+            .map(|x| x.get_ref().as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut parts = vec![list(&m.hosts)];
+    if let Some(s) = &m.schemes {
+        parts.push(format!("schemes={}", list(s)));
+    }
+    if let Some(p) = &m.ports {
+        let ports: Vec<String> = p
+            .get_ref()
+            .iter()
+            .map(|x| x.get_ref().to_string())
+            .collect();
+        let op = if m.ports_excluded {
+            "ports!="
+        } else {
+            "ports="
+        };
+        parts.push(format!("{op}{}", ports.join(",")));
+    }
+    if let Some(ms) = &m.methods {
+        parts.push(format!("methods={}", list(ms)));
+    }
+    if let Some(ps) = &m.paths {
+        parts.push(format!("paths={}", list(ps)));
+    }
+    parts.join(" ")
 }
