@@ -27,11 +27,11 @@ pub fn render(spec: &RedirectSpec) -> String {
         uids.join(", ")
     );
 
+    let (dns4, dns6): (Vec<IpAddr>, Vec<IpAddr>) =
+        spec.dns_servers.iter().partition(|ip| ip.is_ipv4());
     let _ = writeln!(s, "\tchain nat_output {{");
     let _ = writeln!(s, "\t\ttype nat hook output priority -100; policy accept;");
-    if spec.allow_dns {
-        let _ = writeln!(s, "\t\t{agent} tcp dport 53 accept");
-    }
+    dns_rules(&mut s, agent, &dns4, &dns6, &["tcp"]);
     exempt_rules(&mut s, agent, &v4, &v6);
     for (family, port) in [("ipv4", spec.redirect_v4), ("ipv6", spec.redirect_v6)] {
         if let Some(port) = port {
@@ -45,11 +45,21 @@ pub fn render(spec: &RedirectSpec) -> String {
 
     let _ = writeln!(s, "\tchain filter_output {{");
     let _ = writeln!(s, "\t\ttype filter hook output priority 0; policy accept;");
-    let _ = writeln!(s, "\t\t{agent} ct status dnat accept");
-    if spec.allow_dns {
-        let _ = writeln!(s, "\t\t{agent} udp dport 53 accept");
-        let _ = writeln!(s, "\t\t{agent} tcp dport 53 accept");
+    // Only what our own redirect produced: another tool's DNAT (Docker, kube-proxy) must
+    // not become a way around the proxy.
+    if let Some(port) = spec.redirect_v4 {
+        let _ = writeln!(
+            s,
+            "\t\t{agent} ct status dnat ip daddr 127.0.0.1 tcp dport {port} accept"
+        );
     }
+    if let Some(port) = spec.redirect_v6 {
+        let _ = writeln!(
+            s,
+            "\t\t{agent} ct status dnat ip6 daddr ::1 tcp dport {port} accept"
+        );
+    }
+    dns_rules(&mut s, agent, &dns4, &dns6, &["udp", "tcp"]);
     exempt_rules(&mut s, agent, &v4, &v6);
     let _ = writeln!(
         s,
@@ -59,6 +69,23 @@ pub fn render(spec: &RedirectSpec) -> String {
     let _ = writeln!(s, "\t}}");
     let _ = writeln!(s, "}}");
     s
+}
+
+/// DNS to the configured resolvers only: port 53 elsewhere is ordinary traffic.
+fn dns_rules(s: &mut String, agent: &str, v4: &[IpAddr], v6: &[IpAddr], protos: &[&str]) {
+    for (family, servers) in [("ip", v4), ("ip6", v6)] {
+        if servers.is_empty() {
+            continue;
+        }
+        let list: Vec<String> = servers.iter().map(ToString::to_string).collect();
+        for proto in protos {
+            let _ = writeln!(
+                s,
+                "\t\t{agent} {family} daddr {{ {} }} {proto} dport 53 accept",
+                list.join(", ")
+            );
+        }
+    }
 }
 
 fn exempt_rules(s: &mut String, agent: &str, v4: &[&(IpAddr, u8)], v6: &[&(IpAddr, u8)]) {
@@ -166,11 +193,21 @@ mod backend {
         }
 
         fn status(&self, spec: &RedirectSpec) -> Result<FirewallStatus, RedirectError> {
+            // Absence is decided without `unshare`, so a host that forbids namespaces can
+            // still have a vanished table restored.
+            let Some(live) = self.live()? else {
+                return Ok(FirewallStatus {
+                    state: FirewallState::Absent,
+                    installed_uids: Vec::new(),
+                    installed: String::new(),
+                    expected: render(spec),
+                });
+            };
             let expected = self.expected(spec)?;
-            let (state, installed) = match self.live()? {
-                None => (FirewallState::Absent, String::new()),
-                Some(live) if live == expected => (FirewallState::Matches, live),
-                Some(live) => (FirewallState::Differs, live),
+            let (state, installed) = if live == expected {
+                (FirewallState::Matches, live)
+            } else {
+                (FirewallState::Differs, live)
             };
             Ok(FirewallStatus {
                 state,
@@ -234,7 +271,10 @@ mod tests {
             agent_uids: vec![5200, 5202],
             redirect_v4: Some(15001),
             redirect_v6: Some(15001),
-            allow_dns: true,
+            dns_servers: vec![
+                "127.0.0.53".parse().expect("ip"),
+                "fd00::53".parse().expect("ip"),
+            ],
             exempt: vec![
                 ("10.99.0.0".parse().expect("ip"), 24),
                 ("fd00:99::".parse().expect("ip"), 64),
@@ -253,10 +293,11 @@ mod tests {
         let mut s = spec();
         s.redirect_v6 = None;
         s.exempt.clear();
-        s.allow_dns = false;
+        s.dns_servers.clear();
         let r = render(&s);
         assert!(r.contains("nfproto ipv4 meta l4proto tcp redirect to :15001"));
         assert!(!r.contains("nfproto ipv6"));
+        assert!(!r.contains("ip6 daddr ::1"));
         assert!(!r.contains("dport 53"));
         assert!(r.contains("meta l4proto tcp counter reject with tcp reset"));
     }

@@ -12,8 +12,9 @@ pub struct RedirectSpec {
     pub redirect_v4: Option<u16>,
     /// The transparent listener's port on ::1; `None` refuses agent IPv6 TCP instead.
     pub redirect_v6: Option<u16>,
-    /// Let agent DNS (udp/tcp 53) through unchanged.
-    pub allow_dns: bool,
+    /// Let agent DNS (udp/tcp 53) through unchanged, to these resolvers only (port 53 to any
+    /// other address is treated like all other traffic). Empty: no DNS for the agent.
+    pub dns_servers: Vec<IpAddr>,
     /// Destinations the agent may reach directly, unredirected: (network address, prefix).
     pub exempt: Vec<(IpAddr, u8)>,
 }
@@ -23,6 +24,8 @@ impl RedirectSpec {
     pub fn normalized(mut self) -> Result<RedirectSpec, RedirectError> {
         self.agent_uids.sort_unstable();
         self.agent_uids.dedup();
+        self.dns_servers.sort_unstable();
+        self.dns_servers.dedup();
         if self.agent_uids.is_empty() {
             return Err(RedirectError::Invalid("no agent uid to redirect".into()));
         }

@@ -25,8 +25,14 @@ pub struct PendingRequest {
     pub rule_id: String,
 }
 
+/// Requests that may wait at once; more are refused at once (an agent must not be able to
+/// park unbounded work in the daemon).
+pub const MAX_PENDING: usize = 256;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AskOutcome {
+    /// Too many requests already wait for an answer.
+    Full,
     Approved,
     /// Approved earlier with `--remember`.
     Remembered,
@@ -73,8 +79,11 @@ impl Approvals {
         req.since = now_rfc3339();
         let id = req.id.clone();
         let (tx, rx) = oneshot::channel();
-        if let Ok(mut w) = self.waiting.lock() {
-            w.insert(id.clone(), (req, tx));
+        match self.waiting.lock() {
+            Ok(mut w) if w.len() < MAX_PENDING => {
+                w.insert(id.clone(), (req, tx));
+            }
+            _ => return AskOutcome::Full,
         }
         // Removed however this ends, including when the agent gives up and the future drops.
         let _entry = Entry {
@@ -158,6 +167,20 @@ mod tests {
         }
     }
 
+    /// Starts a request that asks, and waits until it is listed as pending.
+    async fn held(a: &Arc<Approvals>) -> (tokio::task::JoinHandle<AskOutcome>, String) {
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.ask(req()).await }
+        });
+        loop {
+            if let Some(p) = a.list().first() {
+                return (waiter, p.id.clone());
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn unanswered_request_times_out_and_is_forgotten() {
         let a = Approvals::new(Duration::from_secs(30));
@@ -169,16 +192,7 @@ mod tests {
     #[tokio::test]
     async fn approval_releases_and_remember_covers_the_next_one() {
         let a = Arc::new(Approvals::new(Duration::from_secs(30)));
-        let waiter = tokio::spawn({
-            let a = a.clone();
-            async move { a.ask(req()).await }
-        });
-        let id = loop {
-            if let Some(p) = a.list().first() {
-                break p.id.clone();
-            }
-            tokio::task::yield_now().await;
-        };
+        let (waiter, id) = held(&a).await;
         a.decide(&id, true, true).expect("pending");
         assert_eq!(waiter.await.expect("join"), AskOutcome::Approved);
         assert_eq!(a.ask(req()).await, AskOutcome::Remembered);
@@ -188,16 +202,7 @@ mod tests {
     #[tokio::test]
     async fn denial_is_a_denial() {
         let a = Arc::new(Approvals::new(Duration::from_secs(30)));
-        let waiter = tokio::spawn({
-            let a = a.clone();
-            async move { a.ask(req()).await }
-        });
-        let id = loop {
-            if let Some(p) = a.list().first() {
-                break p.id.clone();
-            }
-            tokio::task::yield_now().await;
-        };
+        let (waiter, id) = held(&a).await;
         a.decide(&id, false, false).expect("pending");
         assert_eq!(waiter.await.expect("join"), AskOutcome::Denied);
     }

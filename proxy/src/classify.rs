@@ -17,8 +17,8 @@ pub enum Protocol {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClassifyError {
-    #[error("client sent {got} bytes and then nothing for {after:?}")]
-    Timeout { got: usize, after: Duration },
+    #[error("client sent {} bytes and then nothing for {after:?}", got.len())]
+    Timeout { got: BytesMut, after: Duration },
     #[error("client closed after {got} bytes, before it could be classified")]
     Closed { got: usize },
     #[error("reading the first bytes: {0}")]
@@ -44,7 +44,7 @@ pub async fn classify<S: AsyncRead + Unpin>(
         match read {
             Err(_) => {
                 return Err(ClassifyError::Timeout {
-                    got: buf.len(),
+                    got: buf,
                     after: timeout,
                 })
             }
@@ -67,14 +67,15 @@ pub fn judge(buf: &[u8], max_bytes: usize) -> Option<Protocol> {
     if buf.starts_with(H2_PREFACE) {
         return Some(Protocol::Http);
     }
-    let mut headers = [httparse::EMPTY_HEADER; 32];
+    // No room for headers: a complete request line is HTTP, whatever follows it. A bad
+    // header must get hyper's 400, not turn the connection into an opaque tunnel.
+    let mut headers = [httparse::EMPTY_HEADER; 0];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(_)) => Some(Protocol::Http),
         Ok(httparse::Status::Partial) if req.version.is_some() => Some(Protocol::Http),
         Ok(httparse::Status::Partial) if buf.len() >= max_bytes => Some(Protocol::Other),
         Ok(httparse::Status::Partial) => None,
-        // The request line parsed; hyper enforces header limits with a proper error.
         Err(httparse::Error::TooManyHeaders) => Some(Protocol::Http),
         Err(_) => Some(Protocol::Other),
     }
@@ -107,6 +108,17 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_header_after_a_good_request_line_is_still_http() {
+        assert_eq!(
+            judge(
+                b"GET /admin HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n",
+                MAX
+            ),
+            Some(Protocol::Http)
+        );
+    }
+
+    #[test]
     fn h2_prior_knowledge_is_http() {
         assert_eq!(judge(&H2_PREFACE[..10], MAX), None);
         assert_eq!(judge(H2_PREFACE, MAX), Some(Protocol::Http));
@@ -130,7 +142,7 @@ mod tests {
         let err = classify(&mut a, Duration::from_millis(30), MAX)
             .await
             .expect_err("must time out");
-        assert!(matches!(err, ClassifyError::Timeout { got: 0, .. }));
+        assert!(matches!(err, ClassifyError::Timeout { ref got, .. } if got.is_empty()));
     }
 
     #[tokio::test]

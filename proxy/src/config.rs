@@ -105,8 +105,10 @@ pub struct Redirect {
     pub enabled: bool,
     /// User names or uids whose traffic is redirected.
     pub agent_users: Vec<AgentUser>,
-    /// Let agent DNS (udp/tcp 53) through unchanged.
+    /// Let agent DNS (udp/tcp 53) through unchanged, to `dns_servers` only.
     pub allow_dns: bool,
+    /// The resolvers the agent may use; empty: the nameservers of /etc/resolv.conf.
+    pub dns_servers: Vec<IpAddr>,
     /// Destinations the agent reaches directly, without the proxy.
     pub exempt: Vec<IpNet>,
     /// How often `run` checks that the rules are still in place (and restores them).
@@ -120,6 +122,7 @@ impl Default for Redirect {
             enabled: false,
             agent_users: vec![AgentUser::Name("ash_default_agent".into())],
             allow_dns: true,
+            dns_servers: Vec::new(),
             exempt: Vec::new(),
             reconcile_interval: Duration::from_secs(5),
         }

@@ -80,10 +80,36 @@ pub fn spec(cfg: &Config, bound: &[SocketAddr]) -> Result<RedirectSpec, Firewall
         agent_uids: uids,
         redirect_v4,
         redirect_v6,
-        allow_dns: cfg.redirect.allow_dns,
+        dns_servers: dns_servers(cfg),
         exempt,
     }
     .normalized()?)
+}
+
+/// The resolvers the agent may send DNS to: configured, else the system's.
+fn dns_servers(cfg: &Config) -> Vec<std::net::IpAddr> {
+    if !cfg.redirect.allow_dns {
+        return Vec::new();
+    }
+    if !cfg.redirect.dns_servers.is_empty() {
+        return cfg.redirect.dns_servers.clone();
+    }
+    match hickory_resolver::system_conf::read_system_conf() {
+        Ok((conf, _)) => {
+            let mut ips: Vec<_> = conf.name_servers().iter().map(|ns| ns.ip).collect();
+            ips.dedup();
+            if ips.is_empty() {
+                tracing::warn!(
+                    "firewall: no nameserver in the system configuration: the agent gets no DNS"
+                );
+            }
+            ips
+        }
+        Err(e) => {
+            tracing::warn!("firewall: reading the system DNS configuration: {e}; the agent gets no DNS (set redirect.dns_servers)");
+            Vec::new()
+        }
+    }
 }
 
 /// `status --json`.
@@ -268,7 +294,13 @@ mod tests {
         assert_eq!(s.agent_uids, vec![4242]);
         assert_eq!((s.redirect_v4, s.redirect_v6), (Some(15001), Some(15002)));
         assert_eq!(s.exempt, vec![("10.9.0.0".parse().expect("ip"), 16)]);
-        assert!(s.allow_dns);
+        let pinned = spec(&cfg("dns_servers = [\"10.0.0.53\"]\n"), &bound).expect("spec");
+        assert_eq!(
+            pinned.dns_servers,
+            vec!["10.0.0.53".parse::<std::net::IpAddr>().expect("ip")]
+        );
+        let none = spec(&cfg("allow_dns = false\n"), &bound).expect("spec");
+        assert!(none.dns_servers.is_empty());
     }
 
     #[test]

@@ -150,6 +150,10 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 /// Removes the headers that describe one hop (RFC 9110 §7.6.1), including any the
 /// Connection header names.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // `te: trailers` is the one TE value that must pass (gRPC needs it end to end).
+    let te_trailers = h
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let named: Vec<HeaderName> = connection_tokens(h)
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
@@ -169,6 +173,9 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
     h.remove("keep-alive");
     h.remove("proxy-connection");
+    if te_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
 }
 
 /// Turns a client error into what the agent is told. The cause is found by walking the
@@ -246,6 +253,13 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::ACCEPT));
+        let mut grpc = HeaderMap::new();
+        grpc.insert(header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut grpc);
+        assert_eq!(
+            grpc.get(header::TE).map(|v| v.as_bytes()),
+            Some(&b"trailers"[..])
+        );
     }
 
     #[test]

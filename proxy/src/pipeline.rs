@@ -156,6 +156,14 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         }
         Action::Ask => match ask(proxy, ctx, &req, &target, &shown, &decision).await {
             AskOutcome::Approved | AskOutcome::Remembered => "ask-approved",
+            AskOutcome::Full => {
+                let why = format!(
+                    "{} requests already wait for an operator",
+                    crate::approvals::MAX_PENDING
+                );
+                let r = policy_refusal(&req, &target, &shown, &decision, Some(&why));
+                return refuse("ask-denied", r);
+            }
             AskOutcome::Denied => {
                 let r = policy_refusal(
                     &req,

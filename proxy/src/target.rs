@@ -52,7 +52,8 @@ fn mismatch(msg: String) -> Refusal {
 
 /// Splits `host[:port]` (IPv6 in brackets) and normalizes the host.
 pub fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refusal> {
-    let bad = || Refusal::new(ErrorCode::BadRequest, format!("invalid authority {auth:?}"));
+    // The raw value is not echoed: a malformed authority may carry credentials.
+    let bad = || Refusal::new(ErrorCode::BadRequest, "invalid request authority (Host)");
     let parsed: http::uri::Authority = auth.parse().map_err(|_| bad())?;
     if auth.contains('@') {
         return Err(Refusal::new(

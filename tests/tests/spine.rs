@@ -456,7 +456,7 @@ async fn opaque_tcp_is_decided_by_destination_alone() {
         }
     });
     let rule = format!(
-        "version = 1\n[[rule]]\nid = \"raw-echo\"\nhosts = [\"127.0.0.1\"]\nports = [{echo_port}]\naction = \"allow\"\n"
+        "version = 1\n[[rule]]\nid = \"raw-echo\"\nhosts = [\"127.0.0.1\"]\nschemes = [\"tcp\"]\nports = [{echo_port}]\naction = \"allow\"\n"
     );
     let w = World::new(&rule, &[]).await;
     for (port, allowed) in [(echo_port, true), (w.port(), false)] {
@@ -481,6 +481,30 @@ async fn opaque_tcp_is_decided_by_destination_alone() {
             assert_closed(&mut s).await;
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_cannot_turn_an_https_allowance_into_a_raw_tunnel() {
+    // allowed.test is allowed for HTTP(S) only: after CONNECT, a client that stays silent past
+    // the classification timeout (and would then speak TLS to the real server) is refused.
+    let w = World::new("", &["first_bytes_timeout = \"300ms\""]).await;
+    let mut s = TcpStream::connect(w.daemon.explicit)
+        .await
+        .expect("connect");
+    let connect = format!(
+        "CONNECT allowed.test:{0} HTTP/1.1\r\nHost: allowed.test:{0}\r\n\r\n",
+        w.port()
+    );
+    s.write_all(connect.as_bytes()).await.expect("write");
+    assert!(read_head(&mut s).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let _ = s.write_all(&client_hello_bytes("allowed.test")).await;
+    assert_closed(&mut s).await;
+    assert!(w.up.requests().is_empty());
+    assert!(
+        w.daemon.logs().contains("opaque TCP to allowed.test"),
+        "refusal logged"
+    );
 }
 
 #[test]

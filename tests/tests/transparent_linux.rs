@@ -38,6 +38,8 @@ struct Lab {
     allowed: Vec<Upstream>,
     other: Upstream,
     raw: std::net::TcpListener,
+    /// Port 53 on a host that is not a configured resolver.
+    dns_tcp: std::net::TcpListener,
     udp: std::net::UdpSocket,
     /// Our CA and the upstream CA, where the agent user can read them.
     our_ca: PathBuf,
@@ -62,6 +64,7 @@ impl Lab {
             sa(net.a6, 443),
             sa(net.b4, 443),
             sa(net.a4, 2222),
+            sa(net.a4, 53),
         ]);
         let mut listeners = listeners.into_iter();
         let mut allowed = Vec::new();
@@ -84,6 +87,8 @@ impl Lab {
         );
         let raw = listeners.next().expect("raw listener");
         raw.set_nonblocking(true).expect("nonblocking");
+        let dns_tcp = listeners.next().expect("port 53 listener");
+        dns_tcp.set_nonblocking(true).expect("nonblocking");
         let udp = net.bind_udp(sa(net.a4, 443));
         udp.set_nonblocking(true).expect("nonblocking");
 
@@ -116,6 +121,7 @@ impl Lab {
             allowed,
             other,
             raw,
+            dns_tcp,
             udp,
             our_ca,
             upstream_ca,
@@ -277,10 +283,24 @@ async fn agent_raw_tcp_and_udp_are_refused_while_root_is_untouched() {
     // UDP (QUIC's transport) other than DNS is rejected before it leaves.
     let udp = lab.agent_shell(&format!("echo quic > /dev/udp/{a4}/443"));
     assert!(!udp.status.success(), "UDP to 443 must fail: {udp:?}");
+    // Port 53 is DNS only towards the configured resolvers; elsewhere it is ordinary traffic.
+    let out53 = lab.agent_shell(&format!(
+        "exec 3<>/dev/tcp/{a4}/53 && printf 'tunnel\\n' >&3 && timeout 5 cat <&3; true"
+    ));
+    assert!(out53.status.success(), "{out53:?}");
+    let udp53 = lab.agent_shell(&format!("echo tunnel > /dev/udp/{a4}/53"));
+    assert!(
+        !udp53.status.success(),
+        "UDP 53 to a non-resolver must fail: {udp53:?}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         lab.raw.accept().is_err(),
         "the raw TCP connection must not reach the upstream"
+    );
+    assert!(
+        lab.dns_tcp.accept().is_err(),
+        "TCP 53 to a non-resolver must not go direct"
     );
     let mut buf = [0u8; 64];
     assert!(

@@ -17,6 +17,9 @@ pub enum CtlError {
     NoAccess(PathBuf),
     #[error("{0}")]
     Refused(String),
+    /// The daemon answered 400: the request itself was bad.
+    #[error("{0}")]
+    BadInput(String),
     #[error("talking to the daemon: {0}")]
     Protocol(String),
 }
@@ -93,6 +96,9 @@ impl Client {
             .await
             .map_err(|e| CtlError::Protocol(e.to_string()))?
             .to_bytes();
+        if status == StatusCode::BAD_REQUEST {
+            return Err(CtlError::BadInput(error_text(&bytes)));
+        }
         if !status.is_success() {
             return Err(CtlError::Refused(error_text(&bytes)));
         }

@@ -62,7 +62,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
                 .await
             {
                 Ok(v) => print(&v, json, render::check),
-                Err(CtlError::Refused(e)) => {
+                Err(CtlError::BadInput(e)) => {
                     eprintln!("agenshield: {e}");
                     BAD_INPUT
                 }
@@ -86,6 +86,12 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
         },
         CtlCommand::Pending(PendingCommand::List) => {
             get(&client, "/v1/pending", json, render::pending).await
+        }
+        CtlCommand::Pending(PendingCommand::Approve { id, .. } | PendingCommand::Deny { id })
+            if !id.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            eprintln!("agenshield: {id:?} is not a pending request id (see `ctl pending list`)");
+            BAD_INPUT
         }
         CtlCommand::Pending(PendingCommand::Approve { id, remember }) => {
             let path = format!(

@@ -78,13 +78,15 @@ fn decision_table() {
         (http("GET", "x.order.example", 443, "/"), Allow, Some("order-b")),
         // Raw TCP: host+port rules match, method/path rules cannot.
         (tcp("github.com", 22), Allow, Some("ssh-git")),
+        // Rules without `schemes = ["tcp"]` never allow opaque TCP.
+        (tcp("127.0.0.2", 8080), Deny, None),
         (tcp("github.com", 23), Deny, None),
         (tcp("api.github.com", 443), Deny, None),
         (tcp("docs.example.com", 443), Deny, None),
-        (tcp("sub.tie.example", 443), Allow, Some("order-b")),
-        (tcp("127.0.0.2", 8080), Allow, Some("loopback")),
-        (tcp("[::1]", 8080), Allow, Some("loopback")),
-        (tcp("::ffff:127.0.0.2", 8080), Allow, Some("loopback")),
+        (http("GET", "sub.tie.example", 443, "/"), Allow, Some("order-b")),
+        (http("GET", "127.0.0.2", 8080, "/"), Allow, Some("loopback")),
+        (http("GET", "[::1]", 8080, "/"), Allow, Some("loopback")),
+        (http("GET", "::ffff:127.0.0.2", 8080, "/"), Allow, Some("loopback")),
         (tcp("127.0.0.1", 8080), Deny, None),
         (tcp("127.2", 8080), Deny, None),
         // Method deny at top priority; raw TCP is not over-denied by it.
@@ -251,7 +253,13 @@ fn many_matching_wildcards_keep_evaluation_order() {
         (7, "any"),
         (1234, "exact"),
     ] {
-        let d = p.decide(&tcp(&host, port));
+        // HTTPS: rules without `schemes` do not allow opaque TCP.
+        let d = p.decide(&RequestFacts {
+            scheme: Scheme::Https,
+            method: Some("GET"),
+            path: Some("/"),
+            ..tcp(&host, port)
+        });
         assert_eq!(
             d.rule_id.as_deref(),
             Some(want),

@@ -1,7 +1,7 @@
 //! Rule features beyond hosts: ask ordering, obligations, schemes (and `may_allow` with them).
 
 use super::super::eval::tests::{http, policy, tcp};
-use super::super::{Action, Obligations, Scheme};
+use super::super::{Action, Obligations, RequestFacts, Scheme};
 
 #[test]
 fn ask_sorts_between_deny_and_allow() {
@@ -30,7 +30,15 @@ fn ask_sorts_between_deny_and_allow() {
         rule("a", "allow"),
         rule("q", "ask")
     );
-    assert_eq!(policy(&hi).decide(&req).action, Action::Allow);
+    let https = RequestFacts {
+        scheme: Scheme::Https,
+        method: Some("GET"),
+        path: Some("/"),
+        ..req
+    };
+    assert_eq!(policy(&hi).decide(&https).action, Action::Allow);
+    // Without `schemes = ["tcp"]` an allow rule does not cover opaque TCP: the ask stands.
+    assert_eq!(policy(&hi).decide(&req).action, Action::Ask);
 }
 
 #[test]

@@ -91,7 +91,8 @@ fn shipped_example_decides_as_documented() {
         ("GET", Https, "mirror.corp.example", 443, "/x", Deny, None),
         ("GET", Https, "example.com", 443, "/", Deny, None),
         ("-", Tcp, "github.com", 22, "", Deny, id("allowedPorts")),
-        ("-", Tcp, "pypi.org", 443, "", Allow, id("allowedHosts")),
+        // Opaque TCP would bypass interception: allowedHosts grants HTTP(S) only.
+        ("-", Tcp, "pypi.org", 443, "", Deny, None),
     ];
     for (method, scheme, host, port, path, action, rule) in cases {
         assert_eq!(

@@ -192,8 +192,16 @@ fn shipped_default_policy() {
         path: None,
     };
     assert_eq!(p.decide(&ssh).action, Action::Deny);
-    let https_tunnel = RequestFacts { port: 443, ..ssh };
-    assert_eq!(p.decide(&https_tunnel).rule_id.as_deref(), Some("github"));
+    // Opaque TCP to an HTTPS-only host is not a way around interception.
+    let raw_443 = RequestFacts { port: 443, ..ssh };
+    assert_eq!(p.decide(&raw_443).action, Action::Deny);
+    let https = RequestFacts {
+        scheme: Scheme::Https,
+        method: Some("GET"),
+        path: Some("/"),
+        ..raw_443
+    };
+    assert_eq!(p.decide(&https).rule_id.as_deref(), Some("github"));
 }
 
 #[test]
@@ -267,9 +275,9 @@ fn load_files_keeps_the_given_order() {
     let req = RequestFacts {
         host: "x.example",
         port: 1,
-        scheme: Scheme::Tcp,
-        method: None,
-        path: None,
+        scheme: Scheme::Https,
+        method: Some("GET"),
+        path: Some("/"),
     };
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("b"));
     let e = load_files(&[d.join("missing.toml")]).expect_err("missing");

@@ -79,8 +79,8 @@ impl PortMatch {
 
 impl CompiledRule {
     /// Everything but the host patterns. A rule constraining methods or paths never matches
-    /// a request where they are unknown (raw TCP): allowing would over-allow, denying would
-    /// over-deny.
+    /// a request where they are unknown (raw TCP). Raw TCP is allowed only by rules that
+    /// name the `tcp` scheme (see `rule::schemes`), so this cannot over-allow.
     pub(crate) fn matches(
         &self,
         host: &str,

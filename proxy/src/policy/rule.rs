@@ -51,7 +51,7 @@ pub(crate) fn compile_rule(
             .iter()
             .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e)))
             .collect::<Result<Vec<_>, _>>()?;
-        let schemes = schemes(m, &err)?;
+        let schemes = schemes(m, action, &err)?;
         let ports = match &m.ports {
             None => PortMatch::Any,
             Some(list) if m.ports_excluded => PortMatch::NotIn(ports(list, &err)?),
@@ -119,9 +119,14 @@ fn obligations(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<Obligat
     })
 }
 
-fn schemes(m: &MatchDef, err: &ErrFn<'_>) -> Result<SchemeSet, PolicyError> {
+fn schemes(m: &MatchDef, action: Action, err: &ErrFn<'_>) -> Result<SchemeSet, PolicyError> {
     let Some(list) = &m.schemes else {
-        return Ok(SchemeSet::ANY);
+        // Opaque TCP bypasses interception entirely, so only a rule that names "tcp" may
+        // allow it; deny and ask rules without `schemes` cover it too.
+        return Ok(match action {
+            Action::Allow => SchemeSet::EMPTY.with(Scheme::Http).with(Scheme::Https),
+            _ => SchemeSet::ANY,
+        });
     };
     let mut set = SchemeSet::EMPTY;
     for s in non_empty(list, "schemes", err)? {
