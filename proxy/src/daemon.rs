@@ -12,7 +12,6 @@ use agenshield_pf::{
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Semaphore;
 
 use crate::admin::{self, Admin, AdminAuth, DaemonInfo};
 use crate::approvals::Approvals;
@@ -67,7 +66,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
     let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
-    let slots = Arc::new(Semaphore::new(cfg.limits.max_connections));
+    let slots = proxy.slots.clone();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
         tasks.spawn(listen::transparent(

@@ -13,6 +13,8 @@ use crate::body::{full, ProxyBody};
 pub enum ErrorCode {
     PolicyDenied,
     RateLimited,
+    /// The proxy is at its connection limit.
+    Busy,
     HostMismatch,
     DestinationForbidden,
     BadRequest,
@@ -30,6 +32,7 @@ impl ErrorCode {
             }
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
             | ErrorCode::UpstreamTls
@@ -41,6 +44,7 @@ impl ErrorCode {
         match self {
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::Busy => "busy",
             ErrorCode::HostMismatch => "host_mismatch",
             ErrorCode::DestinationForbidden => "destination_forbidden",
             ErrorCode::BadRequest => "bad_request",
@@ -59,6 +63,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::Busy
         )
     }
 }

@@ -65,7 +65,13 @@ async fn handle(
         return pipeline::handle(proxy, Arc::new(ctx), req).await;
     }
     tracing::debug!(dest = %ctx.dest, "CONNECT");
+    // The tunnel outlives this HTTP connection's task, so it needs a connection slot of its own.
+    let Ok(permit) = proxy.slots.clone().try_acquire_owned() else {
+        let r = Refusal::new(ErrorCode::Busy, "too many connections; try again");
+        return deny::render(&r, "-", proxy.policy().hash());
+    };
     tokio::spawn(async move {
+        let _permit = permit;
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => handle_stream(proxy, ctx, TokioIo::new(upgraded)).await,
             Err(e) => tracing::debug!("CONNECT upgrade failed: {e}"),

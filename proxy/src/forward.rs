@@ -26,6 +26,8 @@ pub struct Forwarder {
     any: Upstream,
     /// http/1.1 only: protocol upgrades (WebSocket) need it end to end.
     h1: Upstream,
+    /// An upgraded connection with no traffic either way for this long is closed.
+    tunnel_idle: std::time::Duration,
 }
 
 impl Forwarder {
@@ -56,6 +58,7 @@ impl Forwarder {
         Forwarder {
             any: build(true),
             h1: build(false),
+            tunnel_idle: limits.tunnel_idle_timeout,
         }
     }
 
@@ -111,11 +114,12 @@ impl Forwarder {
                 ));
             };
             let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            let idle = self.tunnel_idle;
             tokio::spawn(async move {
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
                     Ok((c, u)) => {
-                        let (mut c, mut u) = (TokioIo::new(c), TokioIo::new(u));
-                        if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut u).await {
+                        let relayed = crate::tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle);
+                        if let Err(e) = relayed.await {
                             tracing::debug!("upgraded connection ended: {e}");
                         }
                     }

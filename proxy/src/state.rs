@@ -26,6 +26,8 @@ pub struct Proxy {
     pub approvals: Approvals,
     pub limiter: Limiter,
     pub caps: ConcurrencyCaps,
+    /// Connections served at once, over all listeners and the tunnels they spawn.
+    pub slots: Arc<tokio::sync::Semaphore>,
     next_conn: AtomicU64,
 }
 
@@ -47,11 +49,12 @@ impl Proxy {
             tls: InterceptTls::new(),
             dialer: p.dialer,
             forwarder: p.forwarder,
-            limits: p.limits,
+            limits: p.limits.clone(),
             events: Events::default(),
             approvals: p.approvals,
             limiter: Limiter::new(),
             caps: ConcurrencyCaps::new(),
+            slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
             next_conn: AtomicU64::new(1),
         }
     }
