@@ -251,7 +251,12 @@ fn url_tricks_cannot_reach_what_a_rule_denies() {
     for path in paths {
         for host in ["pkg.example", "PKG.example.", "pkg.example:443"] {
             let url = format!("https://{host}{path}");
-            let d = decide_url(&p, "GET", &url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            let d = match decide_url(&p, "GET", &url) {
+                Ok(d) => d,
+                // Refused outright (400 in the proxy): never reaches any rule.
+                Err(e) if e.contains("encoded separator") => continue,
+                Err(e) => panic!("{url}: {e}"),
+            };
             assert_eq!(
                 (d.action, d.rule_id.as_deref()),
                 (Action::Deny, Some("admin-everywhere")),
