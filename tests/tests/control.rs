@@ -181,6 +181,26 @@ async fn hot_reload_under_load_takes_effect_within_200ms_and_fails_nothing_else(
     let (code, human, _) = daemon.ctl(&[], &["status"]);
     assert_eq!(code, 0);
     assert!(human.contains("last reload   FAILED"), "{human}");
+
+    // Save by rename (write a temp file, rename it over): picked up too, error cleared.
+    let tmp = daemon.dir.path().join("policies/.main.toml.swp");
+    std::fs::write(&tmp, policy("allow", "")).expect("write temp");
+    std::fs::rename(&tmp, &file).expect("rename over");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while client.get(&x_url).await.expect("x").status != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        client.get(&x_url).await.expect("x").status,
+        200,
+        "rename-save reloaded"
+    );
+    let (_, out, _) = daemon.ctl(&[], &["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        v["policy"]["last_error"].is_null(),
+        "a good reload clears the error: {v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
