@@ -210,6 +210,25 @@ fn url_port(url: &str) -> u16 {
     }
 }
 
+/// What an operator (or another tool) editing our table by hand does.
+fn hand_edit_table() {
+    let rule = "meta skuid 1 accept";
+    let mut args = vec!["nft", "add", "rule", "inet", "agenshield", "filter_output"];
+    args.extend(rule.split(' '));
+    sh(&args);
+}
+
+/// Polls `cond` every 50 ms until it holds or `deadline` passes; returns whether it held.
+fn wait_until(deadline: Instant, mut cond: impl FnMut() -> bool) -> bool {
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 fn table_count() -> usize {
     let out = sh(&["nft", "list", "tables"]);
     String::from_utf8_lossy(&out.stdout)
@@ -394,34 +413,21 @@ async fn rules_outlive_the_daemon_are_reconciled_and_removed_only_by_firewall_do
     // Someone deletes the table: the daemon restores it and says so.
     sh(&["nft", "delete", "table", "inet", "agenshield"]);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while table_count() == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(deadline, || table_count() == 1);
     assert_eq!(table_count(), 1, "reconcile must restore the table");
     // The log line follows the restore; wait for it too.
-    while !lab.daemon.logs().contains("had vanished; restored") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(lab.daemon.logs().contains("had vanished; restored"));
+    assert!(wait_until(deadline, || lab
+        .daemon
+        .logs()
+        .contains("had vanished; restored")));
     // …or edits it: restored too.
-    sh(&[
-        "nft",
-        "add",
-        "rule",
-        "inet",
-        "agenshield",
-        "filter_output",
-        "meta",
-        "skuid",
-        "1",
-        "accept",
-    ]);
+    hand_edit_table();
     let config = lab.daemon.config_path();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !lab.daemon.logs().contains("had been changed; restored") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(lab.daemon.logs().contains("had been changed; restored"));
+    assert!(wait_until(deadline, || lab
+        .daemon
+        .logs()
+        .contains("had been changed; restored")));
 
     // A clean stop leaves the rules; only `firewall down` removes them.
     lab.daemon.stop();
@@ -457,18 +463,7 @@ async fn rules_outlive_the_daemon_are_reconciled_and_removed_only_by_firewall_do
         text.contains("matches the configuration") && text.contains(&lab.user.uid.to_string()),
         "{text}"
     );
-    sh(&[
-        "nft",
-        "add",
-        "rule",
-        "inet",
-        "agenshield",
-        "filter_output",
-        "meta",
-        "skuid",
-        "1",
-        "accept",
-    ]);
+    hand_edit_table();
     let (code, text) = lab.firewall("status", &fixed);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("DIFFERS"), "{text}");
