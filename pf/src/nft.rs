@@ -125,6 +125,7 @@ pub use backend::Nftables;
 mod backend {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
+    use std::sync::Mutex;
 
     use super::{installed_uids, render, FAMILY, TABLE};
     use crate::redirect::{FirewallState, FirewallStatus, RedirectError, RedirectSpec, Redirector};
@@ -133,12 +134,16 @@ mod backend {
     #[derive(Debug, Default)]
     pub struct Nftables {
         nft: String,
+        /// nft's listing of the last spec asked about: the reconcile loop asks about the same
+        /// spec every few seconds, and deriving it costs a namespace and two nft runs.
+        expected: Mutex<Option<(RedirectSpec, String)>>,
     }
 
     impl Nftables {
         pub fn new() -> Nftables {
             Nftables {
                 nft: std::env::var("AGENSHIELD_NFT").unwrap_or_else(|_| "nft".into()),
+                expected: Mutex::new(None),
             }
         }
 
@@ -162,6 +167,19 @@ mod backend {
         /// How nft itself lists the rendered ruleset: loaded into a throwaway network
         /// namespace, so comparing with the live table needs no parser of ours.
         pub fn expected(&self, spec: &RedirectSpec) -> Result<String, RedirectError> {
+            if let Ok(cache) = self.expected.lock() {
+                if let Some((_, listing)) = cache.as_ref().filter(|(c, _)| c == spec) {
+                    return Ok(listing.clone());
+                }
+            }
+            let listing = self.derive_expected(spec)?;
+            if let Ok(mut cache) = self.expected.lock() {
+                *cache = Some((spec.clone(), listing.clone()));
+            }
+            Ok(listing)
+        }
+
+        fn derive_expected(&self, spec: &RedirectSpec) -> Result<String, RedirectError> {
             let script = format!(
                 "{nft} -f - && {nft} -s list table {FAMILY} {TABLE}",
                 nft = self.nft

@@ -105,6 +105,15 @@ impl Approvals {
         }
     }
 
+    /// How many requests wait now.
+    pub fn len(&self) -> usize {
+        self.waiting.lock().map(|w| w.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn list(&self) -> Vec<PendingRequest> {
         let mut v: Vec<PendingRequest> = self
             .waiting

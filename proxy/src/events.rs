@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -74,9 +74,12 @@ impl Counters {
 
 const RECENT: usize = 200;
 
+/// Events are shared, not copied, between the feed and the ring of recent ones.
+pub type SharedEvent = Arc<DecisionEvent>;
+
 pub struct Events {
-    live: broadcast::Sender<DecisionEvent>,
-    recent: Mutex<VecDeque<DecisionEvent>>,
+    live: broadcast::Sender<SharedEvent>,
+    recent: Mutex<VecDeque<SharedEvent>>,
     pub counters: Counters,
 }
 
@@ -100,6 +103,7 @@ impl Events {
             _ => &c.errors,
         }
         .fetch_add(1, Ordering::Relaxed);
+        let ev = Arc::new(ev);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() == RECENT {
                 recent.pop_front();
@@ -110,11 +114,11 @@ impl Events {
         let _ = self.live.send(ev);
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<DecisionEvent> {
+    pub fn subscribe(&self) -> broadcast::Receiver<SharedEvent> {
         self.live.subscribe()
     }
 
-    pub fn recent(&self) -> Vec<DecisionEvent> {
+    pub fn recent(&self) -> Vec<SharedEvent> {
         self.recent
             .lock()
             .map(|r| r.iter().cloned().collect())

@@ -139,7 +139,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             firewall,
             policy: admin.proxy.policies.info(),
             counts: admin.proxy.events.counters.snapshot(),
-            pending: admin.proxy.approvals.list().len(),
+            pending: admin.proxy.approvals.len(),
         },
     )
 }
@@ -150,7 +150,7 @@ fn stats(admin: &Admin) -> serde_json::Value {
         "counts": admin.proxy.events.counters.snapshot(),
         "uptime_secs": admin.info.started.elapsed().as_secs(),
         "leaf_certificates": { "minted": leaves.minted(), "cache_hits": leaves.hits(), "cache_misses": leaves.misses() },
-        "pending": admin.proxy.approvals.list().len(),
+        "pending": admin.proxy.approvals.len(),
     })
 }
 
@@ -197,7 +197,7 @@ fn tail(admin: &Admin, query: &HashMap<String, String>) -> Response<ProxyBody> {
         .recent()
         .iter()
         .filter(|e| keep(e))
-        .map(line)
+        .map(|e| line(e))
         .collect();
     if !query.get("follow").is_some_and(|v| v == "1" || v == "true") {
         let body: Vec<u8> = recent.concat();
