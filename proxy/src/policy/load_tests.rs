@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::super::eval::tests::http;
 use super::super::{Action, Mode, Policy, PolicyError, PolicySource, RequestFacts, Scheme};
 use super::load_files;
 
@@ -57,13 +58,7 @@ fn load_dir_picks_toml_files_in_name_order() {
     write(d, "a.toml", &format!("version = 1\n{}", rule("from-a")));
     let p = load(d).expect("loads");
     assert_eq!(p.rule_count(), 2);
-    let req = RequestFacts {
-        host: "x.example",
-        port: 443,
-        scheme: Scheme::Https,
-        method: Some("GET"),
-        path: Some("/"),
-    };
+    let req = http("GET", "x.example", 443, "/");
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("from-a"));
 
     write(d, "c.toml", "version = 1\nhots = 1\n");
@@ -227,13 +222,7 @@ fn load_dir_reads_toml_then_json_then_custom_json() {
     );
     let p = load(d).expect("loads");
     assert_eq!(p.rule_count(), 3);
-    let req = RequestFacts {
-        host: "x.example",
-        port: 443,
-        scheme: Scheme::Https,
-        method: Some("GET"),
-        path: Some("/"),
-    };
+    let req = http("GET", "x.example", 443, "/");
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("t"));
     std::fs::remove_file(d.join("z.toml")).expect("rm");
     let p = load(d).expect("loads");
@@ -272,13 +261,7 @@ fn load_files_keeps_the_given_order() {
     write(d, "a.toml", &rule("a"));
     write(d, "b.toml", &rule("b"));
     let p = load_files(&[d.join("b.toml"), d.join("a.toml")]).expect("loads");
-    let req = RequestFacts {
-        host: "x.example",
-        port: 1,
-        scheme: Scheme::Https,
-        method: Some("GET"),
-        path: Some("/"),
-    };
+    let req = http("GET", "x.example", 1, "/");
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("b"));
     let e = load_files(&[d.join("missing.toml")]).expect_err("missing");
     assert!(matches!(e, PolicyError::Read { .. }), "{e}");
