@@ -31,6 +31,7 @@ pub mod policy_store;
 pub mod prefixed;
 pub mod ratelimit;
 pub mod resolve;
+pub mod secrets;
 pub mod serve;
 pub mod state;
 pub mod target;

@@ -8,8 +8,10 @@ use std::ops::Range;
 use super::error::{Conflict, Location, PolicyError};
 use super::glob::GlobCache;
 use super::index::HostIndex;
+use super::inject::{SecretRate, SecretRef};
 use super::matcher::CompiledRule;
 use super::model::{DefaultAction, ParsedSource};
+use super::rate::compile_rate;
 use super::rule::compile_rule;
 use super::{json, toml_file, Action, Mode, PolicySource};
 
@@ -23,6 +25,8 @@ pub(crate) struct Compiled {
     /// Rules as written (an AgenShield rule with several patterns counts once).
     pub rule_count: usize,
     pub ignored: usize,
+    pub secret_refs: Vec<SecretRef>,
+    pub secret_rates: Vec<SecretRate>,
 }
 
 /// A policy-wide key (`default`, `mode`) and the file that set it first.
@@ -54,6 +58,8 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
     let mut pending = Vec::new();
     let mut globs = GlobCache::default();
     let (mut rule_count, mut ignored) = (0, 0);
+    let mut secret_refs = Vec::new();
+    let mut secret_rates: Vec<SecretRate> = Vec::new();
 
     for (file_idx, src) in sources.iter().enumerate() {
         let at = |span: Range<usize>| Location::at(&src.name, &src.text, span);
@@ -73,6 +79,32 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
             merge_setting(&mut mode, "mode", *m.get_ref(), at(m.span()), Mode::as_str)?;
         }
         ignored += parsed.ignored;
+        for (name, settings) in &parsed.secret_settings {
+            let here = at(settings.rate.span());
+            let invalid = |message: String| PolicyError::Invalid {
+                at: here.clone(),
+                message,
+            };
+            crate::secrets::SecretName::new(name)
+                .map_err(|e| invalid(format!("[secrets.{name}]: {e}")))?;
+            if let Some(first) = secret_rates.iter().find(|r| &*r.secret == name.as_str()) {
+                return Err(invalid(format!(
+                    "[secrets.{name}] is also set at {}",
+                    first.at
+                )));
+            }
+            let rate = compile_rate(settings.rate.get_ref()).map_err(|(span, msg)| {
+                PolicyError::Invalid {
+                    at: at(span),
+                    message: msg,
+                }
+            })?;
+            secret_rates.push(SecretRate {
+                secret: name.as_str().into(),
+                rate,
+                at: here,
+            });
+        }
         for (rule_idx, def) in parsed.rules.iter().enumerate() {
             if let Some((first_file, first_span)) = ids.get(def.id.get_ref()) {
                 let first = &sources[*first_file];
@@ -82,7 +114,14 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
                     id: def.id.get_ref().clone(),
                 });
             }
-            let parts = compile_rule(def, &at, &mut globs)?;
+            let mut uses = Vec::new();
+            let parts = compile_rule(def, &at, &mut globs, &mut uses)?;
+            let rule_id: std::sync::Arc<str> = def.id.get_ref().as_str().into();
+            secret_refs.extend(uses.into_iter().map(|u| SecretRef {
+                secret: u.secret,
+                rule: rule_id.clone(),
+                at: at(u.span),
+            }));
             ids.insert(def.id.get_ref().clone(), (file_idx, def.id.span()));
             rule_count += 1;
             for (part_idx, (rule, hosts)) in parts.into_iter().enumerate() {
@@ -114,6 +153,8 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
         mode: mode.map_or(Mode::Enforce, |s| s.value),
         rule_count,
         ignored,
+        secret_refs,
+        secret_rates,
     })
 }
 

@@ -83,7 +83,6 @@ fn rule_errors() {
         ("schemes = [\"tcp\"]\nmethods = [\"GET\"]", "6:11: rule `x`: schemes = [\"tcp\"] with `methods` or `paths` can never match"),
         ("hosts = [\"xn--zz.example\"]", "6:10: rule `x`: invalid host \"xn--zz.example\": invalid internationalized domain name"),
         ("hosts = [\"*.bücher..example\"]", "6:10: rule `x`: invalid host pattern \"*.bücher..example\": empty label in host"),
-        ("inject = { header = \"x\" }", "6:10: rule `x`: `inject` is not supported yet: secret injection arrives with the secrets issue"),
         ("ports = [0]", "6:10: rule `x`: port 0 out of range 1..=65535"),
         ("ports = [443, 70000]", "6:15: rule `x`: port 70000 out of range"),
         ("ports = []", "6:9: rule `x`: `ports` must not be empty (omit the key to match any)"),

@@ -54,6 +54,8 @@ pub(crate) fn rules(
     );
     let mut rule = |name: &str, action: &str, priority, span: Range<usize>, m: MatchDef| {
         rules.push(RuleDef {
+            secrets: None,
+            inject: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),
             priority,

@@ -70,6 +70,13 @@ pub enum PolicyError {
         first: Location,
         id: String,
     },
+    /// A rule binds a secret the store does not hold.
+    #[error("{at}: rule `{rule}` uses secret {secret:?}, which is not in the store (add it with `agenshield proxy ctl secrets set {secret}`)")]
+    MissingSecret {
+        at: Location,
+        rule: String,
+        secret: String,
+    },
     /// Two files set a policy-wide key (`default`, `mode`) to different values.
     #[error("{0}")]
     Conflict(Box<Conflict>),
@@ -93,7 +100,8 @@ impl PolicyError {
             PolicyError::Parse { at, .. }
             | PolicyError::Invalid { at, .. }
             | PolicyError::Rule { at, .. }
-            | PolicyError::DuplicateId { at, .. } => Some(at),
+            | PolicyError::DuplicateId { at, .. }
+            | PolicyError::MissingSecret { at, .. } => Some(at),
             PolicyError::Conflict(c) => Some(&c.second),
             PolicyError::Read { .. } | PolicyError::NoFiles { .. } => None,
         }

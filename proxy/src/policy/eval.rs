@@ -125,9 +125,9 @@ impl Policy {
     ) -> Decision {
         let reported_deny = action != Action::Allow && self.mode == Mode::Report;
         // The rule's obligations hold for what it allows, and for an ask once approved.
-        let obligations = match rule {
-            Some(r) if r.action != Action::Deny => r.obligations,
-            _ => Obligations::default(),
+        let (obligations, secrets) = match rule {
+            Some(r) if r.action != Action::Deny => (r.obligations, r.secrets.clone()),
+            _ => (Obligations::default(), None),
         };
         let mut text = String::with_capacity(128);
         // Writing to a String cannot fail.
@@ -173,6 +173,7 @@ impl Policy {
             rule_id: rule.map(|r| Arc::clone(&r.id)),
             explanation: text,
             obligations,
+            secrets,
         }
     }
 }
@@ -184,6 +185,7 @@ fn invalid(explanation: String) -> Decision {
         rule_id: None,
         explanation,
         obligations: Obligations::default(),
+        secrets: None,
     }
 }
 

@@ -74,6 +74,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
     let stem = id_stem(&src.name);
     let find = Finder(&src.text);
     let mut out = ParsedSource {
+        secret_settings: Vec::new(),
         default: cfg
             .default_action
             .map(|d| Spanned::new(find.key("defaultAction"), d)),
@@ -140,6 +141,8 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             matchers.push(pattern::matcher(p, &span).map_err(|m| err(span, m))?);
         }
         out.rules.push(RuleDef {
+            secrets: None,
+            inject: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),
             priority: r.priority.unwrap_or(0),

@@ -66,7 +66,7 @@ fn load_dir_picks_toml_files_in_name_order() {
     assert_eq!(
         e,
         format!(
-            "{}:2:1: unknown field `hots`, expected one of `version`, `default`, `mode`, `rule`",
+            "{}:2:1: unknown field `hots`, expected one of `version`, `default`, `mode`, `rule`, `secrets`",
             d.join("c.toml").display()
         )
     );

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use globset::GlobSet;
 
 use super::host::HostPattern;
+use super::inject::SecretBindings;
 use super::rate::Obligations;
 use super::{Action, Scheme};
 
@@ -27,6 +28,8 @@ pub(crate) struct CompiledRule {
     pub except_hosts: Box<[HostPattern]>,
     /// The rule's, carried into decisions it makes when it allows or asks.
     pub obligations: Obligations,
+    /// Secrets the rule binds (shared by all its matchers).
+    pub secrets: Option<Arc<SecretBindings>>,
 }
 
 /// A set of schemes as a bit mask.

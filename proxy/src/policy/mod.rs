@@ -15,6 +15,7 @@ mod eval;
 mod glob;
 mod host;
 mod index;
+mod inject;
 mod json;
 mod load;
 mod matcher;
@@ -33,6 +34,7 @@ use serde::Deserialize;
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
+pub use inject::{InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, TemplatePart};
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
@@ -66,6 +68,8 @@ pub struct Policy {
     hash: String,
     rule_count: usize,
     ignored: usize,
+    secret_refs: Vec<SecretRef>,
+    secret_rates: Vec<SecretRate>,
 }
 
 /// What the proxy knows about one request or connection.
@@ -120,6 +124,8 @@ pub struct Decision {
     /// The deciding rule's rate limit and concurrency cap when that rule allows or asks (in
     /// report mode too); empty for denies and defaults.
     pub obligations: Obligations,
+    /// The secrets the deciding rule binds, when it allows or asks.
+    pub secrets: Option<Arc<SecretBindings>>,
 }
 
 impl Decision {
@@ -150,6 +156,8 @@ impl Policy {
             hash: load::hash_sources(sources),
             rule_count: compiled.rule_count,
             ignored: compiled.ignored,
+            secret_refs: compiled.secret_refs,
+            secret_rates: compiled.secret_rates,
         };
         tracing::debug!(
             hash = %policy.hash,
@@ -201,6 +209,67 @@ impl Policy {
 
     pub fn ignored_rule_count(&self) -> usize {
         self.ignored
+    }
+
+    /// Every place a rule names a secret.
+    pub fn secret_refs(&self) -> &[SecretRef] {
+        &self.secret_refs
+    }
+
+    /// The ids of the rules that bind `secret`, sorted.
+    pub fn secret_binders(&self, secret: &str) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .secret_refs
+            .iter()
+            .filter(|r| &*r.secret == secret)
+            .map(|r| r.rule.to_string())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// `[secrets.NAME] rate`, if set.
+    pub fn secret_rate(&self, secret: &str) -> Option<RateLimit> {
+        self.secret_rates
+            .iter()
+            .find(|r| &*r.secret == secret)
+            .map(|r| r.rate)
+    }
+
+    /// Checks every secret the policy names against the store: a rule that binds a missing
+    /// secret, or a `[secrets.NAME]` for a secret that is missing or bound by no rule, is an
+    /// error (the first one, in file order).
+    pub fn check_secrets(&self, exists: &dyn Fn(&str) -> bool) -> Result<(), PolicyError> {
+        for r in &self.secret_refs {
+            if !exists(&r.secret) {
+                return Err(PolicyError::MissingSecret {
+                    at: r.at.clone(),
+                    rule: r.rule.to_string(),
+                    secret: r.secret.to_string(),
+                });
+            }
+        }
+        for r in &self.secret_rates {
+            let message = if !exists(&r.secret) {
+                format!(
+                    "[secrets.{0}]: no secret {0:?} in the store (agenshield proxy ctl secrets set {0})",
+                    r.secret
+                )
+            } else if !self.secret_refs.iter().any(|u| u.secret == r.secret) {
+                format!(
+                    "[secrets.{}]: no rule binds this secret, so its rate would never apply",
+                    r.secret
+                )
+            } else {
+                continue;
+            };
+            return Err(PolicyError::Invalid {
+                at: r.at.clone(),
+                message,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::inject::{InjectFile, SecretSettingsFile};
 use super::rate::RateFile;
 use super::Mode;
 
@@ -20,6 +21,8 @@ pub(crate) struct ParsedSource {
     /// Rules present but not applying to network traffic (AgenShield: disabled, or not
     /// `http_request`): counted for `Policy::ignored_rule_count`.
     pub ignored: usize,
+    /// `[secrets.NAME]` tables (TOML only).
+    pub secret_settings: Vec<(String, SecretSettingsFile)>,
 }
 
 /// `default = "allow" | "deny"` (TOML) or `"defaultAction"` (AgenShield JSON).
@@ -39,6 +42,10 @@ pub(crate) struct RuleDef {
     pub priority: i32,
     pub rate: Option<Spanned<RateFile>>,
     pub max_concurrent: Option<Spanned<i64>>,
+    /// Secrets the rule's requests may carry (placeholders swapped, values let through).
+    pub secrets: Option<List<String>>,
+    /// Headers or query parameters set on the requests it allows.
+    pub inject: Option<Spanned<Vec<InjectFile>>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
     pub matchers: Vec<MatchDef>,
 }

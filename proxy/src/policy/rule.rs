@@ -9,6 +9,7 @@ use toml::Spanned;
 use super::error::{Location, PolicyError};
 use super::glob::GlobCache;
 use super::host::{parse_host_pattern, HostPattern};
+use super::inject::{compile_bindings, SecretUse};
 use super::matcher::{CompiledRule, PortMatch, SchemeSet};
 use super::model::{List, MatchDef, RuleDef};
 use super::rate::{compile_rate, Obligations, MAX_CONCURRENT};
@@ -21,6 +22,7 @@ pub(crate) fn compile_rule(
     def: &RuleDef,
     at: &dyn Fn(Range<usize>) -> Location,
     globs: &mut GlobCache,
+    uses: &mut Vec<SecretUse>,
 ) -> Result<Vec<(CompiledRule, Vec<HostPattern>)>, PolicyError> {
     let err = |span: Range<usize>, message: String| PolicyError::Rule {
         at: at(span),
@@ -39,6 +41,18 @@ pub(crate) fn compile_rule(
         }
     };
     let obligations = obligations(def, action, &err)?;
+    let secrets = compile_bindings(def.secrets.as_ref(), def.inject.as_ref(), &err, uses)?;
+    if secrets.is_some() && action == Action::Deny {
+        let span = match (&def.inject, &def.secrets) {
+            (Some(i), _) => i.span(),
+            (None, Some(s)) => s.span(),
+            (None, None) => def.action.span(),
+        };
+        return Err(err(
+            span,
+            "`secrets` and `inject` apply only to \"allow\" and \"ask\" rules".into(),
+        ));
+    }
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
     for m in &def.matchers {
@@ -79,6 +93,7 @@ pub(crate) fn compile_rule(
             paths,
             except_hosts: except_hosts.into_boxed_slice(),
             obligations,
+            secrets: secrets.clone(),
         };
         out.push((rule, hosts));
     }

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::error::{Location, PolicyError};
+use super::inject::{InjectFile, SecretSettingsFile};
 use super::model::{DefaultAction, List, MatchDef, ParsedSource, RuleDef};
 use super::rate::RateFile;
 use super::{Mode, PolicySource};
@@ -25,6 +26,9 @@ struct PolicyFile {
     mode: Option<Spanned<Mode>>,
     #[serde(default, rename = "rule")]
     rules: Vec<RuleFile>,
+    /// `[secrets.NAME]`: per-secret settings.
+    #[serde(default)]
+    secrets: std::collections::BTreeMap<String, SecretSettingsFile>,
 }
 
 /// One `[[rule]]` table.
@@ -43,8 +47,8 @@ struct RuleFile {
     description: Option<String>,
     rate: Option<Spanned<RateFile>>,
     max_concurrent: Option<Spanned<i64>>,
-    /// Reserved for the secrets issue; rejected with a message saying so.
-    inject: Option<Spanned<toml::Value>>,
+    secrets: Option<List<String>>,
+    inject: Option<Spanned<Vec<InjectFile>>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -82,13 +86,6 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
                 format!("invalid id (use 1..={MAX_ID_LEN} of A-Z a-z 0-9 . _ : -)"),
             ));
         }
-        if let Some(inject) = &r.inject {
-            return Err(rule_err(
-                inject.span(),
-                "`inject` is not supported yet: secret injection arrives with the secrets issue"
-                    .into(),
-            ));
-        }
         let matcher = MatchDef {
             schemes: r.schemes,
             ports: r.ports,
@@ -102,6 +99,8 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             priority: r.priority.unwrap_or(0),
             rate: r.rate,
             max_concurrent: r.max_concurrent,
+            secrets: r.secrets,
+            inject: r.inject,
             matchers: vec![matcher],
         });
     }
@@ -110,6 +109,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
         mode: file.mode,
         rules,
         ignored: 0,
+        secret_settings: file.secrets.into_iter().collect(),
     })
 }
 

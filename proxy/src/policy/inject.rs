@@ -1,0 +1,273 @@
+//! Secret bindings: which secrets a rule's requests may carry, and the headers or query
+//! parameters it sets from them. A rule binds a secret by naming it in `secrets = [...]` or
+//! in an `inject` template (`value = "Bearer ${secret:NAME}"`); only requests that rule
+//! allows get the value, and only rules that bind a secret may see it at all.
+//!
+//! `[secrets.NAME] rate = {...}` (policy-wide) limits how often NAME is used, over every
+//! rule that binds it.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+use http::HeaderName;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::error::PolicyError;
+use super::rate::RateFile;
+
+/// One `inject = [{ header = "…", value = "…" }]` entry as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InjectFile {
+    pub header: Option<Spanned<String>>,
+    pub query: Option<Spanned<String>>,
+    pub value: Spanned<String>,
+}
+
+/// `[secrets.NAME]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SecretSettingsFile {
+    pub rate: Spanned<RateFile>,
+}
+
+/// What a rule's allowed requests may carry and get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretBindings {
+    /// Every secret the rule binds, sorted and unique.
+    pub names: Box<[Arc<str>]>,
+    /// Set on each request the rule allows, in the order written.
+    pub inject: Box<[Injection]>,
+}
+
+impl SecretBindings {
+    pub fn binds(&self, name: &str) -> bool {
+        self.names.binary_search_by(|n| (**n).cmp(name)).is_ok()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Injection {
+    pub target: InjectTarget,
+    pub template: Box<[TemplatePart]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InjectTarget {
+    /// Set, replacing every value the agent sent.
+    Header(HeaderName),
+    /// Set (replacing every occurrence) or appended.
+    Query(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Literal(String),
+    Secret(Arc<str>),
+}
+
+/// A secret named by a rule: checked against the store when the policy is loaded.
+#[derive(Debug, Clone)]
+pub(crate) struct SecretUse {
+    pub secret: Arc<str>,
+    pub span: Range<usize>,
+}
+
+/// Headers an injection may not set: they frame the message, route it, or belong to a hop.
+const FORBIDDEN_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "expect",
+];
+
+type ErrFn<'a> = dyn Fn(Range<usize>, String) -> PolicyError + 'a;
+
+/// Validates a rule's `secrets` and `inject`; `None` when it binds nothing.
+pub(crate) fn compile_bindings(
+    secrets: Option<&Spanned<Vec<Spanned<String>>>>,
+    inject: Option<&Spanned<Vec<InjectFile>>>,
+    err: &ErrFn<'_>,
+    uses: &mut Vec<SecretUse>,
+) -> Result<Option<Arc<SecretBindings>>, PolicyError> {
+    let mut names = BTreeSet::new();
+    if let Some(list) = secrets {
+        if list.get_ref().is_empty() {
+            return Err(err(list.span(), "`secrets` must not be empty".into()));
+        }
+        for s in list.get_ref() {
+            check_name(s.get_ref(), s.span(), err)?;
+            names.insert(s.get_ref().clone());
+            uses.push(SecretUse {
+                secret: Arc::from(s.get_ref().as_str()),
+                span: s.span(),
+            });
+        }
+    }
+    let mut injections = Vec::new();
+    if let Some(list) = inject {
+        let mut targets = BTreeSet::new();
+        for entry in list.get_ref() {
+            let target = match (&entry.header, &entry.query) {
+                (Some(h), None) => {
+                    let name = HeaderName::from_bytes(h.get_ref().as_bytes()).map_err(|_| {
+                        err(h.span(), format!("invalid header name {:?}", h.get_ref()))
+                    })?;
+                    if FORBIDDEN_HEADERS.contains(&name.as_str()) {
+                        return Err(err(
+                            h.span(),
+                            format!(
+                                "`inject` may not set {:?}: it frames or routes the request",
+                                name.as_str()
+                            ),
+                        ));
+                    }
+                    if !targets.insert(format!("header:{name}")) {
+                        return Err(err(
+                            h.span(),
+                            format!("header {:?} is injected twice", name.as_str()),
+                        ));
+                    }
+                    InjectTarget::Header(name)
+                }
+                (None, Some(q)) => {
+                    let p = q.get_ref();
+                    if p.is_empty()
+                        || p.bytes()
+                            .any(|b| !(0x21..=0x7e).contains(&b) || b"&=#".contains(&b))
+                    {
+                        return Err(err(q.span(), format!("invalid query parameter name {p:?}")));
+                    }
+                    if !targets.insert(format!("query:{p}")) {
+                        return Err(err(
+                            q.span(),
+                            format!("query parameter {p:?} is injected twice"),
+                        ));
+                    }
+                    InjectTarget::Query(p.clone())
+                }
+                _ => {
+                    return Err(err(
+                        entry.value.span(),
+                        "each `inject` entry needs exactly one of `header` or `query`".into(),
+                    ))
+                }
+            };
+            let header = matches!(target, InjectTarget::Header(_));
+            let template = parse_template(&entry.value, header, err)?;
+            for part in template.iter() {
+                if let TemplatePart::Secret(s) = part {
+                    names.insert(s.to_string());
+                    uses.push(SecretUse {
+                        secret: s.clone(),
+                        span: entry.value.span(),
+                    });
+                }
+            }
+            injections.push(Injection {
+                target,
+                template: template.into_boxed_slice(),
+            });
+        }
+    }
+    if names.is_empty() && injections.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(SecretBindings {
+        names: names.into_iter().map(|n| Arc::from(n.as_str())).collect(),
+        inject: injections.into_boxed_slice(),
+    })))
+}
+
+/// `Bearer ${secret:NAME}`: literal text and `${secret:NAME}` references; `$$` is a `$`.
+fn parse_template(
+    value: &Spanned<String>,
+    header: bool,
+    err: &ErrFn<'_>,
+) -> Result<Vec<TemplatePart>, PolicyError> {
+    let text = value.get_ref();
+    let bad = |msg: String| err(value.span(), msg);
+    let mut parts = Vec::new();
+    let mut literal = String::new();
+    let mut rest = text.as_str();
+    while let Some(i) = rest.find('$') {
+        literal.push_str(&rest[..i]);
+        rest = &rest[i..];
+        if let Some(after) = rest.strip_prefix("$$") {
+            literal.push('$');
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${secret:") {
+            let Some(end) = after.find('}') else {
+                return Err(bad(format!("unterminated `${{secret:` in {text:?}")));
+            };
+            let name = &after[..end];
+            check_name(name, value.span(), err)?;
+            if !literal.is_empty() {
+                parts.push(TemplatePart::Literal(std::mem::take(&mut literal)));
+            }
+            parts.push(TemplatePart::Secret(Arc::from(name)));
+            rest = &after[end + 1..];
+        } else {
+            return Err(bad(format!(
+                "unexpected `$` in {text:?}: write `${{secret:NAME}}` for a secret or `$$` for a dollar sign"
+            )));
+        }
+    }
+    literal.push_str(rest);
+    if !literal.is_empty() {
+        parts.push(TemplatePart::Literal(literal));
+    }
+    let literal_ok = |s: &str| {
+        s.bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) || (header && b == b'\t'))
+    };
+    for p in &parts {
+        if let TemplatePart::Literal(s) = p {
+            if !literal_ok(s) {
+                return Err(bad(format!(
+                    "{text:?} has characters a header or URL cannot carry"
+                )));
+            }
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad("`value` must not be empty".into()));
+    }
+    Ok(parts)
+}
+
+fn check_name(name: &str, span: Range<usize>, err: &ErrFn<'_>) -> Result<(), PolicyError> {
+    crate::secrets::SecretName::new(name)
+        .map(|_| ())
+        .map_err(|e| err(span, e))
+}
+
+/// Where a rule names a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub secret: Arc<str>,
+    pub rule: Arc<str>,
+    pub at: super::Location,
+}
+
+/// A `[secrets.NAME] rate`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRate {
+    pub secret: Arc<str>,
+    pub rate: super::RateLimit,
+    pub at: super::Location,
+}
+
+#[cfg(test)]
+#[path = "inject_tests.rs"]
+mod tests;

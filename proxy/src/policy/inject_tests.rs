@@ -1,0 +1,179 @@
+//! Secret bindings in policy: parsing, validation with positions, decisions, the store check.
+
+use super::super::{Action, Policy, PolicySource, RequestFacts, Scheme};
+use super::*;
+
+fn policy(text: &str) -> Result<Policy, String> {
+    Policy::from_sources(&[PolicySource {
+        name: "/p/s.toml".into(),
+        text: text.into(),
+    }])
+    .map_err(|e| e.to_string())
+}
+
+fn rule(extra: &str) -> String {
+    format!("version = 1\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n{extra}\n")
+}
+
+fn get(p: &Policy, host: &str) -> super::super::Decision {
+    p.decide(&RequestFacts {
+        host,
+        port: 443,
+        scheme: Scheme::Https,
+        method: Some("GET"),
+        path: Some("/"),
+    })
+}
+
+#[test]
+fn templates_and_lists_compile_into_the_deciding_rules_bindings() {
+    let p = policy(&rule(
+        "secrets = [\"extra\"]\ninject = [{ header = \"Authorization\", value = \"Bearer ${secret:tok}\" },\n  { query = \"key\", value = \"${secret:maps}\" },\n  { header = \"X-Note\", value = \"costs $$5\" }]",
+    ))
+    .expect("valid");
+    let d = get(&p, "api.test");
+    let b = d.secrets.expect("bindings");
+    assert_eq!(
+        b.names.iter().map(|n| &**n).collect::<Vec<_>>(),
+        ["extra", "maps", "tok"]
+    );
+    assert!(b.binds("tok") && !b.binds("other"));
+    assert_eq!(b.inject.len(), 3);
+    assert_eq!(
+        b.inject[0].target,
+        InjectTarget::Header(http::header::AUTHORIZATION)
+    );
+    assert_eq!(
+        &*b.inject[0].template,
+        [
+            TemplatePart::Literal("Bearer ".into()),
+            TemplatePart::Secret("tok".into())
+        ]
+    );
+    assert_eq!(b.inject[1].target, InjectTarget::Query("key".into()));
+    assert_eq!(
+        &*b.inject[2].template,
+        [TemplatePart::Literal("costs $5".into())]
+    );
+    // Another host (default deny) carries no bindings.
+    let other = get(&p, "other.test");
+    assert_eq!(other.action, Action::Deny);
+    assert!(other.secrets.is_none());
+    assert_eq!(p.secret_binders("tok"), ["api"]);
+    assert!(p.secret_binders("nope").is_empty());
+}
+
+#[test]
+fn binding_mistakes_are_reported_where_they_are() {
+    let cases = [
+        (
+            "inject = [{ header = \"Host\", value = \"x\" }]",
+            "6:22: rule `api`: `inject` may not set \"host\"",
+        ),
+        (
+            "inject = [{ header = \"bad name\", value = \"x\" }]",
+            "6:22: rule `api`: invalid header name",
+        ),
+        (
+            "inject = [{ value = \"x\" }]",
+            "6:21: rule `api`: each `inject` entry needs exactly one of",
+        ),
+        (
+            "inject = [{ header = \"a\", query = \"b\", value = \"x\" }]",
+            "6:48: rule `api`: each `inject` entry needs exactly one of",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"${secret:bad name}\" }]",
+            "6:35: rule `api`: invalid secret name \"bad name\"",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"${secret:x\" }]",
+            "6:35: rule `api`: unterminated",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"$HOME\" }]",
+            "6:35: rule `api`: unexpected `$`",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"\" }]",
+            "6:35: rule `api`: `value` must not be empty",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"x\" }, { header = \"A\", value = \"y\" }]",
+            "6:53: rule `api`: header \"a\" is injected twice",
+        ),
+        (
+            "inject = [{ query = \"a&b\", value = \"x\" }]",
+            "6:21: rule `api`: invalid query parameter name",
+        ),
+        (
+            "inject = [{ header = \"a\", value = \"x\", extra = 1 }]",
+            "6:40: unknown field `extra`",
+        ),
+        (
+            "secrets = []",
+            "6:11: rule `api`: `secrets` must not be empty",
+        ),
+        (
+            "secrets = [\"a.b\"]",
+            "6:12: rule `api`: invalid secret name",
+        ),
+    ];
+    for (extra, want) in cases {
+        let e = policy(&rule(extra)).expect_err(extra);
+        assert!(
+            e.starts_with(&format!("/p/s.toml:{want}")),
+            "{extra}\n got: {e}"
+        );
+    }
+    let deny = "version = 1\n[[rule]]\nid = \"d\"\nhosts = [\"x\"]\naction = \"deny\"\nsecrets = [\"k\"]\n";
+    let e = policy(deny).expect_err("deny with secrets");
+    assert!(
+        e.contains("apply only to \"allow\" and \"ask\" rules"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_store_check_names_the_rule_the_file_and_the_fix() {
+    let p = policy(&rule(
+        "inject = [{ header = \"Authorization\", value = \"Bearer ${secret:gh}\" }]",
+    ))
+    .expect("valid");
+    let e = p.check_secrets(&|_| false).expect_err("missing");
+    assert_eq!(
+        e.to_string(),
+        "/p/s.toml:6:47: rule `api` uses secret \"gh\", which is not in the store (add it with `agenshield proxy ctl secrets set gh`)"
+    );
+    p.check_secrets(&|n| n == "gh").expect("present");
+}
+
+#[test]
+fn per_secret_rates_are_validated_and_checked_against_bindings() {
+    let text = rule("secrets = [\"gh\"]") + "[secrets.gh]\nrate = { requests = 2, per = \"1m\" }\n";
+    let p = policy(&text).expect("valid");
+    let r = p.secret_rate("gh").expect("rate");
+    assert_eq!((r.requests, r.per.as_secs(), r.burst), (2, 60, 2));
+    assert!(p.secret_rate("other").is_none());
+    p.check_secrets(&|_| true).expect("bound and present");
+    let e = p.check_secrets(&|n| n != "gh").expect_err("missing");
+    assert!(e.to_string().contains("uses secret \"gh\""), "{e}");
+
+    let unbound = rule("") + "[secrets.lonely]\nrate = { requests = 2, per = \"1m\" }\n";
+    let e = policy(&unbound)
+        .expect("valid")
+        .check_secrets(&|_| true)
+        .expect_err("unbound");
+    assert!(
+        e.to_string()
+            .contains("[secrets.lonely]: no rule binds this secret"),
+        "{e}"
+    );
+
+    let bad = rule("") + "[secrets.x]\nrate = { requests = 0, per = \"1m\" }\n";
+    assert!(policy(&bad).expect_err("zero").contains("rate.requests"));
+    let bad_name = rule("") + "[secrets.\"a b\"]\nrate = { requests = 1, per = \"1m\" }\n";
+    assert!(policy(&bad_name)
+        .expect_err("name")
+        .contains("invalid secret name"));
+}

@@ -1,0 +1,186 @@
+//! One Aho-Corasick automaton over every secret value (and the forms a value takes when it
+//! is URL- or JSON-encoded) and every placeholder, so a header, a URL or a body chunk is
+//! searched for all of them in one pass.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+use super::placeholder::placeholder;
+use super::value::{SecretName, SecretValue};
+
+/// What a match is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitKind {
+    /// The real value (or an encoding of it).
+    Value,
+    /// The secret's placeholder.
+    Placeholder,
+}
+
+/// A match: which secret (an index into the set it was built from) and what form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    pub secret: usize,
+    pub kind: HitKind,
+}
+
+pub struct Matcher {
+    ac: AhoCorasick,
+    /// Pattern id → tag.
+    tags: Vec<Tag>,
+    /// Every pattern, sorted, to tell whether a chunk ends in the start of one.
+    sorted: Vec<Vec<u8>>,
+    /// Bytes some pattern starts with.
+    first: [bool; 256],
+    max_len: usize,
+}
+
+impl Matcher {
+    /// `secrets` in the order their indices refer to. `None` when there is nothing to match.
+    pub fn build(secrets: &[(SecretName, &SecretValue)]) -> Option<Matcher> {
+        let mut patterns: Vec<Vec<u8>> = Vec::new();
+        let mut tags = Vec::new();
+        for (i, (name, value)) in secrets.iter().enumerate() {
+            let raw = value.expose().to_vec();
+            let mut forms = vec![percent_encoded(&raw), json_escaped(&raw)];
+            forms.retain(|f| *f != raw);
+            forms.dedup();
+            forms.insert(0, raw);
+            for f in forms {
+                patterns.push(f);
+                tags.push(Tag {
+                    secret: i,
+                    kind: HitKind::Value,
+                });
+            }
+            patterns.push(placeholder(name).into_bytes());
+            tags.push(Tag {
+                secret: i,
+                kind: HitKind::Placeholder,
+            });
+        }
+        if patterns.is_empty() {
+            return None;
+        }
+        let ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&patterns)
+            .ok()?;
+        let mut first = [false; 256];
+        for p in &patterns {
+            first[usize::from(p[0])] = true;
+        }
+        let max_len = patterns.iter().map(Vec::len).max().unwrap_or(1);
+        let mut sorted = patterns;
+        sorted.sort();
+        sorted.dedup();
+        Some(Matcher {
+            ac,
+            tags,
+            sorted,
+            first,
+            max_len,
+        })
+    }
+
+    /// Non-overlapping matches in a complete haystack, leftmost-longest.
+    pub fn find_iter<'a>(
+        &'a self,
+        haystack: &'a [u8],
+    ) -> impl Iterator<Item = (Tag, std::ops::Range<usize>)> + 'a {
+        self.ac
+            .find_iter(haystack)
+            .map(|m| (self.tags[m.pattern().as_usize()], m.range()))
+    }
+
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Whether `tail` is a proper prefix of some pattern (more bytes could complete a match).
+    pub fn is_proper_prefix(&self, tail: &[u8]) -> bool {
+        if tail.is_empty() || !self.first[usize::from(tail[0])] {
+            return false;
+        }
+        let from = self.sorted.partition_point(|p| p.as_slice() < tail);
+        self.sorted[from..]
+            .iter()
+            .take_while(|p| p.starts_with(tail))
+            .any(|p| p.len() > tail.len())
+    }
+}
+
+/// Every byte but RFC 3986 unreserved ones as `%XX` (upper-case hex, as most encoders write).
+fn percent_encoded(v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 3);
+    for &b in v {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b);
+        } else {
+            out.extend_from_slice(format!("%{b:02X}").as_bytes());
+        }
+    }
+    out
+}
+
+/// As a JSON string body: `"` and `\` escaped, and `/` as `\/` (as some encoders write it).
+fn json_escaped(v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() + 8);
+    for &b in v {
+        if matches!(b, b'"' | b'\\' | b'/') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(values: &[(&str, &str)]) -> Matcher {
+        let owned: Vec<(SecretName, SecretValue)> = values
+            .iter()
+            .map(|(n, v)| {
+                (
+                    SecretName::new(n).expect("name"),
+                    SecretValue::new(v.as_bytes().to_vec()).expect("value"),
+                )
+            })
+            .collect();
+        let refs: Vec<(SecretName, &SecretValue)> =
+            owned.iter().map(|(n, v)| (n.clone(), v)).collect();
+        Matcher::build(&refs).expect("non-empty")
+    }
+
+    #[test]
+    fn finds_raw_encoded_and_placeholder_forms() {
+        let m = build(&[("aws", "abc/def+ghi=jk"), ("gh", "ghp_0123456789")]);
+        let hay = b"x=abc%2Fdef%2Bghi%3Djk&y={\"k\":\"abc\\/def+ghi=jk\"} ghp_0123456789 agenshield:secret:gh abc/def+ghi=jk";
+        let hits: Vec<(usize, HitKind)> =
+            m.find_iter(hay).map(|(t, _)| (t.secret, t.kind)).collect();
+        assert_eq!(
+            hits,
+            [
+                (0, HitKind::Value),
+                (0, HitKind::Value),
+                (1, HitKind::Value),
+                (1, HitKind::Placeholder),
+                (0, HitKind::Value)
+            ]
+        );
+    }
+
+    #[test]
+    fn proper_prefixes_are_recognised() {
+        let m = build(&[("k", "secret-value-1")]);
+        assert!(m.is_proper_prefix(b"secr"));
+        assert!(m.is_proper_prefix(b"agenshield:sec"));
+        assert!(
+            !m.is_proper_prefix(b"secret-value-1"),
+            "complete, not proper"
+        );
+        assert!(!m.is_proper_prefix(b"sex"));
+        assert!(!m.is_proper_prefix(b""));
+    }
+}

@@ -1,0 +1,65 @@
+//! Where secret values live at rest. The daemon talks to one `SecretStore`; backends are the
+//! file vault (the default everywhere), the macOS System keychain, and whatever comes next
+//! (a HashiCorp Vault KV v2 backend needs only these four methods: list = `LIST metadata/`,
+//! get = `GET data/NAME`, put = `POST data/NAME`, remove = `DELETE metadata/NAME`).
+//!
+//! Methods return boxed futures so a network backend fits without changing callers; the
+//! local backends do their (small, rare) blocking work inline.
+
+use std::path::PathBuf;
+
+use futures_util::future::BoxFuture;
+
+use super::value::{SecretName, SecretValue};
+
+pub type StoreResult<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
+/// A stored secret, without its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSecret {
+    pub name: SecretName,
+    /// When the value was last written (RFC 3339), if the backend knows.
+    pub updated: Option<String>,
+}
+
+pub trait SecretStore: Send + Sync {
+    /// One line for logs and `ctl status`: the backend and where it keeps values.
+    fn describe(&self) -> String;
+
+    /// Every secret held, sorted by name.
+    fn list(&self) -> StoreResult<'_, Vec<StoredSecret>>;
+
+    /// The value, or `None` if there is no such secret.
+    fn get<'a>(&'a self, name: &'a SecretName) -> StoreResult<'a, Option<SecretValue>>;
+
+    /// Creates or replaces a secret; once this returns, the value is durable.
+    fn put<'a>(&'a self, name: &'a SecretName, value: &'a SecretValue) -> StoreResult<'a, ()>;
+
+    /// Removes a secret; `false` if there was none.
+    fn remove<'a>(&'a self, name: &'a SecretName) -> StoreResult<'a, bool>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file or directory whose ownership or mode would expose secrets; refused, not fixed.
+    #[error("{path}: {why}")]
+    Insecure { path: PathBuf, why: String },
+    /// A stored value that is not a valid secret (edited by hand, say).
+    #[error("secret {name}: {why}")]
+    BadValue { name: String, why: String },
+    #[error("{0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |source| StoreError::Io { path, source }
+    }
+}

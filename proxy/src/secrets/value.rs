@@ -1,0 +1,159 @@
+//! A secret's name and value. Values are zeroized when dropped and print as `[redacted]`,
+//! so neither a log line, a `{:?}` nor a panic message can carry one.
+
+use std::fmt;
+use std::sync::Arc;
+
+use zeroize::Zeroizing;
+
+/// Shortest value accepted: shorter ones would make the leak guard match ordinary text.
+pub const MIN_VALUE_LEN: usize = 8;
+/// Longest value accepted (it must fit in a request header).
+pub const MAX_VALUE_LEN: usize = 8 * 1024;
+/// Longest name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A secret's name: 1..=64 of `A-Z a-z 0-9 _ -`, starting with a letter or digit. Names are
+/// not secret: they appear in policy, placeholders, logs and `ctl secrets list`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SecretName(Arc<str>);
+
+impl SecretName {
+    pub fn new(name: &str) -> Result<SecretName, String> {
+        if is_valid_name(name) {
+            Ok(SecretName(Arc::from(name)))
+        } else {
+            Err(format!(
+                "invalid secret name {name:?}: use 1..={MAX_NAME_LEN} of A-Z a-z 0-9 _ -, \
+                 starting with a letter or digit"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn shared(&self) -> Arc<str> {
+        self.0.clone()
+    }
+}
+
+impl fmt::Display for SecretName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether `b` may appear in a secret name (and so continues a placeholder).
+pub fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+}
+
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(is_name_byte)
+}
+
+/// A secret value. Not `Clone`: share it behind an `Arc`, so there is one copy to zeroize.
+pub struct SecretValue(Zeroizing<Vec<u8>>);
+
+impl SecretValue {
+    /// Checks that `bytes` can be injected into a header and is long enough to be recognised
+    /// reliably: printable ASCII (space allowed inside), no leading or trailing space,
+    /// `MIN_VALUE_LEN..=MAX_VALUE_LEN` bytes. The error never quotes the value.
+    pub fn new(bytes: Vec<u8>) -> Result<SecretValue, String> {
+        let bytes = Zeroizing::new(bytes);
+        let len = bytes.len();
+        if len < MIN_VALUE_LEN {
+            return Err(format!(
+                "the value is {len} bytes; at least {MIN_VALUE_LEN} are needed so the leak \
+                 guard can tell it from ordinary text"
+            ));
+        }
+        if len > MAX_VALUE_LEN {
+            return Err(format!(
+                "the value is {len} bytes; at most {MAX_VALUE_LEN} fit in a request header"
+            ));
+        }
+        if let Some(pos) = bytes.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+            return Err(format!(
+                "byte {} of the value is not printable ASCII (control characters, newlines \
+                 and non-ASCII cannot be sent in a header)",
+                pos + 1
+            ));
+        }
+        if bytes.first() == Some(&b' ') || bytes.last() == Some(&b' ') {
+            return Err("the value starts or ends with a space (HTTP would trim it)".into());
+        }
+        Ok(SecretValue(bytes))
+    }
+
+    /// The bytes, for injection and matching only. Never format or log them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_never_formats_its_bytes() {
+        let v = SecretValue::new(b"sk-live-0123456789".to_vec()).expect("valid");
+        assert_eq!(format!("{v:?}"), "[redacted]");
+        assert_eq!(format!("{v}"), "[redacted]");
+        assert_eq!(format!("{:?}", Some(&v)), "Some([redacted])");
+        assert_eq!(v.expose(), b"sk-live-0123456789");
+    }
+
+    #[test]
+    fn value_rules_are_explained_without_quoting_the_value() {
+        for (bad, why) in [
+            (&b"short"[..], "at least 8"),
+            (b"has\nnewline-in-it", "not printable"),
+            (b" leading-space", "space"),
+            (b"non-ascii-\xc3\xa9-value", "not printable"),
+        ] {
+            let err = SecretValue::new(bad.to_vec()).expect_err("must be refused");
+            assert!(err.contains(why), "{err}");
+            let text = String::from_utf8_lossy(bad);
+            assert!(!err.contains(text.trim()), "error quotes the value: {err}");
+        }
+        assert!(SecretValue::new(vec![b'x'; MAX_VALUE_LEN + 1]).is_err());
+        assert!(SecretValue::new(b"with inner space".to_vec()).is_ok());
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["openai", "GITHUB_TOKEN", "a", "x-1_2"] {
+            assert!(SecretName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-x", "_x", "a.b", "a b", "a/b", "é", &"x".repeat(65)] {
+            assert!(SecretName::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}
