@@ -96,6 +96,23 @@ pub enum CtlCommand {
     /// Requests held by `ask` rules
     #[command(subcommand)]
     Pending(PendingCommand),
+    /// Secrets the proxy injects for the agent (values are never shown)
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Store a secret: the value is read from stdin (or prompted for, without echo, on a
+    /// terminal), never from the command line; one trailing newline is dropped
+    Set {
+        /// 1-64 of A-Z a-z 0-9 _ -; the agent's placeholder is agenshield:secret:NAME
+        name: String,
+    },
+    /// Names, the rules that bind them, when each was set and last used; never values
+    List,
+    /// Remove a secret (refused while a rule binds it)
+    Rm { name: String },
 }
 
 #[derive(Debug, Subcommand)]

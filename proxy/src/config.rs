@@ -58,7 +58,41 @@ struct FileConfig {
     #[serde(default)]
     approvals: Approvals,
     #[serde(default)]
+    secrets: SecretsConfig,
+    #[serde(default)]
     testing: Testing,
+}
+
+/// Where secret values live, and how much of a request body the leak guard reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// `file` (the vault directory, `paths.vault`) or `keychain` (macOS System keychain).
+    pub store: SecretStoreKind,
+    /// Generic-password service name of keychain items.
+    pub keychain_service: String,
+    /// Bytes at the start of each request body checked for secrets; 0 checks no body.
+    pub scan_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecretStoreKind {
+    File,
+    Keychain,
+}
+
+/// Largest `secrets.scan_body_bytes`.
+pub const MAX_SCAN_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+impl Default for SecretsConfig {
+    fn default() -> Self {
+        SecretsConfig {
+            store: SecretStoreKind::File,
+            keychain_service: "com.agenshield.proxy".into(),
+            scan_body_bytes: 1024 * 1024,
+        }
+    }
 }
 
 /// Requests held by `ask` rules.
@@ -261,6 +295,9 @@ pub struct Config {
     pub tls: TlsConfig,
     pub redirect: Redirect,
     pub approvals: Approvals,
+    /// The file vault (used when `secrets.store = "file"`).
+    pub vault: PathBuf,
+    pub secrets: SecretsConfig,
     pub testing: Testing,
     /// Keys the operator set whose feature this build does not have yet.
     pub not_yet_effective: Vec<&'static str>,
@@ -347,7 +384,6 @@ impl Config {
         for (set, key) in [
             (f.listen.dns.is_some(), "listen.dns"),
             (f.listen.metrics.is_some(), "listen.metrics"),
-            (f.paths.vault.is_some(), "paths.vault"),
             (f.paths.audit.is_some(), "paths.audit"),
         ] {
             if set {
@@ -370,6 +406,16 @@ impl Config {
         if f.limits.max_header_bytes < 8192 {
             return Err(invalid(
                 "limits.max_header_bytes must be at least 8192".into(),
+            ));
+        }
+        if f.secrets.scan_body_bytes > MAX_SCAN_BODY_BYTES {
+            return Err(invalid(format!(
+                "secrets.scan_body_bytes must be at most {MAX_SCAN_BODY_BYTES}"
+            )));
+        }
+        if f.secrets.store == SecretStoreKind::Keychain && !cfg!(target_os = "macos") {
+            return Err(invalid(
+                "secrets.store = \"keychain\" is available on macOS only; use \"file\"".into(),
             ));
         }
         if f.approvals.timeout.is_zero() {
@@ -408,6 +454,8 @@ impl Config {
             tls: f.tls,
             redirect: f.redirect,
             approvals: f.approvals,
+            vault: path_or(f.paths.vault, "vault"),
+            secrets: f.secrets,
             testing: f.testing,
             not_yet_effective: not_yet,
         })
@@ -472,6 +520,8 @@ mod tests {
         assert_eq!(cfg.explicit, default_explicit());
         assert_eq!(cfg.policies, Path::new("/opt/agenshield/policies"));
         assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
+        assert_eq!(cfg.vault, Path::new("/opt/agenshield/vault"));
+        assert_eq!(cfg.secrets.store, SecretStoreKind::File);
         assert!(cfg.not_yet_effective.is_empty());
     }
 
@@ -522,6 +572,7 @@ mod tests {
         let cfg = Config::defaults_in(Path::new("/tmp/st"));
         assert_eq!(cfg.policies, Path::new("/tmp/st/policies"));
         assert_eq!(cfg.certs, Path::new("/tmp/st/certs"));
+        assert_eq!(cfg.vault, Path::new("/tmp/st/vault"));
         assert_eq!(cfg.admin, Path::new("/tmp/st/proxy.sock"));
         assert_eq!(cfg.state_dir.as_deref(), Some(Path::new("/tmp/st")));
     }

@@ -23,6 +23,7 @@ use crate::guard::AddressGuard;
 use crate::listen;
 use crate::policy_store::PolicyStore;
 use crate::resolve::Resolver;
+use crate::secrets::Vault;
 use crate::state::{Proxy, ProxyParts};
 use crate::tls::UpstreamTrust;
 use crate::watch::watch_policies;
@@ -56,7 +57,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs())?);
+    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs()).await?);
     let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
         Some(addr) => {
             tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
@@ -203,9 +204,21 @@ fn install_firewall(
 }
 
 /// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
-fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
-    let policies =
-        PolicyStore::load(&cfg.policies).map_err(|e| BadInput(format!("policy: {e}")))?;
+async fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
+    let store = crate::secrets::open_store(cfg).map_err(|e| BadInput(format!("secrets: {e}")))?;
+    let vault = Arc::new(
+        Vault::open(store)
+            .await
+            .map_err(|e| BadInput(format!("secrets: {e}")))?,
+    );
+    tracing::info!(
+        store = %vault.describe(),
+        secrets = vault.current().len(),
+        "secrets loaded"
+    );
+    let known = vault.clone();
+    let policies = PolicyStore::load(&cfg.policies, Arc::new(move |n: &str| known.contains(n)))
+        .map_err(|e| BadInput(format!("policy: {e}")))?;
     let policy = policies.current();
     tracing::info!(
         dir = %cfg.policies.display(),
@@ -246,6 +259,8 @@ fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
     ));
     let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
     Ok(Proxy::new(ProxyParts {
+        vault,
+        scan_body_bytes: cfg.secrets.scan_body_bytes,
         policies,
         leaves,
         dialer,

@@ -17,6 +17,12 @@ pub enum ErrorCode {
     Busy,
     HostMismatch,
     DestinationForbidden,
+    /// A secret's placeholder headed somewhere its secret is not bound.
+    SecretScope,
+    /// A secret's real value headed somewhere it is not bound.
+    SecretLeak,
+    /// The rule needs a secret the store does not hold.
+    SecretUnavailable,
     BadRequest,
     UpstreamDns,
     UpstreamConnect,
@@ -27,9 +33,12 @@ pub enum ErrorCode {
 impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
-            ErrorCode::PolicyDenied | ErrorCode::HostMismatch | ErrorCode::DestinationForbidden => {
-                StatusCode::FORBIDDEN
-            }
+            ErrorCode::PolicyDenied
+            | ErrorCode::HostMismatch
+            | ErrorCode::DestinationForbidden
+            | ErrorCode::SecretScope
+            | ErrorCode::SecretLeak => StatusCode::FORBIDDEN,
+            ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -47,12 +56,20 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::HostMismatch => "host_mismatch",
             ErrorCode::DestinationForbidden => "destination_forbidden",
+            ErrorCode::SecretScope => "secret_scope",
+            ErrorCode::SecretLeak => "secret_leak",
+            ErrorCode::SecretUnavailable => "secret_unavailable",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::UpstreamDns => "upstream_dns",
             ErrorCode::UpstreamConnect => "upstream_connect",
             ErrorCode::UpstreamTls => "upstream_tls",
             ErrorCode::UpstreamError => "upstream_error",
         }
+    }
+
+    /// A refusal by the leak guard (the request was the agent's doing, not a failure).
+    pub fn is_secret_guard(self) -> bool {
+        matches!(self, ErrorCode::SecretScope | ErrorCode::SecretLeak)
     }
 
     /// Whether trying again later might succeed without a policy change.

@@ -28,6 +28,8 @@ pub struct DecisionEvent {
     pub status: u16,
     pub error_code: Option<&'static str>,
     pub upstream: Option<String>,
+    /// Names (never values) of the secrets injected into the request.
+    pub secrets: Vec<String>,
     pub ms: f64,
 }
 
@@ -42,6 +44,12 @@ pub struct Counters {
     pub errors: AtomicU64,
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
+    /// Requests refused because they carried a secret's value where it is not bound.
+    pub secret_leaks: AtomicU64,
+    /// Requests refused because they carried a placeholder where it is not bound.
+    pub secret_scope: AtomicU64,
+    /// Requests that had secrets injected.
+    pub secret_injections: AtomicU64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -54,6 +62,9 @@ pub struct CountersSnapshot {
     pub errors: u64,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    pub secret_leaks: u64,
+    pub secret_scope: u64,
+    pub secret_injections: u64,
 }
 
 impl Counters {
@@ -68,6 +79,9 @@ impl Counters {
             errors: g(&self.errors),
             reloads_ok: g(&self.reloads_ok),
             reloads_failed: g(&self.reloads_failed),
+            secret_leaks: g(&self.secret_leaks),
+            secret_scope: g(&self.secret_scope),
+            secret_injections: g(&self.secret_injections),
         }
     }
 }
@@ -103,6 +117,12 @@ impl Events {
             _ => &c.errors,
         }
         .fetch_add(1, Ordering::Relaxed);
+        match ev.error_code {
+            Some("secret_leak") => c.secret_leaks.fetch_add(1, Ordering::Relaxed),
+            Some("secret_scope") => c.secret_scope.fetch_add(1, Ordering::Relaxed),
+            _ if !ev.secrets.is_empty() => c.secret_injections.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
         let ev = Arc::new(ev);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() == RECENT {

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -67,7 +66,7 @@ impl Forwarder {
         &self,
         target: &Target,
         path_and_query: &str,
-        mut req: Request<Incoming>,
+        mut req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         let upgrade = wants_upgrade(&req);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -85,7 +84,7 @@ impl Forwarder {
             )
         })?;
 
-        let (mut parts, incoming) = req.into_parts();
+        let (mut parts, req_body) = req.into_parts();
         let upgrade_proto = parts.headers.get(header::UPGRADE).cloned();
         strip_hop_by_hop(&mut parts.headers);
         // hyper writes Host (HTTP/1) or :authority (HTTP/2) from the URI we checked.
@@ -98,7 +97,7 @@ impl Forwarder {
         }
         parts.uri = uri;
         parts.version = Version::HTTP_11;
-        let out = Request::from_parts(parts, body::stream(incoming));
+        let out = Request::from_parts(parts, req_body);
 
         let client = if upgrade { &self.h1 } else { &self.any };
         let mut resp = client

@@ -15,6 +15,8 @@ use crate::deny::{self, ErrorCode, Refusal};
 use crate::events::{now_rfc3339, DecisionEvent};
 use crate::policy::{normalize_path, Action, Decision, Policy, RequestFacts};
 use crate::ratelimit::{LimitKey, Limited};
+use crate::secrets::phase::SecretPhase;
+use crate::secrets::{SecretRefusal, Violation};
 use crate::state::Proxy;
 use crate::target::{self, Target};
 
@@ -26,6 +28,8 @@ struct Outcome {
     /// `allow`, `deny`, `limited`, `ask-approved`, `ask-denied`, `ask-timeout`, `error`.
     label: &'static str,
     result: Result<Response<ProxyBody>, Refusal>,
+    /// Secrets injected (names).
+    secrets: Vec<Arc<str>>,
 }
 
 impl Outcome {
@@ -42,6 +46,7 @@ impl Outcome {
             rule,
             label,
             result: Err(r),
+            secrets: Vec::new(),
         }
     }
 }
@@ -56,8 +61,17 @@ pub async fn handle(
     let request_id = format!("{:016x}", rand::random::<u64>());
     let policy = proxy.policy();
     let method = req.method().to_string();
-    let out = run(&proxy, &ctx, &policy, req).await;
+    let mut out = run(&proxy, &ctx, &policy, req).await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
+    // The agent may have put a secret value in the path; nothing shown or logged carries it.
+    let secrets = proxy.vault.current();
+    if !secrets.is_empty() {
+        out.path = secrets.redact(&out.path).into_owned();
+        if let Err(r) = &mut out.result {
+            r.message = secrets.redact(&r.message).into_owned();
+            r.explanation = secrets.redact(&r.explanation).into_owned();
+        }
+    }
     let reason = out
         .result
         .as_ref()
@@ -79,9 +93,9 @@ pub async fn handle(
         }
     };
     let (host, port, scheme) = match &out.target {
-        Some(t) => (t.host.clone(), t.port, t.scheme_str()),
+        Some(t) => (secrets.redact(&t.host).into_owned(), t.port, t.scheme_str()),
         None => (
-            ctx.dest.host.to_string(),
+            secrets.redact(&ctx.dest.host.to_string()).into_owned(),
             ctx.dest.port,
             if ctx.tls.is_some() { "https" } else { "http" },
         ),
@@ -97,6 +111,7 @@ pub async fn handle(
         status,
         upstream = %upstream.as_deref().unwrap_or("-"),
         error_code = error_code.unwrap_or("-"),
+        secrets = %out.secrets.join(","),
         ms,
         "request {reason}"
     );
@@ -115,6 +130,7 @@ pub async fn handle(
         status,
         error_code,
         upstream,
+        secrets: out.secrets.iter().map(|s| s.to_string()).collect(),
         ms,
     });
     resp
@@ -188,10 +204,42 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         tracing::warn!(host = %target.host, rule = rule.as_deref().unwrap_or("(default)"), "report mode: would deny: {}", decision.explanation);
     }
 
+    // secrets: where may the secrets this request carries go?
+    let raw_pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let phase = match SecretPhase::inspect(
+        &proxy.vault,
+        decision.secrets.clone(),
+        &target.host,
+        req.headers(),
+        &raw_pq,
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            let r = secret_refusal(&e, rule.as_deref());
+            tracing::warn!(secret = %e.secret, place = %e.place, code = r.code.as_str(), "refused: {}", r.message);
+            let label = if r.code.is_secret_guard() {
+                "deny"
+            } else {
+                "error"
+            };
+            return refuse(label, r);
+        }
+    };
+    let used = phase.as_ref().map(|p| p.used.clone()).unwrap_or_default();
+
     // limit
     let mut keys = Vec::new();
     if let (Some(rate), Some(id)) = (decision.obligations.rate, decision.rule_id.as_ref()) {
         keys.push((LimitKey::Rule(id.clone()), rate.into()));
+    }
+    for name in &used {
+        if let Some(rate) = policy.secret_rate(name) {
+            keys.push((LimitKey::Secret(name.to_string()), rate.into()));
+        }
     }
     if let Err(l) = proxy.limiter.check(&keys) {
         return refuse("limited", limited_refusal(&l, &target));
@@ -216,8 +264,28 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         None => None,
     };
 
-    // forward (inject arrives with the secrets issue)
-    let path_and_query = match req.uri().query() {
+    // inject
+    let head_only = req.method() == http::Method::HEAD;
+    let mut req = req.map(crate::body::stream);
+    let mut query = req.uri().query().map(str::to_string);
+    if let Some(phase) = &phase {
+        let (r, q) = match phase.apply(req, proxy.scan_body_bytes).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                let r = secret_refusal(&e, rule.as_deref());
+                tracing::warn!(secret = %e.secret, place = %e.place, code = r.code.as_str(), "refused: {}", r.message);
+                return refuse("deny", r);
+            }
+        };
+        req = r;
+        if q.is_some() {
+            query = q;
+        }
+        proxy.vault.record_use(&used);
+    }
+
+    // forward
+    let path_and_query = match query {
         Some(q) => format!("{}?{q}", path.forward),
         None => path.forward,
     };
@@ -225,18 +293,53 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         .forwarder
         .forward(&target, &path_and_query, req)
         .await
+        .map_err(|r| match phase.as_ref().and_then(|p| p.body_refusal()) {
+            // The body guard stopped the upload: that, not the aborted stream, is the reason.
+            Some(e) => secret_refusal(e, rule.as_deref()),
+            None => r,
+        })
+        .and_then(|resp| match &phase {
+            Some(phase) => phase
+                .response(resp, head_only)
+                .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why)),
+            None => Ok(resp),
+        })
         .map(|resp| match permit {
             // The in-flight slot is held until the response body is done.
             Some(p) => resp.map(|b| crate::body::guarded(b, p)),
             None => resp,
         });
-    let label = if result.is_err() { "error" } else { label };
+    let label = match &result {
+        Ok(_) => label,
+        Err(r) if r.code.is_secret_guard() => "deny",
+        Err(_) => "error",
+    };
+    let result = result.map_err(|mut r| {
+        if r.code.is_secret_guard() {
+            r.rule_id = rule.clone();
+        }
+        r
+    });
     Outcome {
         target: Some(target),
         path: shown,
         rule,
         label,
         result,
+        secrets: used,
+    }
+}
+
+/// The agent's view of a leak-guard refusal.
+pub fn secret_refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
+    let code = match e.violation {
+        Violation::Scope => ErrorCode::SecretScope,
+        Violation::Leak => ErrorCode::SecretLeak,
+        Violation::Unavailable => ErrorCode::SecretUnavailable,
+    };
+    Refusal {
+        rule_id: rule.map(str::to_string),
+        ..Refusal::new(code, e.message(rule))
     }
 }
 

@@ -28,17 +28,23 @@ pub struct PolicyInfo {
     pub last_error: Option<ReloadFailure>,
 }
 
+/// Whether the secret store holds a secret: a policy binding a missing one is refused.
+pub type SecretCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 pub struct PolicyStore {
     dir: PathBuf,
+    secrets: SecretCheck,
     current: ArcSwap<Policy>,
     state: Mutex<(String, Option<ReloadFailure>)>,
 }
 
 impl PolicyStore {
-    pub fn load(dir: &Path) -> Result<PolicyStore, PolicyError> {
+    pub fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
         let policy = Policy::load_dir(dir)?;
+        policy.check_secrets(&*secrets)?;
         Ok(PolicyStore {
             dir: dir.to_path_buf(),
+            secrets,
             current: ArcSwap::from_pointee(policy),
             state: Mutex::new((now_rfc3339(), None)),
         })
@@ -52,7 +58,9 @@ impl PolicyStore {
     /// Re-reads the directory. On success the new policy is in force for every request that
     /// starts after this returns; on failure nothing changes but the recorded error.
     pub fn reload(&self) -> Result<Arc<Policy>, String> {
-        match Policy::load_dir(&self.dir) {
+        let loaded =
+            Policy::load_dir(&self.dir).and_then(|p| p.check_secrets(&*self.secrets).map(|()| p));
+        match loaded {
             Ok(p) => {
                 let p = Arc::new(p);
                 self.current.store(p.clone());

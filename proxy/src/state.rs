@@ -13,6 +13,7 @@ use crate::forward::Forwarder;
 use crate::policy::Policy;
 use crate::policy_store::PolicyStore;
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
+use crate::secrets::Vault;
 use crate::tls::InterceptTls;
 
 pub struct Proxy {
@@ -26,6 +27,9 @@ pub struct Proxy {
     pub approvals: Approvals,
     pub limiter: Limiter,
     pub caps: ConcurrencyCaps,
+    pub vault: Arc<Vault>,
+    /// Bytes of each request body the leak guard reads.
+    pub scan_body_bytes: usize,
     /// Connections served at once, over all listeners and the tunnels they spawn.
     pub slots: Arc<tokio::sync::Semaphore>,
     next_conn: AtomicU64,
@@ -33,6 +37,8 @@ pub struct Proxy {
 
 /// The parts `Proxy::new` assembles.
 pub struct ProxyParts {
+    pub vault: Arc<Vault>,
+    pub scan_body_bytes: usize,
     pub policies: PolicyStore,
     pub leaves: LeafCache,
     pub dialer: Arc<Dialer>,
@@ -54,6 +60,8 @@ impl Proxy {
             approvals: p.approvals,
             limiter: Limiter::new(),
             caps: ConcurrencyCaps::new(),
+            vault: p.vault,
+            scan_body_bytes: p.scan_body_bytes,
             slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
             next_conn: AtomicU64::new(1),
         }

@@ -33,6 +33,10 @@ pub struct DaemonOptions {
     pub agent_uids: Vec<u32>,
     /// `[approvals] timeout`, e.g. "1s".
     pub approvals_timeout: Option<String>,
+    /// Secrets written into the vault before the daemon starts: (name, value).
+    pub secrets: Vec<(String, String)>,
+    /// `[secrets] scan_body_bytes`.
+    pub scan_body_bytes: Option<usize>,
 }
 
 pub struct Daemon {
@@ -70,6 +74,7 @@ impl Daemon {
         for (name, text) in &opts.policies {
             std::fs::write(policies.join(name), text).expect("write policy");
         }
+        write_vault(&dir.path().join("vault"), &opts.secrets);
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
         let (child, transparent, explicit) = spawn(dir.path());
@@ -139,6 +144,37 @@ impl Daemon {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// `ctl ARGS` with `input` on its stdin: (exit code, stdout, stderr).
+    pub fn ctl_stdin(&self, args: &[&str], input: &[u8]) -> (i32, String, String) {
+        use std::io::Write as _;
+        let mut child = Command::new(binary())
+            .args(["proxy", "ctl"])
+            .args(args)
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--config")
+            .arg(self.config_path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ctl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input).expect("write stdin");
+        drop(stdin);
+        let out = child.wait_with_output().expect("ctl output");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The file vault.
+    pub fn vault(&self) -> PathBuf {
+        self.dir.path().join("vault")
     }
 
     /// The config file the daemon runs with.
@@ -232,6 +268,23 @@ impl Drop for Daemon {
     }
 }
 
+/// The vault as the daemon keeps it: a 0700 directory of 0600 `NAME.secret` files.
+fn write_vault(vault: &Path, secrets: &[(String, String)]) {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if secrets.is_empty() {
+        return;
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(vault)
+        .expect("vault dir");
+    for (name, value) in secrets {
+        let file = vault.join(format!("{name}.secret"));
+        std::fs::write(&file, value).expect("write secret");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+}
+
 fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let mut c = String::new();
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
@@ -242,10 +295,14 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     );
     let _ = writeln!(
         c,
-        "[paths]\npolicies = {:?}\ncerts = {:?}\n",
+        "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\n",
         dir.join("policies"),
-        dir.join("certs")
+        dir.join("certs"),
+        dir.join("vault")
     );
+    if let Some(n) = opts.scan_body_bytes {
+        let _ = writeln!(c, "[secrets]\nscan_body_bytes = {n}\n");
+    }
     let cas: Vec<String> = opts.extra_ca.iter().map(|p| format!("{p:?}")).collect();
     let mut private = vec!["\"127.0.0.0/8\"".to_string()];
     private.extend(opts.allow_private.iter().map(|r| format!("{r:?}")));

@@ -51,6 +51,9 @@ pub struct SeenRequest {
     pub sni: Option<String>,
     pub alpn: Option<String>,
     pub peer: SocketAddr,
+    /// Body bytes received so far (`/echo` only), filled as they arrive, so a body cut off
+    /// mid-stream shows exactly what got through.
+    pub body: Arc<Mutex<Vec<u8>>>,
 }
 
 /// A running upstream server; dropping it stops the server and all its connections.
@@ -200,8 +203,14 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
     let path = req.uri().path().to_owned();
     let num = |prefix: &str| path.strip_prefix(prefix)?.parse::<u64>().ok();
     let resp = if path.starts_with("/echo") {
-        let body = req.into_body().collect().await;
-        let body_len = body.map_or(0, |b| b.to_bytes().len());
+        let mut body = req.into_body();
+        let mut body_len = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(d) = frame.data_ref() {
+                body_len += d.len();
+                seen.body.lock().expect("body lock").extend_from_slice(d);
+            }
+        }
         let mut headers = std::collections::BTreeMap::<&str, String>::new();
         for (k, v) in &seen.headers {
             let join = |old: &mut String| *old = format!("{old}, {v}");
@@ -231,6 +240,8 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
     } else if let Some(ms) = num("/slow/") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
         text(StatusCode::OK, TXT, format!("slept {ms}ms\n"))
+    } else if path == "/split" {
+        split_echo(&seen)
     } else if path == "/ws" {
         websocket(&mut req, &info)
     } else {
@@ -257,6 +268,7 @@ fn record(req: &Request<Incoming>, info: &ConnInfo) -> SeenRequest {
         sni: info.sni.clone(),
         alpn: info.alpn.clone(),
         peer: info.peer,
+        body: Arc::default(),
     };
     info.seen.lock().expect("requests lock").push(seen.clone());
     seen
@@ -275,6 +287,35 @@ fn bytes_response(n: u64) -> Response<Body> {
     Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::CONTENT_LENGTH, n)
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("valid response")
+}
+
+/// Echoes the request's Authorization in a response header and in a body sent 3 bytes at a
+/// time (a few ms apart, so each is its own read at the proxy): a credential split across
+/// chunks.
+fn split_echo(seen: &SeenRequest) -> Response<Body> {
+    let auth = seen
+        .headers
+        .iter()
+        .find(|(k, _)| k == "authorization")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let text = Bytes::from(format!("you sent: {auth}\nend\n"));
+    let stream = futures_util::stream::unfold(0usize, move |off| {
+        let text = text.clone();
+        async move {
+            if off >= text.len() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            let end = (off + 3).min(text.len());
+            Some((Ok::<_, Infallible>(Frame::data(text.slice(off..end))), end))
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, TXT)
+        .header("x-seen-authorization", auth)
         .body(BodyExt::boxed(StreamBody::new(stream)))
         .expect("valid response")
 }

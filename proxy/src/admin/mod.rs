@@ -4,6 +4,7 @@
 
 mod auth;
 mod routes;
+mod secrets;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

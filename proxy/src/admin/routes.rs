@@ -15,7 +15,7 @@ use crate::body::{full, ProxyBody};
 use crate::check::check;
 use crate::events::DecisionEvent;
 
-fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
+pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
     let mut body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     body.push(b'\n');
     let mut r = Response::new(full(Bytes::from(body)));
@@ -27,7 +27,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
     r
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
     json(status, &serde_json::json!({ "error": message.into() }))
 }
 
@@ -59,6 +59,12 @@ pub async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<
         }
         (Method::POST, ["v1", "policy", "check"]) => policy_check(admin, req).await,
         (Method::GET, ["v1", "tail"]) => tail(admin, &query),
+        (Method::GET, ["v1", "secrets"]) => super::secrets::list(admin),
+        (Method::PUT, ["v1", "secrets", name]) => {
+            let name = name.to_string();
+            super::secrets::set(admin, uid, &name, req).await
+        }
+        (Method::DELETE, ["v1", "secrets", name]) => super::secrets::remove(admin, uid, name).await,
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),
         (Method::POST, ["v1", "pending", id, verb @ ("approve" | "deny")]) => {
             let approve = *verb == "approve";

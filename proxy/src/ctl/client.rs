@@ -42,6 +42,19 @@ impl Client {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(StatusCode, Incoming), CtlError> {
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        self.send_raw(method, path, Bytes::from(bytes), "application/json")
+            .await
+    }
+
+    /// Sends `body` as is (a secret value, say: it is never copied into a JSON string).
+    pub async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &'static str,
+    ) -> Result<(StatusCode, Incoming), CtlError> {
         let stream = UnixStream::connect(&self.socket)
             .await
             .map_err(|e| match e.kind() {
@@ -57,13 +70,12 @@ impl Client {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
         let req = Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::HOST, "agenshield")
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(bytes)))
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(Full::new(body))
             .map_err(|e| CtlError::Protocol(e.to_string()))?;
         let resp = sender
             .send_request(req)
@@ -91,19 +103,24 @@ impl Client {
         body: Option<serde_json::Value>,
     ) -> Result<serde_json::Value, CtlError> {
         let (status, body) = self.send(method, path, body).await?;
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| CtlError::Protocol(e.to_string()))?
-            .to_bytes();
-        if status == StatusCode::BAD_REQUEST {
-            return Err(CtlError::BadInput(error_text(&bytes)));
-        }
-        if !status.is_success() {
-            return Err(CtlError::Refused(error_text(&bytes)));
-        }
-        serde_json::from_slice(&bytes).map_err(|e| CtlError::Protocol(format!("bad JSON: {e}")))
+        read_json(status, body).await
     }
+}
+
+/// A JSON answer; a non-2xx answer becomes `Err` with the daemon's message.
+pub async fn read_json(status: StatusCode, body: Incoming) -> Result<serde_json::Value, CtlError> {
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| CtlError::Protocol(e.to_string()))?
+        .to_bytes();
+    if status == StatusCode::BAD_REQUEST {
+        return Err(CtlError::BadInput(error_text(&bytes)));
+    }
+    if !status.is_success() {
+        return Err(CtlError::Refused(error_text(&bytes)));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| CtlError::Protocol(format!("bad JSON: {e}")))
 }
 
 fn error_text(bytes: &[u8]) -> String {

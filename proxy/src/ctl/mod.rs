@@ -3,6 +3,7 @@
 
 mod client;
 mod render;
+mod secrets;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -103,6 +104,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
         CtlCommand::Pending(PendingCommand::Deny { id }) => {
             answer(&client, &format!("/v1/pending/{id}/deny"), json, "denied").await
         }
+        CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
         CtlCommand::Tail {
             follow,
             decision,
@@ -111,12 +113,16 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     }
 }
 
-fn fail(e: CtlError) -> u8 {
+pub(crate) fn fail(e: CtlError) -> u8 {
     eprintln!("agenshield: {e}");
     FAILED
 }
 
-fn print(v: &serde_json::Value, json: bool, human: impl Fn(&serde_json::Value) -> String) -> u8 {
+pub(crate) fn print(
+    v: &serde_json::Value,
+    json: bool,
+    human: impl Fn(&serde_json::Value) -> String,
+) -> u8 {
     if json {
         println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     } else {

@@ -219,3 +219,30 @@ pub fn event(v: &Value) -> String {
             .unwrap_or_default()
     )
 }
+
+pub fn secrets(v: &Value) -> String {
+    let Some(items) = v["secrets"].as_array().filter(|a| !a.is_empty()) else {
+        return format!("no secrets in {}", s(&v["store"]));
+    };
+    let mut out = vec![format!(
+        "{:<24} {:<28} {:<20} {:<20} {:>6}  {}",
+        "NAME", "BOUND BY", "UPDATED", "LAST USED", "USES", "RATE"
+    )];
+    for x in items {
+        let date = |k: &str| {
+            let t = s(&x[k]);
+            t.get(..19).unwrap_or(t).to_string()
+        };
+        out.push(format!(
+            "{:<24} {:<28} {:<20} {:<20} {:>6}  {}",
+            s(&x["name"]),
+            list(&x["rules"]),
+            date("updated"),
+            date("last_used"),
+            x["uses"],
+            s(&x["rate"])
+        ));
+    }
+    out.push(format!("store: {}", s(&v["store"])));
+    out.join("\n")
+}

@@ -1,0 +1,130 @@
+//! `/v1/secrets`: list (names, bindings, use; never values), set (the value is the raw
+//! request body, read into zeroized memory and never logged), remove (refused while a rule
+//! binds the secret).
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use zeroize::Zeroizing;
+
+use super::routes::{error, json};
+use super::Admin;
+use crate::body::ProxyBody;
+use crate::secrets::value::MAX_VALUE_LEN;
+use crate::secrets::{SecretName, SecretValue};
+
+pub fn list(admin: &Admin) -> Response<ProxyBody> {
+    let policy = admin.proxy.policy();
+    let secrets: Vec<serde_json::Value> = admin
+        .proxy
+        .vault
+        .list()
+        .into_iter()
+        .map(|s| {
+            let rules = policy.secret_binders(&s.name);
+            let rate = policy.secret_rate(&s.name).map(|r| r.to_string());
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            v["rules"] = serde_json::json!(rules);
+            v["rate"] = serde_json::json!(rate);
+            v
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "store": admin.proxy.vault.describe(), "secrets": secrets }),
+    )
+}
+
+pub async fn set(
+    admin: &Admin,
+    uid: u32,
+    name: &str,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let name = match SecretName::new(name) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let bytes = match read_value(req.into_body()).await {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let value = match SecretValue::new(bytes.to_vec()) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("secret {name}: {e}")),
+    };
+    drop(bytes);
+    let vault = &admin.proxy.vault;
+    let replaced = vault.contains(name.as_str());
+    if let Err(e) = vault.put(&name, value).await {
+        tracing::error!(secret = %name, "storing the secret failed: {e}");
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("storing {name}: {e}"),
+        );
+    }
+    tracing::info!(uid, secret = %name, replaced, "secret stored over the admin socket");
+    // A policy that was refused for want of this secret can load now.
+    if admin.proxy.policies.info().last_error.is_some() {
+        let _ = admin.proxy.reload(&format!("secret {name} stored"));
+    }
+    let rules = admin.proxy.policy().secret_binders(name.as_str());
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "ok": true,
+            "name": name.as_str(),
+            "replaced": replaced,
+            "placeholder": crate::secrets::placeholder::placeholder(&name),
+            "rules": rules,
+        }),
+    )
+}
+
+pub async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
+    let name = match SecretName::new(name) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let rules = admin.proxy.policy().secret_binders(name.as_str());
+    if !rules.is_empty() {
+        return error(
+            StatusCode::CONFLICT,
+            format!(
+                "secret {name} is bound by rule(s) {}; remove it from their `secrets`/`inject` first \
+                 (the policy would not load without it)",
+                rules.join(", ")
+            ),
+        );
+    }
+    match admin.proxy.vault.remove(&name).await {
+        Ok(true) => {
+            tracing::info!(uid, secret = %name, "secret removed over the admin socket");
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "ok": true, "name": name.as_str() }),
+            )
+        }
+        Ok(false) => error(StatusCode::NOT_FOUND, format!("no secret named {name}")),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("removing {name}: {e}"),
+        ),
+    }
+}
+
+/// The request body, at most a value's size, in memory that is zeroized when dropped.
+async fn read_value(mut body: Incoming) -> Result<Zeroizing<Vec<u8>>, String> {
+    let cap = MAX_VALUE_LEN + 2;
+    let mut out = Zeroizing::new(Vec::with_capacity(cap));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the value: {e}"))?;
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > cap {
+                return Err(format!("the value is longer than {MAX_VALUE_LEN} bytes"));
+            }
+            out.extend_from_slice(data);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,137 @@
+//! The pipeline's secret phases for one request: inspect the head (before rate limits),
+//! inject and guard the body (before forwarding), redact the response (after it).
+
+use std::sync::{Arc, OnceLock};
+
+use http::{header, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+
+use super::redact::{redact_headers, RedactedBody};
+use super::scan::{inspect_head, SecretRefusal};
+use super::scan_body::ScannedBody;
+use super::set::SecretSet;
+use super::vault::Vault;
+use crate::body::ProxyBody;
+use crate::policy::SecretBindings;
+
+/// The body guard reads up to this much of a body before the request head goes upstream…
+const PREFETCH_BYTES: usize = 64 * 1024;
+/// …waiting at most this long for it; the rest is checked as it streams.
+const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+pub struct SecretPhase {
+    set: Arc<SecretSet>,
+    bindings: Option<Arc<SecretBindings>>,
+    /// Bound secrets the request carries upstream (injected or swapped), sorted.
+    pub used: Vec<Arc<str>>,
+    /// Set when the body guard refused the request body.
+    body_verdict: Arc<OnceLock<SecretRefusal>>,
+}
+
+impl SecretPhase {
+    /// Checks the request head; `Ok(None)` when there is nothing to guard (no secrets held,
+    /// none bound), which keeps the data path free of any secret work.
+    pub fn inspect(
+        vault: &Vault,
+        bindings: Option<Arc<SecretBindings>>,
+        host: &str,
+        headers: &http::HeaderMap,
+        path_and_query: &str,
+    ) -> Result<Option<SecretPhase>, SecretRefusal> {
+        let set = vault.current();
+        if set.is_empty() && bindings.is_none() {
+            return Ok(None);
+        }
+        let scan = inspect_head(&set, bindings.as_deref(), host, headers, path_and_query)?;
+        Ok(Some(SecretPhase {
+            set,
+            bindings,
+            used: scan.used,
+            body_verdict: Arc::default(),
+        }))
+    }
+
+    /// Whether responses are redacted: the rule binds secrets, so its upstream has them and
+    /// could echo them.
+    fn redacts(&self) -> bool {
+        self.bindings.is_some() && !self.set.is_empty()
+    }
+
+    /// Injects (headers, query) and puts the leak guard on the body. Returns the request and
+    /// the query to send (`None`: unchanged).
+    pub async fn apply(
+        &self,
+        req: Request<ProxyBody>,
+        scan_body_bytes: usize,
+    ) -> Result<(Request<ProxyBody>, Option<String>), SecretRefusal> {
+        let (mut parts, body) = req.into_parts();
+        let mut query = None;
+        if let Some(b) = &self.bindings {
+            query = super::inject::apply(&self.set, b, &mut parts.headers, parts.uri.query());
+        }
+        if self.redacts() {
+            // A compressed response could not be searched for echoed secrets.
+            parts.headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
+        let body = if scan_body_bytes > 0 && !http_body::Body::is_end_stream(&body) {
+            let mut scanned = ScannedBody::new(
+                body,
+                self.set.clone(),
+                self.bindings.clone(),
+                scan_body_bytes,
+                self.body_verdict.clone(),
+            );
+            scanned
+                .prefetch(PREFETCH_BYTES.min(scan_body_bytes), PREFETCH_WAIT)
+                .await?;
+            BodyExt::boxed(scanned)
+        } else {
+            body
+        };
+        Ok((Request::from_parts(parts, body), query))
+    }
+
+    /// Redacts what the upstream sent back; a compressed body (which cannot be searched) is
+    /// refused with the reason.
+    pub fn response(
+        &self,
+        resp: Response<ProxyBody>,
+        head_only: bool,
+    ) -> Result<Response<ProxyBody>, String> {
+        if !self.redacts() {
+            return Ok(resp);
+        }
+        let (mut parts, body) = resp.into_parts();
+        redact_headers(&self.set, &mut parts.headers);
+        let empty = head_only || http_body::Body::is_end_stream(&body);
+        if !empty {
+            if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
+                if !enc.as_bytes().eq_ignore_ascii_case(b"identity") {
+                    return Err(format!(
+                        "the upstream sent a {}-encoded body although asked for identity; \
+                         it cannot be checked for secret values, so it is not passed on",
+                        String::from_utf8_lossy(enc.as_bytes())
+                    ));
+                }
+            }
+            // A placeholder is not as long as its value: the length is no longer known.
+            parts.headers.remove(header::CONTENT_LENGTH);
+            let redacted = RedactedBody::new(body, self.set.clone());
+            return Ok(Response::from_parts(parts, BodyExt::boxed(redacted)));
+        }
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// Why the body guard refused the request body, if it did.
+    pub fn body_refusal(&self) -> Option<&SecretRefusal> {
+        self.body_verdict.get()
+    }
+
+    /// Text derived from the request, safe to log or show.
+    pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        self.set.redact(text)
+    }
+}

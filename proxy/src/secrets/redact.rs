@@ -1,0 +1,142 @@
+//! Response redaction: a secret value an upstream echoes back (in a header or anywhere in
+//! the body, split across chunks or not) reaches the agent as its placeholder.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+
+use super::matcher::HitKind;
+use super::set::SecretSet;
+use super::stream::{ChunkScanner, Piece};
+use crate::body::{BodyError, ProxyBody};
+
+/// Replaces secret values in every header value; returns how many values changed.
+pub fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize {
+    let mut changed = 0;
+    for value in headers.values_mut() {
+        if let Some(r) = set.redact_bytes(value.as_bytes()) {
+            if let Ok(v) = HeaderValue::from_bytes(&r) {
+                *value = v;
+                changed += 1;
+            }
+        }
+    }
+    changed
+}
+
+pub struct RedactedBody {
+    inner: ProxyBody,
+    set: Arc<SecretSet>,
+    scanner: ChunkScanner,
+    queued: VecDeque<Frame<Bytes>>,
+    finished: bool,
+    /// Values replaced so far (for the log line at the end).
+    replaced: usize,
+}
+
+impl RedactedBody {
+    pub fn new(inner: ProxyBody, set: Arc<SecretSet>) -> RedactedBody {
+        RedactedBody {
+            inner,
+            set,
+            scanner: ChunkScanner::default(),
+            queued: VecDeque::new(),
+            finished: false,
+            replaced: 0,
+        }
+    }
+
+    fn render(&mut self, pieces: Vec<Piece>) -> Bytes {
+        if let [Piece::Plain(b)] = pieces.as_slice() {
+            return b.clone();
+        }
+        let mut out = BytesMut::new();
+        for p in pieces {
+            match p {
+                Piece::Plain(b) => out.extend_from_slice(&b),
+                Piece::Hit(tag, _) if tag.kind == HitKind::Value => {
+                    self.replaced += 1;
+                    out.extend_from_slice(self.set.at(tag.secret).placeholder.as_bytes());
+                }
+                Piece::Hit(_, b) => out.extend_from_slice(&b),
+            }
+        }
+        out.freeze()
+    }
+}
+
+impl Body for RedactedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(f) = this.queued.pop_front() {
+                return Poll::Ready(Some(Ok(f)));
+            }
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            let set = this.set.clone();
+            let Some(m) = set.matcher() else {
+                return Pin::new(&mut this.inner).poll_frame(cx);
+            };
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(f))) if f.is_data() => {
+                    let Ok(data) = f.into_data() else { continue };
+                    let pieces = this.scanner.push(m, data);
+                    let out = this.render(pieces);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
+                Poll::Ready(other) => {
+                    let pieces = this.scanner.finish(m);
+                    let out = this.render(pieces);
+                    if !out.is_empty() {
+                        this.queued.push_back(Frame::data(out));
+                    }
+                    match other {
+                        Some(Ok(f)) => {
+                            let f = match f.into_trailers() {
+                                Ok(mut t) => {
+                                    redact_headers(&set, &mut t);
+                                    Frame::trailers(t)
+                                }
+                                Err(f) => f,
+                            };
+                            this.queued.push_back(f);
+                        }
+                        _ => this.finished = true,
+                    }
+                    if this.replaced > 0 && this.finished {
+                        tracing::info!(
+                            values = this.replaced,
+                            "response redacted: secret values replaced by placeholders"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished && self.queued.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // A placeholder is not as long as its value: the length is unknown.
+        SizeHint::default()
+    }
+}

@@ -1,0 +1,175 @@
+//! The leak guard, for a request's head: where secrets may go. A placeholder or a real value
+//! of a secret the deciding rule does not bind, anywhere in the host, a header (Basic
+//! credentials decoded) or the URL (raw and percent-decoded), refuses the request.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use http::HeaderMap;
+
+use super::matcher::HitKind;
+use super::placeholder;
+use super::set::SecretSet;
+use crate::policy::{SecretBindings, TemplatePart};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// A placeholder headed somewhere its secret is not bound.
+    Scope,
+    /// A real secret value headed somewhere it is not bound.
+    Leak,
+    /// The rule binds a secret the store no longer holds.
+    Unavailable,
+}
+
+/// Why a request was refused. Names the secret and the place, never the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRefusal {
+    pub violation: Violation,
+    pub secret: String,
+    /// `header authorization`, `URL`, `host`, `body`.
+    pub place: String,
+}
+
+impl SecretRefusal {
+    pub fn message(&self, rule: Option<&str>) -> String {
+        let rule = match rule {
+            Some(id) => format!("rule {id}"),
+            None => "the policy default".to_string(),
+        };
+        match self.violation {
+            Violation::Scope => format!(
+                "the placeholder for secret {:?} in the {} may only go where a rule binds it, and {rule} does not",
+                self.secret, self.place
+            ),
+            Violation::Leak => format!(
+                "the {} carries the value of secret {:?}, which {rule} does not bind; refused so it cannot leak",
+                self.place, self.secret
+            ),
+            Violation::Unavailable => format!(
+                "{rule} needs secret {:?}, which is not in the store",
+                self.secret
+            ),
+        }
+    }
+}
+
+/// What the head showed: the bound secrets this request uses (placeholders to swap in
+/// headers, and every secret the rule injects), sorted.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HeadScan {
+    pub used: Vec<Arc<str>>,
+}
+
+/// Checks host, headers and URL (`path_and_query` as received).
+pub fn inspect_head(
+    set: &SecretSet,
+    bindings: Option<&SecretBindings>,
+    host: &str,
+    headers: &HeaderMap,
+    path_and_query: &str,
+) -> Result<HeadScan, SecretRefusal> {
+    let mut used = BTreeSet::new();
+    let mut check = Checker {
+        set,
+        bindings,
+        used: &mut used,
+    };
+    check.text(host.as_bytes(), "host", false)?;
+    for (name, value) in headers {
+        check.text(name.as_str().as_bytes(), "header names", false)?;
+        let place = format!("header {name}");
+        check.text(value.as_bytes(), &place, true)?;
+        if let Some(decoded) = basic_credentials(name, value.as_bytes()) {
+            check.text(&decoded, &place, true)?;
+        }
+    }
+    let url = path_and_query.as_bytes();
+    check.text(url, "URL", false)?;
+    if url.contains(&b'%') {
+        let decoded: Vec<u8> = percent_encoding::percent_decode(url).collect();
+        check.text(&decoded, "URL", false)?;
+    }
+    if let Some(b) = bindings {
+        for part in b.inject.iter().flat_map(|i| i.template.iter()) {
+            if let TemplatePart::Secret(name) = part {
+                if set.get(name).is_none() {
+                    return Err(refusal(Violation::Unavailable, name, "policy"));
+                }
+                used.insert(name.clone());
+            }
+        }
+    }
+    Ok(HeadScan {
+        used: used.into_iter().collect(),
+    })
+}
+
+/// The decoded `user:password` of `Authorization: Basic …`, if that is what `value` is.
+pub fn basic_credentials(name: &http::HeaderName, value: &[u8]) -> Option<Vec<u8>> {
+    if name != http::header::AUTHORIZATION {
+        return None;
+    }
+    let (scheme, rest) = split_scheme(value)?;
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(rest.trim_ascii())
+        .ok()
+}
+
+pub(crate) fn split_scheme(value: &[u8]) -> Option<(&[u8], &[u8])> {
+    let sp = value.iter().position(|b| *b == b' ')?;
+    Some((&value[..sp], &value[sp + 1..]))
+}
+
+fn refusal(violation: Violation, secret: &str, place: &str) -> SecretRefusal {
+    SecretRefusal {
+        violation,
+        secret: secret.to_string(),
+        place: place.to_string(),
+    }
+}
+
+struct Checker<'a> {
+    set: &'a SecretSet,
+    bindings: Option<&'a SecretBindings>,
+    used: &'a mut BTreeSet<Arc<str>>,
+}
+
+impl Checker<'_> {
+    fn bound(&self, name: &str) -> bool {
+        self.bindings.is_some_and(|b| b.binds(name))
+    }
+
+    /// `swaps`: placeholders here are swapped for bound secrets (headers), so they count as
+    /// uses and must name a secret the store holds.
+    fn text(&mut self, bytes: &[u8], place: &str, swaps: bool) -> Result<(), SecretRefusal> {
+        for found in placeholder::find_all(bytes) {
+            if !self.bound(&found.name) {
+                return Err(refusal(Violation::Scope, &found.name, place));
+            }
+            if swaps {
+                let Some(s) = self.set.get(&found.name) else {
+                    return Err(refusal(Violation::Unavailable, &found.name, place));
+                };
+                self.used.insert(s.name.shared());
+            }
+        }
+        if let Some(m) = self.set.matcher() {
+            for (tag, _) in m.find_iter(bytes) {
+                let name = self.set.at(tag.secret).name.as_str();
+                if tag.kind == HitKind::Value && !self.bound(name) {
+                    return Err(refusal(Violation::Leak, name, place));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "scan_tests.rs"]
+pub(crate) mod tests;

@@ -1,0 +1,149 @@
+use std::sync::Arc;
+
+use base64::Engine as _;
+use http::{HeaderMap, HeaderValue};
+
+use super::*;
+use crate::policy::{InjectTarget, Injection, SecretBindings, TemplatePart};
+use crate::secrets::value::{SecretName, SecretValue};
+
+pub(crate) fn set() -> SecretSet {
+    SecretSet::new(
+        [
+            ("openai", "sk-test-OPENAI-123"),
+            ("github", "ghp_GITHUB_456789"),
+        ]
+        .iter()
+        .map(|(n, v)| {
+            (
+                SecretName::new(n).expect("name"),
+                Arc::new(SecretValue::new(v.as_bytes().to_vec()).expect("value")),
+            )
+        })
+        .collect(),
+    )
+}
+
+pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    SecretBindings {
+        names: names.iter().map(|n| Arc::from(*n)).collect(),
+        inject: inject.into_boxed_slice(),
+    }
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    h
+}
+
+fn basic(creds: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(creds)
+    )
+}
+
+#[test]
+fn a_bound_placeholder_is_a_use_and_an_unbound_one_is_out_of_scope() {
+    let s = set();
+    let b = binds(&["openai"], vec![]);
+    let h = headers(&[("authorization", "Bearer agenshield:secret:openai")]);
+    let scan = inspect_head(&s, Some(&b), "api.openai.test", &h, "/v1").expect("in scope");
+    assert_eq!(scan.used, vec![Arc::<str>::from("openai")]);
+
+    let e = inspect_head(&s, None, "evil.test", &h, "/").expect_err("scope");
+    assert_eq!(
+        (e.violation, e.secret.as_str(), e.place.as_str()),
+        (Violation::Scope, "openai", "header authorization")
+    );
+    let e = inspect_head(
+        &s,
+        Some(&b),
+        "x.test",
+        &HeaderMap::new(),
+        "/q?k=agenshield%3Asecret%3Agithub",
+    )
+    .expect_err("encoded placeholder in the URL");
+    assert_eq!(
+        (e.violation, e.secret.as_str()),
+        (Violation::Scope, "github")
+    );
+}
+
+#[test]
+fn real_values_are_leaks_unless_the_rule_binds_them() {
+    let s = set();
+    let b = binds(&["openai"], vec![]);
+    let cases: Vec<(&str, HeaderMap, &str, &str)> = vec![
+        (
+            "evil.test",
+            headers(&[("x-key", "ghp_GITHUB_456789")]),
+            "/",
+            "header x-key",
+        ),
+        (
+            "evil.test",
+            HeaderMap::new(),
+            "/p?token=ghp_GITHUB_456789",
+            "URL",
+        ),
+        (
+            "evil.test",
+            HeaderMap::new(),
+            "/p?token=ghp%5FGITHUB%5F456789",
+            "URL",
+        ),
+        ("ghp_GITHUB_456789.evil.test", HeaderMap::new(), "/", "host"),
+        (
+            "evil.test",
+            headers(&[("authorization", &basic("me:ghp_GITHUB_456789"))]),
+            "/",
+            "header authorization",
+        ),
+    ];
+    for (host, h, url, place) in cases {
+        let e = inspect_head(&s, Some(&b), host, &h, url).expect_err(place);
+        assert_eq!(
+            (e.violation, e.secret.as_str(), e.place.as_str()),
+            (Violation::Leak, "github", place)
+        );
+        assert!(
+            !e.message(Some("r")).contains("ghp_"),
+            "{}",
+            e.message(Some("r"))
+        );
+    }
+    // The bound secret's own value may go where it is bound.
+    let h = headers(&[("x-key", "sk-test-OPENAI-123")]);
+    assert!(inspect_head(&s, Some(&b), "api.test", &h, "/").is_ok());
+}
+
+#[test]
+fn injected_secrets_count_as_uses_and_a_missing_one_is_unavailable() {
+    let s = set();
+    let inj = |name: &str| Injection {
+        target: InjectTarget::Header(http::header::AUTHORIZATION),
+        template: vec![
+            TemplatePart::Literal("Bearer ".into()),
+            TemplatePart::Secret(name.into()),
+        ]
+        .into_boxed_slice(),
+    };
+    let b = binds(&["github"], vec![inj("github")]);
+    let scan = inspect_head(&s, Some(&b), "api.test", &HeaderMap::new(), "/").expect("ok");
+    assert_eq!(scan.used, vec![Arc::<str>::from("github")]);
+    let b = binds(&["gone"], vec![inj("gone")]);
+    let e = inspect_head(&s, Some(&b), "api.test", &HeaderMap::new(), "/").expect_err("gone");
+    assert_eq!(
+        (e.violation, e.secret.as_str()),
+        (Violation::Unavailable, "gone")
+    );
+}

@@ -1,0 +1,133 @@
+//! The secrets loaded now, with their automaton. Immutable: a change builds a new set and
+//! swaps it in (`vault.rs`), so the data path reads it without locks.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::matcher::{HitKind, Matcher};
+use super::placeholder::placeholder;
+use super::value::{SecretName, SecretValue};
+
+pub struct Secret {
+    pub name: SecretName,
+    pub value: Arc<SecretValue>,
+    /// `agenshield:secret:NAME`.
+    pub placeholder: String,
+}
+
+#[derive(Default)]
+pub struct SecretSet {
+    /// Sorted by name.
+    secrets: Vec<Secret>,
+    matcher: Option<Matcher>,
+}
+
+impl SecretSet {
+    pub fn new(mut entries: Vec<(SecretName, Arc<SecretValue>)>) -> SecretSet {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|a, b| a.0 == b.0);
+        let refs: Vec<(SecretName, &SecretValue)> =
+            entries.iter().map(|(n, v)| (n.clone(), &**v)).collect();
+        let matcher = Matcher::build(&refs);
+        let secrets = entries
+            .into_iter()
+            .map(|(name, value)| Secret {
+                placeholder: placeholder(&name),
+                name,
+                value,
+            })
+            .collect();
+        SecretSet { secrets, matcher }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.secrets.len()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Secret> {
+        self.secrets
+            .binary_search_by(|s| s.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.secrets[i])
+    }
+
+    /// The secret a matcher tag refers to.
+    pub fn at(&self, index: usize) -> &Secret {
+        &self.secrets[index]
+    }
+
+    pub fn matcher(&self) -> Option<&Matcher> {
+        self.matcher.as_ref()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Secret> {
+        self.secrets.iter()
+    }
+
+    /// `bytes` with every secret value replaced by its placeholder; `None` if it has none.
+    pub fn redact_bytes(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let m = self.matcher.as_ref()?;
+        let mut out: Option<Vec<u8>> = None;
+        let mut pos = 0;
+        for (tag, r) in m.find_iter(bytes) {
+            if tag.kind != HitKind::Value {
+                continue;
+            }
+            let o = out.get_or_insert_with(|| Vec::with_capacity(bytes.len()));
+            o.extend_from_slice(&bytes[pos..r.start]);
+            o.extend_from_slice(self.secrets[tag.secret].placeholder.as_bytes());
+            pos = r.end;
+        }
+        let mut o = out?;
+        o.extend_from_slice(&bytes[pos..]);
+        Some(o)
+    }
+
+    /// `text` with every secret value replaced by its placeholder: for anything derived
+    /// from a request that is about to be logged, recorded or shown.
+    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        match self.redact_bytes(text.as_bytes()) {
+            // Values and placeholders are ASCII, so replacing them keeps UTF-8 intact.
+            Some(b) => Cow::Owned(String::from_utf8_lossy(&b).into_owned()),
+            None => Cow::Borrowed(text),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn set(pairs: &[(&str, &str)]) -> SecretSet {
+        SecretSet::new(
+            pairs
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        SecretName::new(n).expect("name"),
+                        Arc::new(SecretValue::new(v.as_bytes().to_vec()).expect("value")),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn redact_replaces_every_form_and_keeps_the_rest() {
+        let s = set(&[("openai", "sk-test-123456"), ("aws", "ab/cd+ef=gh")]);
+        assert_eq!(
+            s.redact("GET /v1?k=sk-test-123456&a=ab%2Fcd%2Bef%3Dgh"),
+            "GET /v1?k=agenshield:secret:openai&a=agenshield:secret:aws"
+        );
+        assert!(matches!(s.redact("nothing"), Cow::Borrowed("nothing")));
+        assert_eq!(
+            s.get("aws").map(|x| x.placeholder.as_str()),
+            Some("agenshield:secret:aws")
+        );
+        assert!(SecretSet::default().redact("sk-test-123456") == "sk-test-123456");
+    }
+}

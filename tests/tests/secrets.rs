@@ -1,0 +1,402 @@
+//! Secrets end to end: the real daemon and curl on loopback, upstreams with a test CA. The
+//! agent holds placeholders; the upstream gets the key; nothing the agent sees, and nothing
+//! the daemon writes (logs, ctl output, refusals), ever holds a secret value.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use agenshield_e2e::curl::{curl, CurlOut};
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+const OPENAI: &str = "sk-test-OPENAI-0123456789abcdef";
+const GITHUB: &str = "ghp_GITHUBtoken0123456789abcdef";
+const MAPS: &str = "AIzaMAPSkey0123456789abcdef";
+/// Set later with `ctl secrets set`.
+const LATE: &str = "late-secret-value-0123456789";
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "openai"
+hosts = ["api.test"]
+action = "allow"
+secrets = ["openai"]
+
+[[rule]]
+id = "github"
+hosts = ["gh.test"]
+action = "allow"
+inject = [{ header = "Authorization", value = "token ${secret:github}" }]
+
+[[rule]]
+id = "maps"
+hosts = ["maps.test"]
+action = "allow"
+inject = [{ query = "key", value = "${secret:maps}" }]
+
+[[rule]]
+id = "other"
+hosts = ["other.test"]
+action = "allow"
+
+[secrets.github]
+rate = { requests = 3, per = "1h" }
+"#;
+
+const HOSTS: [&str; 5] = [
+    "api.test",
+    "gh.test",
+    "maps.test",
+    "other.test",
+    "late.test",
+];
+
+struct World {
+    up: Upstream,
+    daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn new() -> World {
+        let ca = TestCa::new("secrets upstream CA");
+        let up = Upstream::start(UpstreamOptions {
+            tls: Some(ca.leaf(&HOSTS)),
+            name: "up".into(),
+        })
+        .await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_file = dir.path().join("upstream-ca.pem");
+        ca.write_pem(&ca_file).expect("write CA");
+        let daemon = Daemon::start(DaemonOptions {
+            policies: vec![("main.toml".into(), POLICY.into())],
+            extra_ca: vec![ca_file],
+            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
+            orig_dst: Some(up.addr),
+            secrets: vec![
+                ("openai".into(), OPENAI.into()),
+                ("github".into(), GITHUB.into()),
+                ("maps".into(), MAPS.into()),
+            ],
+            scan_body_bytes: Some(256 * 1024),
+            ..Default::default()
+        });
+        World {
+            up,
+            daemon,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.up.addr.port())
+    }
+
+    /// curl through the explicit listener, with a trace of what it sent on stderr.
+    async fn explicit(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+        let proxy = format!("http://{}", self.daemon.explicit);
+        let ca = self.daemon.ca_path.display().to_string();
+        let url = self.url(host, path);
+        let mut args = vec![
+            "--cacert",
+            &ca,
+            "--proxy",
+            &proxy,
+            "--trace-ascii",
+            "/dev/stderr",
+        ];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        curl(&args, false).await
+    }
+
+    /// curl through the transparent listener (the original destination is fixed).
+    async fn transparent(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+        let connect_to = format!(
+            "{host}:{}:127.0.0.1:{}",
+            self.up.addr.port(),
+            self.daemon.transparent.port()
+        );
+        let ca = self.daemon.ca_path.display().to_string();
+        let url = self.url(host, path);
+        let mut args = vec![
+            "--cacert",
+            &ca,
+            "--connect-to",
+            &connect_to,
+            "--trace-ascii",
+            "/dev/stderr",
+        ];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        curl(&args, false).await
+    }
+
+    /// The header `name` of the last request the upstream received.
+    fn last_header(&self, name: &str) -> Option<String> {
+        let reqs = self.up.requests();
+        let last = reqs.last()?;
+        last.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Everything the agent saw: its request as sent (curl's trace), the response, curl's errors.
+fn agent_view(out: &CurlOut) -> String {
+    format!("{}\n{}", out.text(), out.stderr)
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    for (name, v) in [
+        ("openai", OPENAI),
+        ("github", GITHUB),
+        ("maps", MAPS),
+        ("late", LATE),
+    ] {
+        assert!(
+            !text.contains(v),
+            "{what} contains the value of secret {name}:\n{text}"
+        );
+        let encoded: String = v.bytes().map(|b| format!("%{b:02X}")).collect();
+        assert!(
+            !text.contains(&encoded),
+            "{what} contains secret {name} percent-encoded"
+        );
+    }
+}
+
+fn assert_refused(out: &CurlOut, status: u16, code: &str, rule: Option<&str>) {
+    assert_eq!(out.exit, 0, "curl failed: {out:?}");
+    assert_eq!(out.status, status, "body: {}", out.text());
+    let v = out.json();
+    assert_eq!(v["error_code"], code, "{v}");
+    assert_eq!(v["rule_id"].as_str(), rule, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote_holds_a_value() {
+    let w = World::new().await;
+    let mut agent_saw = String::new();
+    let bearer = "Authorization: Bearer agenshield:secret:openai";
+
+    // 1. A placeholder to the host its rule binds: the upstream gets the key, on both
+    //    listeners; the echo of it comes back to the agent as the placeholder.
+    for out in [
+        w.explicit("api.test", "/echo", &["-H", bearer]).await,
+        w.transparent("api.test", "/echo", &["-H", bearer]).await,
+    ] {
+        assert_eq!(out.status, 200, "{}", agent_view(&out));
+        assert_eq!(
+            w.last_header("authorization").as_deref(),
+            Some(format!("Bearer {OPENAI}").as_str())
+        );
+        let echoed = out.json();
+        assert_eq!(
+            echoed["headers"]["authorization"], "Bearer agenshield:secret:openai",
+            "the echo must come back redacted: {echoed}"
+        );
+        assert!(
+            out.stderr.contains("agenshield:secret:openai"),
+            "trace shows the placeholder sent"
+        );
+        agent_saw.push_str(&agent_view(&out));
+    }
+
+    // 2. Injection by the rule: a header the agent never sent, and a query parameter.
+    let out = w.explicit("gh.test", "/echo", &[]).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    assert_eq!(
+        w.last_header("authorization").as_deref(),
+        Some(format!("token {GITHUB}").as_str())
+    );
+    assert_eq!(
+        out.json()["headers"]["authorization"],
+        "token agenshield:secret:github"
+    );
+    agent_saw.push_str(&agent_view(&out));
+    let out = w.transparent("maps.test", "/echo?q=1", &[]).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    let seen = w.up.requests().last().map(|r| r.path_and_query.clone());
+    assert_eq!(
+        seen.as_deref(),
+        Some(format!("/echo?q=1&key={MAPS}").as_str())
+    );
+    assert_eq!(out.json()["path"], "/echo?q=1&key=agenshield:secret:maps");
+    agent_saw.push_str(&agent_view(&out));
+
+    // 3. An upstream that echoes the key in a header and in a body split into 3-byte chunks.
+    let out = w
+        .explicit("api.test", "/split", &["-H", bearer, "-D", "/dev/stderr"])
+        .await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    assert_eq!(
+        out.text(),
+        "you sent: Bearer agenshield:secret:openai\nend\n"
+    );
+    assert!(
+        out.stderr
+            .to_ascii_lowercase()
+            .contains("x-seen-authorization: bearer agenshield:secret:openai"),
+        "{}",
+        out.stderr
+    );
+    agent_saw.push_str(&agent_view(&out));
+
+    // 4. Out of scope: the placeholder to another host; the real value in a header, the URL
+    //    or the body to another host. None of them reaches the upstream.
+    let before = w.up.requests().len();
+    let out = w.explicit("other.test", "/echo", &["-H", bearer]).await;
+    assert_refused(&out, 403, "secret_scope", Some("other"));
+    agent_saw.push_str(&out.text());
+    let leaks: [(&str, Vec<String>); 4] = [
+        ("/echo", vec!["-H".into(), format!("X-Api-Key: {OPENAI}")]),
+        (&format!("/echo?token={GITHUB}"), vec![]),
+        (
+            "/echo",
+            vec!["--data-binary".into(), format!("{{\"key\":\"{MAPS}\"}}")],
+        ),
+        ("/echo", vec!["-u".into(), format!("me:{GITHUB}")]),
+    ];
+    for (path, extra) in &leaks {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let out = w.explicit("other.test", path, &extra).await;
+        assert_refused(&out, 403, "secret_leak", Some("other"));
+        agent_saw.push_str(&out.text());
+    }
+    // The value deep in a large streamed body (past the first chunks): refused mid-stream,
+    // before the secret's bytes are sent; the upstream never sees a complete request.
+    let big = format!("{}{GITHUB}{}", "a".repeat(150_000), "b".repeat(1000));
+    let body_file = w._dir.path().join("big.txt");
+    std::fs::write(&body_file, &big).expect("write body");
+    let at = format!("@{}", body_file.display());
+    let out = w
+        .explicit("other.test", "/echo", &["--data-binary", &at])
+        .await;
+    assert_refused(&out, 403, "secret_leak", Some("other"));
+    // A placeholder in a body to an unbound host.
+    let out = w
+        .explicit(
+            "other.test",
+            "/echo",
+            &["--data-binary", "k=agenshield:secret:maps"],
+        )
+        .await;
+    assert_refused(&out, 403, "secret_scope", Some("other"));
+    // Small bodies are checked before anything is sent; the large one was cut off before
+    // the secret: the upstream saw one head and the bytes before the value, nothing more.
+    let reached: Vec<_> = w.up.requests()[before..].to_vec();
+    let lens: Vec<_> = reached
+        .iter()
+        .map(|r| {
+            (
+                &r.path_and_query,
+                r.headers
+                    .iter()
+                    .find(|h| h.0 == "content-length")
+                    .map(|h| h.1.clone()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reached.len(),
+        1,
+        "only the large upload reached the upstream: {lens:?}\n{}",
+        w.daemon
+            .logs()
+            .lines()
+            .filter(|l| l.contains("refused") || l.contains("request "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let got = reached[0].body.lock().expect("body").clone();
+    assert!(
+        !got.is_empty() && got.iter().all(|b| *b == b'a'),
+        "{} bytes, not only the prefix",
+        got.len()
+    );
+
+    // 5. The per-secret rate limit (3 per hour; 1 used above): the 2nd and 3rd pass, the 4th is 429.
+    for _ in 0..2 {
+        assert_eq!(w.explicit("gh.test", "/", &[]).await.status, 200);
+    }
+    let out = w.explicit("gh.test", "/", &[]).await;
+    assert_eq!(out.status, 429, "{}", out.text());
+    assert_eq!(out.json()["error_code"], "rate_limited");
+    assert!(out.json()["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("secret:github"));
+
+    // 6. ctl: a secret set over stdin becomes usable once a rule binds it.
+    let (code, stdout, stderr) = w
+        .daemon
+        .ctl_stdin(&["secrets", "set", "late"], format!("{LATE}\n").as_bytes());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("agenshield:secret:late"), "{stdout}");
+    let late_rule = "version = 1\n[[rule]]\nid = \"late\"\nhosts = [\"late.test\"]\naction = \"allow\"\ninject = [{ header = \"X-Key\", value = \"${secret:late}\" }]\n";
+    std::fs::write(w.daemon.dir.path().join("policies/late.toml"), late_rule)
+        .expect("write policy");
+    let (code, out, err) = w.daemon.ctl(&[], &["reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let out = w.explicit("late.test", "/echo", &[]).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    assert_eq!(w.last_header("x-key").as_deref(), Some(LATE));
+    assert_eq!(out.json()["headers"]["x-key"], "agenshield:secret:late");
+    agent_saw.push_str(&agent_view(&out));
+
+    // What the agent saw, all of it, never holds a value.
+    assert_no_secret("the agent's view", &agent_saw);
+
+    // 7. ctl output: list shows names, bindings and use, never values.
+    let mut ctl_out = String::new();
+    let (code, list, err) = w.daemon.ctl(&[], &["secrets", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(list.contains("github") && list.contains("late"), "{list}");
+    let (_, json, _) = w.daemon.ctl(&[], &["secrets", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let github = v["secrets"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "github"))
+        .cloned()
+        .expect("github listed");
+    assert_eq!(github["rules"], serde_json::json!(["github"]));
+    assert_eq!(github["uses"], 3);
+    assert!(github["last_used"].is_string());
+    assert_eq!(github["rate"], "3 per 1h, burst 3");
+    ctl_out.push_str(&list);
+    ctl_out.push_str(&json);
+    for args in [
+        &["status"][..],
+        &["stats"],
+        &["tail"],
+        &["tail", "--json"],
+        &["policy", "show"],
+        &["policy", "show", "--json"],
+        &["secrets", "rm", "github"],
+    ] {
+        let (_, out, err) = w.daemon.ctl(&[], args);
+        ctl_out.push_str(&out);
+        ctl_out.push_str(&err);
+    }
+    assert!(
+        ctl_out.contains("bound by rule(s) github"),
+        "rm of a bound secret is refused: {ctl_out}"
+    );
+    assert!(
+        ctl_out.contains("secret_leak") && ctl_out.contains("secret_scope"),
+        "tail shows the refusals"
+    );
+    assert_no_secret("ctl output", &ctl_out);
+
+    // 8. Every byte the daemon logged (at debug level), after all of the above.
+    let logs = w.daemon.logs();
+    assert!(logs.contains("secret_leak"), "refusals are logged");
+    assert_no_secret("the daemon's log", &logs);
+}
