@@ -239,3 +239,15 @@ impl Drop for Internet {
             .output();
     }
 }
+
+/// Removes the daemon's nftables table when dropped (the daemon leaves it in place on exit,
+/// by design, so agent traffic fails closed): declare it before the daemon in a test.
+pub struct FirewallCleanup;
+
+impl Drop for FirewallCleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "agenshield"])
+            .output();
+    }
+}
