@@ -317,7 +317,8 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     );
     let got = reached[0].body.lock().expect("body").clone();
     assert!(
-        !got.is_empty() && got.iter().all(|b| *b == b'a'),
+        // How much of the prefix arrives before the reset is a matter of timing.
+        got.len() <= 150_000 && got.iter().all(|b| *b == b'a'),
         "{} bytes, not only the prefix",
         got.len()
     );

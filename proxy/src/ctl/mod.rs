@@ -179,11 +179,31 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
     } else {
         crate::policy::load_files(files).map(|p| (format!("{} file(s)", files.len()), p))
     };
+    // Secret references are checked against the vault when it can be read from here.
+    let result = result.and_then(|(what, p)| {
+        let note = match secret_names(cfg) {
+            Ok(names) => {
+                p.check_secrets(&|n| names.binary_search_by(|x| x.as_str().cmp(n)).is_ok())?;
+                None
+            }
+            Err(why) if !p.secret_refs().is_empty() => {
+                Some(format!("secret references not checked: {why}"))
+            }
+            Err(_) => None,
+        };
+        Ok((what, p, note))
+    });
     match result {
-        Ok((what, p)) => print(
-            &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count()}),
+        Ok((what, p, note)) => print(
+            &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count(), "note": note}),
             json,
-            |_| format!("{what}: ok, {} rules, {}", p.rule_count(), p.hash()),
+            |_| {
+                let mut line = format!("{what}: ok, {} rules, {}", p.rule_count(), p.hash());
+                if let Some(n) = &note {
+                    line.push_str(&format!(" ({n})"));
+                }
+                line
+            },
         ),
         Err(e) => {
             if json {
@@ -194,6 +214,17 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
             }
             eprintln!("{e}");
             BAD_INPUT
+        }
+    }
+}
+
+/// The secrets the configured store holds, if this process can see them.
+fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
+    match cfg.secrets.store {
+        crate::config::SecretStoreKind::File => crate::secrets::FileStore::names_in(&cfg.vault)
+            .map_err(|e| format!("cannot read the vault {}: {e}", cfg.vault.display())),
+        crate::config::SecretStoreKind::Keychain => {
+            Err("the keychain is only read by the daemon (see `ctl secrets list`)".into())
         }
     }
 }

@@ -94,6 +94,10 @@ pub fn stats(v: &Value) -> String {
         format!("rate limited     {}", c["limited"]),
         format!("errors           {}", c["errors"]),
         format!(
+            "secrets          injected {}  leaks refused {}  out of scope {}",
+            c["secret_injections"], c["secret_leaks"], c["secret_scope"]
+        ),
+        format!(
             "policy reloads   ok {}  failed {}",
             c["reloads_ok"], c["reloads_failed"]
         ),
@@ -203,7 +207,7 @@ pub fn pending(v: &Value) -> String {
 pub fn event(v: &Value) -> String {
     let time = s(&v["time"]);
     format!(
-        "{} {:<12} {:>3} {:<6} {}://{}:{}{}  rule={}{}",
+        "{} {:<12} {:>3} {:<6} {}://{}:{}{}  rule={}{}{}",
         time.get(11..23).unwrap_or(time),
         s(&v["decision"]),
         v["status"],
@@ -216,7 +220,11 @@ pub fn event(v: &Value) -> String {
         v["error_code"]
             .as_str()
             .map(|c| format!(" error={c}"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        match list(&v["secrets"]).as_str() {
+            "-" => String::new(),
+            names => format!(" secrets={}", names.replace(", ", ",")),
+        }
     )
 }
 

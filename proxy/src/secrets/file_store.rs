@@ -57,6 +57,22 @@ impl FileStore {
         })
     }
 
+    /// The names in a vault directory, read-only and without checks (for `policy lint`,
+    /// which may run as a user who cannot open the vault at all).
+    pub fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let file = entry?.file_name();
+            if let Some(name) = file.to_str().and_then(|f| f.strip_suffix(SUFFIX)) {
+                if SecretName::new(name).is_ok() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     fn path_of(&self, name: &SecretName) -> PathBuf {
         self.dir.join(format!("{name}{SUFFIX}"))
     }
