@@ -578,6 +578,27 @@ mod tests {
     }
 
     #[test]
+    fn secrets_section() {
+        let cfg = Config::parse(
+            "[paths]\nvault = \"v\"\n[secrets]\nscan_body_bytes = 0\n",
+            Path::new("/etc/a/proxy.toml"),
+        )
+        .expect("valid");
+        assert_eq!(cfg.vault, Path::new("/etc/a/v"));
+        assert_eq!(cfg.secrets.scan_body_bytes, 0);
+        assert!(cfg.not_yet_effective.is_empty());
+        let too_big = format!("[secrets]\nscan_body_bytes = {}\n", MAX_SCAN_BODY_BYTES + 1);
+        assert!(Config::parse(&too_big, Path::new("p.toml")).is_err());
+        assert!(Config::parse("[secrets]\nstore = \"vault\"\n", Path::new("p.toml")).is_err());
+        #[cfg(not(target_os = "macos"))]
+        {
+            let err = Config::parse("[secrets]\nstore = \"keychain\"\n", Path::new("p.toml"))
+                .expect_err("keychain off macOS");
+            assert!(err.to_string().contains("macOS only"), "{err}");
+        }
+    }
+
+    #[test]
     fn nameserver_forms() {
         assert_eq!(
             parse_nameserver("127.0.0.1").ok(),

@@ -133,3 +133,48 @@ fn first_run_on_defaults_creates_state_and_serves() {
     assert!(state.path().join("certs/ca.pem").exists());
     assert!(state.path().join("policies/default.toml").exists());
 }
+
+/// `ctl secrets set` runs with `input` on stdin against a socket nobody serves.
+fn secrets_set(name: &str, input: &[u8], socket: &std::path::Path) -> (Option<i32>, String) {
+    use std::io::Write as _;
+    let mut child = agenshield()
+        .args(["proxy", "ctl", "secrets", "set", name, "--socket"])
+        .arg(socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input).expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn secrets_set_takes_the_value_from_stdin_only_and_checks_it_before_sending() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("none.sock");
+    // No value on the command line: an extra argument is bad usage.
+    let (code, _, err) = output(&["proxy", "ctl", "secrets", "set", "k", "sk-value-on-argv"]);
+    assert_eq!(code, Some(2), "{err}");
+    // Bad names and bad values are bad input (2), said without echoing the value.
+    let (code, err) = secrets_set("bad name", b"a-good-value-123", &socket);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("invalid secret name"), "{err}");
+    let (code, err) = secrets_set("k", b"", &socket);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no value on stdin"), "{err}");
+    let (code, err) = secrets_set("k", b"tiny\n", &socket);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("at least 8") && !err.contains("tiny"), "{err}");
+    // A good value with no daemon: the operation failed (1), one line.
+    let (code, err) = secrets_set("k", b"a-good-value-123\n", &socket);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("the daemon is not running"), "{err}");
+    assert!(!err.contains("a-good-value-123"), "{err}");
+}

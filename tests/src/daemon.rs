@@ -194,7 +194,10 @@ fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr) {
     let mut child = Command::new(binary())
         .args(["proxy", "run", "--config"])
         .arg(&config)
-        .env("AGENSHIELD_LOG", std::env::var("AGENSHIELD_TEST_LOG").unwrap_or_else(|_| "debug".into()))
+        .env(
+            "AGENSHIELD_LOG",
+            std::env::var("AGENSHIELD_TEST_LOG").unwrap_or_else(|_| "debug".into()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .spawn()

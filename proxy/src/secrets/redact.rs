@@ -140,3 +140,7 @@ impl Body for RedactedBody {
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+#[path = "body_tests.rs"]
+mod body_tests;
