@@ -178,3 +178,39 @@ fn secrets_set_takes_the_value_from_stdin_only_and_checks_it_before_sending() {
     assert!(err.contains("the daemon is not running"), "{err}");
     assert!(!err.contains("a-good-value-123"), "{err}");
 }
+
+/// A daemon whose policy binds a secret the vault lacks does not start: exit 2, and the
+/// message names the file, the rule, the secret and the command that fixes it.
+#[test]
+fn a_policy_binding_a_missing_secret_stops_the_start_with_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).expect("mkdir");
+    std::fs::write(
+        policies.join("api.toml"),
+        "version = 1\n[[rule]]\nid = \"gh\"\nhosts = [\"api.github.com\"]\naction = \"allow\"\ninject = [{ header = \"Authorization\", value = \"token ${secret:github}\" }]\n",
+    )
+    .expect("policy");
+    let cfg = dir.path().join("proxy.toml");
+    std::fs::write(
+        &cfg,
+        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = \"a.sock\"\n[paths]\npolicies = \"policies\"\ncerts = \"certs\"\nvault = \"vault\"\n",
+    )
+    .expect("config");
+    let (code, _, err) = output(&["proxy", "run", "--config", cfg.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(2), "{err}");
+    for needle in [
+        "api.toml:6:",
+        "rule `gh`",
+        "\"github\"",
+        "ctl secrets set github",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    // The vault it made on the way is private.
+    let mode = std::fs::metadata(dir.path().join("vault"))
+        .expect("vault made")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
