@@ -74,8 +74,14 @@ fn missing_config_file_exits_2() {
 /// so it only runs when they are free (they are in CI).
 #[test]
 fn first_run_on_defaults_creates_state_and_serves() {
-    let busy: Vec<&str> = ["127.0.0.1:15001", "127.0.0.1:15080"]
+    // Every address the defaults bind (a missing IPv6 loopback is tolerated by the daemon).
+    let busy: Vec<&str> = ["127.0.0.1:15001", "127.0.0.1:15080", "127.0.0.1:15090"]
         .into_iter()
+        .chain(
+            std::net::TcpListener::bind("[::1]:0")
+                .is_ok()
+                .then_some("[::1]:15001"),
+        )
         .filter(|a| std::net::TcpListener::bind(a).is_err())
         .collect();
     if !busy.is_empty() {
@@ -92,7 +98,9 @@ fn first_run_on_defaults_creates_state_and_serves() {
         .env("AGENSHIELD_STATE_DIR", state.path())
         .env("HOME", state.path())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(state.path().join("stderr.log")).expect("stderr log"),
+        ))
         .spawn()
         .expect("spawn");
     let stdout = child.stdout.take().expect("stdout");
@@ -117,7 +125,11 @@ fn first_run_on_defaults_creates_state_and_serves() {
     let _ = child.kill();
     let _ = child.wait();
     let all = seen.join("\n");
-    assert!(all.contains("agenshield: ready "), "never ready:\n{all}");
+    let log = std::fs::read_to_string(state.path().join("stderr.log")).unwrap_or_default();
+    assert!(
+        all.contains("agenshield: ready "),
+        "never ready:\n{all}\nstderr:\n{log}"
+    );
     assert!(
         all.contains(&state.path().display().to_string()),
         "state dir not printed:\n{all}"
@@ -146,7 +158,10 @@ fn secrets_set(name: &str, input: &[u8], socket: &std::path::Path) -> (Option<i3
         .spawn()
         .expect("spawn");
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(input).expect("write");
+    // The command may refuse (a bad name) before it reads stdin; a closed pipe is fine then.
+    if let Err(e) = stdin.write_all(input) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write: {e}");
+    }
     drop(stdin);
     let out = child.wait_with_output().expect("wait");
     (
