@@ -99,6 +99,16 @@ pub enum CtlCommand {
     /// Secrets the proxy injects for the agent (values are never shown)
     #[command(subcommand)]
     Secrets(SecretsCommand),
+    /// The audit log (read directly; the daemon need not run)
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
+    /// log and its rotated files, oldest first; or FILEs, in the order given
+    Verify { files: Vec<PathBuf> },
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,6 +15,7 @@ use serde::Deserialize;
 pub const DEFAULT_CONFIG_PATH: &str = "/opt/agenshield/config/proxy.toml";
 /// The installed daemon's admin socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
+pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -60,7 +61,42 @@ struct FileConfig {
     #[serde(default)]
     secrets: SecretsConfig,
     #[serde(default)]
+    audit: AuditConfig,
+    #[serde(default)]
     testing: Testing,
+}
+
+/// The audit log (its path is `paths.audit`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// `false` writes no audit log at all (benchmarks; not for production).
+    pub enabled: bool,
+    /// The live file is rotated once it would grow past this many bytes.
+    pub max_bytes: u64,
+    /// Rotated files kept (`.1` newest … `.N` oldest); older ones are deleted.
+    pub keep: u32,
+    /// `redact` (default): query parameter values are recorded as `[redacted]`, names kept;
+    /// `keep`: the query as sent (secret values are redacted regardless).
+    pub query_values: QueryValues,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueryValues {
+    Redact,
+    Keep,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            enabled: true,
+            max_bytes: 100 * 1024 * 1024,
+            keep: 10,
+            query_values: QueryValues::Redact,
+        }
+    }
 }
 
 /// Where secret values live, and how much of a request body the leak guard reads.
@@ -118,7 +154,8 @@ struct FileListen {
     transparent: Option<Vec<SocketAddr>>,
     explicit: Option<SocketAddr>,
     dns: Option<SocketAddr>,
-    metrics: Option<SocketAddr>,
+    /// `IP:port`, or `"off"`.
+    metrics: Option<String>,
     admin: Option<PathBuf>,
 }
 
@@ -298,6 +335,11 @@ pub struct Config {
     /// The file vault (used when `secrets.store = "file"`).
     pub vault: PathBuf,
     pub secrets: SecretsConfig,
+    /// The metrics listener (`/metrics`); `None`: off.
+    pub metrics: Option<SocketAddr>,
+    /// The audit log's path; `None` when `audit.enabled = false`.
+    pub audit_path: Option<PathBuf>,
+    pub audit: AuditConfig,
     pub testing: Testing,
     /// Keys the operator set whose feature this build does not have yet.
     pub not_yet_effective: Vec<&'static str>,
@@ -308,6 +350,10 @@ fn default_transparent() -> Vec<SocketAddr> {
         SocketAddr::from(([127, 0, 0, 1], 15001)),
         SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15001)),
     ]
+}
+
+fn default_metrics() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 15090))
 }
 
 fn default_explicit() -> SocketAddr {
@@ -381,11 +427,7 @@ impl Config {
             ));
         }
         let mut not_yet = Vec::new();
-        for (set, key) in [
-            (f.listen.dns.is_some(), "listen.dns"),
-            (f.listen.metrics.is_some(), "listen.metrics"),
-            (f.paths.audit.is_some(), "paths.audit"),
-        ] {
+        for (set, key) in [(f.listen.dns.is_some(), "listen.dns")] {
             if set {
                 not_yet.push(key);
             }
@@ -439,6 +481,24 @@ impl Config {
             None if state_dir.is_some() => default_path("proxy.sock"),
             None => PathBuf::from(DEFAULT_ADMIN_SOCKET),
         };
+        let metrics = match f.listen.metrics.as_deref() {
+            None => Some(default_metrics()),
+            Some("off") => None,
+            Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| {
+                invalid(format!(
+                    "listen.metrics: {text:?} is not IP:port or \"off\": {e}"
+                ))
+            })?),
+        };
+        if f.audit.max_bytes < 64 * 1024 {
+            return Err(invalid("audit.max_bytes must be at least 65536".into()));
+        }
+        let audit_path = match (f.audit.enabled, f.paths.audit) {
+            (false, _) => None,
+            (true, Some(p)) => Some(relative(&p)),
+            (true, None) if state_dir.is_some() => Some(default_path("proxy-audit.jsonl")),
+            (true, None) => Some(PathBuf::from(DEFAULT_AUDIT_LOG)),
+        };
         Ok(Config {
             source,
             state_dir,
@@ -456,6 +516,9 @@ impl Config {
             approvals: f.approvals,
             vault: path_or(f.paths.vault, "vault"),
             secrets: f.secrets,
+            metrics,
+            audit_path,
+            audit: f.audit,
             testing: f.testing,
             not_yet_effective: not_yet,
         })

@@ -78,4 +78,6 @@ pub struct ConnCtx {
     pub listener: ListenerKind,
     pub dest: Dest,
     pub tls: Option<TlsSide>,
+    /// The local user that opened the connection (audit), when the OS could tell.
+    pub agent_uid: Option<u32>,
 }

@@ -15,12 +15,14 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::{self, Admin, AdminAuth, DaemonInfo};
 use crate::approvals::Approvals;
+use crate::audit::{Audit, Entry, LifecycleEntry, ReloadEntry};
 use crate::config::Config;
 use crate::dial::Dialer;
 use crate::firewall;
 use crate::forward::Forwarder;
 use crate::guard::AddressGuard;
 use crate::listen;
+use crate::metrics::Metrics;
 use crate::policy_store::PolicyStore;
 use crate::resolve::Resolver;
 use crate::secrets::Vault;
@@ -50,14 +52,34 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::warn!("config key {key} is set but has no effect in this build yet");
     }
     let listeners = Listeners::bind(&cfg).await?;
+    let metrics = Arc::new(Metrics::new());
     // Redirect first: from here on the agent fails closed even if the rest of start-up fails
     // (a bad policy, say), because the rules outlive this process.
     let firewall = if cfg.redirect.enabled {
-        Some(install_firewall(&cfg, &listeners.transparent_addrs)?)
+        Some(install_firewall(
+            &cfg,
+            &listeners.transparent_addrs,
+            metrics.clone(),
+        )?)
     } else {
         None
     };
-    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs()).await?);
+    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
+    proxy.metrics.set_policy(proxy.policy().hash());
+    proxy.metrics.reloads.with_label_values(&["ok"]).inc();
+    if let Some(audit) = &proxy.audit {
+        let policy = proxy.policy();
+        audit.write(Entry::Start(lifecycle(policy.hash()))).await;
+        audit
+            .write(Entry::Reload(ReloadEntry {
+                result: "ok",
+                trigger: "start".into(),
+                policy: policy.hash().to_string(),
+                rules: Some(policy.rule_count()),
+                error: None,
+            }))
+            .await;
+    }
     let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
         Some(addr) => {
             tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
@@ -78,6 +100,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         ));
     }
     tasks.spawn(listen::explicit(proxy.clone(), explicit, slots.clone()));
+    let metrics_addr = match listeners.metrics {
+        Some(l) => {
+            let addr = l.local_addr()?;
+            tasks.spawn(crate::metrics_http::serve(l, proxy.clone()));
+            addr.to_string()
+        }
+        None => "off".to_string(),
+    };
 
     let admin_listener = admin::bind(&cfg.admin).await?;
     let admin = Arc::new(Admin::new(
@@ -103,14 +133,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     // One stable line on stdout that scripts and tests wait for.
     println!(
-        "agenshield: ready transparent={} explicit={explicit_addr} admin={} policy={}",
+        "agenshield: ready transparent={} explicit={explicit_addr} admin={} policy={} metrics={metrics_addr} audit={}",
         transparent_addrs
             .iter()
             .map(SocketAddr::to_string)
             .collect::<Vec<_>>()
             .join(","),
         cfg.admin.display(),
-        proxy.policy().hash()
+        proxy.policy().hash(),
+        cfg.audit_path
+            .as_deref()
+            .map_or("off".to_string(), |p| p.display().to_string()),
     );
     let _ = std::io::stdout().flush();
 
@@ -130,6 +163,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down");
     let _ = std::fs::remove_file(&cfg.admin);
+    if let Some(audit) = &proxy.audit {
+        audit
+            .write(Entry::Stop(lifecycle(proxy.policy().hash())))
+            .await;
+        audit.sync().await;
+        let head = audit.head();
+        tracing::info!(seq = head.seq, hash = %head.hash, "audit log closed");
+    }
     Ok(())
 }
 
@@ -139,6 +180,7 @@ struct Listeners {
     transparent_addrs: Vec<SocketAddr>,
     explicit: TcpListener,
     explicit_addr: SocketAddr,
+    metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -159,7 +201,16 @@ impl Listeners {
         let explicit = TcpListener::bind(cfg.explicit)
             .await
             .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
+        let metrics = match cfg.metrics {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding metrics listener {addr}"))?,
+            ),
+            None => None,
+        };
         Ok(Listeners {
+            metrics,
             transparent_addrs: transparent
                 .iter()
                 .map(TcpListener::local_addr)
@@ -182,6 +233,7 @@ impl Listeners {
 fn install_firewall(
     cfg: &Config,
     transparent: &[SocketAddr],
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<(Arc<dyn Redirector>, RedirectSpec)> {
     let spec = firewall::spec(cfg, transparent).map_err(|e| BadInput(format!("firewall: {e}")))?;
     let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
@@ -199,12 +251,27 @@ fn install_firewall(
         backend.clone(),
         spec.clone(),
         cfg.redirect.reconcile_interval,
+        metrics,
     ));
     Ok((backend, spec))
 }
 
 /// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
-async fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy> {
+async fn build_proxy(
+    cfg: &Config,
+    own: Vec<SocketAddr>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Proxy> {
+    let audit = match &cfg.audit_path {
+        Some(path) => Some(Arc::new(
+            Audit::open(path, &cfg.audit, metrics.clone())
+                .with_context(|| format!("opening the audit log {}", path.display()))?,
+        )),
+        None => {
+            tracing::warn!("audit log is off (audit.enabled = false)");
+            None
+        }
+    };
     let store = crate::secrets::open_store(cfg).map_err(|e| BadInput(format!("secrets: {e}")))?;
     let vault = Arc::new(
         Vault::open(store)
@@ -256,10 +323,19 @@ async fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy
         resolver,
         guard,
         cfg.limits.upstream_connect_timeout,
+        metrics.upstream_connect.clone(),
     ));
-    let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
+    let forwarder = Forwarder::new(
+        dialer.clone(),
+        trust.client_config()?,
+        &cfg.limits,
+        metrics.clone(),
+    );
     Ok(Proxy::new(ProxyParts {
         vault,
+        metrics,
+        audit,
+        audit_query_values: cfg.audit.query_values == crate::config::QueryValues::Keep,
         scan_body_bytes: cfg.secrets.scan_body_bytes,
         policies,
         leaves,
@@ -268,6 +344,14 @@ async fn build_proxy(cfg: &Config, own: Vec<SocketAddr>) -> anyhow::Result<Proxy
         limits: cfg.limits.clone(),
         approvals: Approvals::new(cfg.approvals.timeout),
     }))
+}
+
+fn lifecycle(policy: &str) -> LifecycleEntry {
+    LifecycleEntry {
+        version: env!("CARGO_PKG_VERSION"),
+        pid: std::process::id(),
+        policy: policy.to_string(),
+    }
 }
 
 /// Who may use the admin socket: root, our own uid, the admin group; never an agent.

@@ -45,19 +45,40 @@ pub struct Dialer {
     resolver: Resolver,
     guard: AddressGuard,
     connect_timeout: Duration,
+    connect_time: prometheus::Histogram,
 }
 
 impl Dialer {
-    pub fn new(resolver: Resolver, guard: AddressGuard, connect_timeout: Duration) -> Dialer {
+    /// `connect_time` observes each successful dial (resolution included), in seconds.
+    pub fn new(
+        resolver: Resolver,
+        guard: AddressGuard,
+        connect_timeout: Duration,
+        connect_time: prometheus::Histogram,
+    ) -> Dialer {
         Dialer {
             resolver,
             guard,
             connect_timeout,
+            connect_time,
         }
     }
 
     /// Connects to `host:port`, trying each permitted address in resolver order.
     pub async fn dial(&self, host: &str, port: u16) -> Result<(TcpStream, SocketAddr), DialError> {
+        let started = std::time::Instant::now();
+        let dialed = self.dial_untimed(host, port).await;
+        if dialed.is_ok() {
+            self.connect_time.observe(started.elapsed().as_secs_f64());
+        }
+        dialed
+    }
+
+    async fn dial_untimed(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
         let ips = self.resolver.resolve(host).await?;
         // One forbidden address taints the name: an attacker-controlled DNS answer must not
         // mix a public and a private address and hope we try the public one first.

@@ -52,7 +52,7 @@ async fn handle(
             tracing::info!(
                 error_code = r.code.as_str(),
                 "explicit proxy: {}",
-                r.message
+                proxy.vault.current().redact(&r.message)
             );
             return deny::render(&r, "-", proxy.policy().hash());
         }
@@ -64,7 +64,7 @@ async fn handle(
     if req.method() != Method::CONNECT {
         return pipeline::handle(proxy, Arc::new(ctx), req).await;
     }
-    tracing::debug!(dest = %ctx.dest, "CONNECT");
+    tracing::debug!(dest = %proxy.vault.current().redact(&ctx.dest.to_string()), "CONNECT");
     // The tunnel outlives this HTTP connection's task, so it needs a connection slot of its own.
     let Ok(permit) = proxy.slots.clone().try_acquire_owned() else {
         let r = Refusal::new(ErrorCode::Busy, "too many connections; try again");

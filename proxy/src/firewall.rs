@@ -175,7 +175,13 @@ impl std::fmt::Display for StatusReport {
 
 /// Keeps the rules in place for the daemon's lifetime: another tool can flush them, and a
 /// missing table means the agent's traffic would go direct... or nowhere, if only half is left.
-pub async fn reconcile(backend: Arc<dyn Redirector>, spec: RedirectSpec, every: Duration) {
+pub async fn reconcile(
+    backend: Arc<dyn Redirector>,
+    spec: RedirectSpec,
+    every: Duration,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    metrics.firewall_active.set(1);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -190,6 +196,10 @@ pub async fn reconcile(backend: Arc<dyn Redirector>, spec: RedirectSpec, every: 
             Ok::<_, agenshield_pf::RedirectError>(st.state)
         })
         .await;
+        // In place after this round: it matched, or it was restored without error.
+        metrics
+            .firewall_active
+            .set(i64::from(matches!(checked, Ok(Ok(_)))));
         match checked {
             Ok(Ok(FirewallState::Matches)) => {}
             Ok(Ok(FirewallState::Absent)) => {

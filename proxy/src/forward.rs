@@ -27,10 +27,16 @@ pub struct Forwarder {
     h1: Upstream,
     /// An upgraded connection with no traffic either way for this long is closed.
     tunnel_idle: std::time::Duration,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Forwarder {
-    pub fn new(dialer: Arc<Dialer>, tls: rustls::ClientConfig, limits: &Limits) -> Forwarder {
+    pub fn new(
+        dialer: Arc<Dialer>,
+        tls: rustls::ClientConfig,
+        limits: &Limits,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Forwarder {
         let build = |h2: bool| {
             let b = hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls.clone())
@@ -58,6 +64,7 @@ impl Forwarder {
             any: build(true),
             h1: build(false),
             tunnel_idle: limits.tunnel_idle_timeout,
+            metrics,
         }
     }
 
@@ -114,9 +121,11 @@ impl Forwarder {
             };
             let upstream_upgrade = hyper::upgrade::on(&mut resp);
             let idle = self.tunnel_idle;
+            let metrics = self.metrics.clone();
             tokio::spawn(async move {
                 match tokio::try_join!(client_upgrade, upstream_upgrade) {
                     Ok((c, u)) => {
+                        let _open = metrics.connection(crate::metrics::Protocol::Ws);
                         let relayed = crate::tunnel::relay(TokioIo::new(c), TokioIo::new(u), idle);
                         if let Err(e) = relayed.await {
                             tracing::debug!("upgraded connection ended: {e}");
@@ -135,7 +144,7 @@ impl Forwarder {
     }
 }
 
-fn wants_upgrade<B>(req: &Request<B>) -> bool {
+pub(crate) fn wants_upgrade<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))

@@ -39,7 +39,10 @@ where
             return;
         }
     };
-    tracing::Span::current().record("sni", sni.as_deref().unwrap_or("-"));
+    let shown_sni = sni
+        .as_deref()
+        .map(|s| proxy.vault.current().redact(s).into_owned());
+    tracing::Span::current().record("sni", shown_sni.as_deref().unwrap_or("-"));
     let (leaf_for, identity) = identity(&ctx.dest, sni.as_deref());
     let leaf_name = match LeafName::parse(&leaf_for) {
         Ok(n) => n,
@@ -63,12 +66,17 @@ where
         }
     };
     let tls = match timeout(limit, start.into_stream(config)).await {
-        Ok(Ok(tls)) => tls,
+        Ok(Ok(tls)) => {
+            proxy.metrics.tls_ok.inc();
+            tls
+        }
         Ok(Err(e)) => {
+            proxy.metrics.tls_failed.inc();
             tracing::info!("closing: TLS handshake with the client failed: {e}");
             return;
         }
         Err(_) => {
+            proxy.metrics.tls_failed.inc();
             tracing::info!("closing: TLS handshake not completed within {limit:?}");
             return;
         }

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod approvals;
+pub mod audit;
 pub mod body;
 pub mod check;
 pub mod classify;
@@ -20,11 +21,15 @@ pub mod deny;
 pub mod dial;
 pub mod events;
 pub mod explicit;
+pub mod finish;
 pub mod firewall;
 pub mod forward;
 pub mod guard;
 pub mod intercept;
 pub mod listen;
+pub mod metrics;
+pub mod metrics_http;
+pub mod peer_uid;
 pub mod pipeline;
 pub mod policy;
 pub mod policy_store;

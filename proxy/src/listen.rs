@@ -64,18 +64,22 @@ pub async fn transparent(
             tracing::warn!(conn = id, client = %peer, "closing: connection was not redirected (no original destination)");
             return;
         }
-        let ctx = ConnCtx {
+        let mut ctx = ConnCtx {
             id,
             client: peer,
             listener: ListenerKind::Transparent,
             dest: Dest::from_addr(dst),
             tls: None,
+            agent_uid: None,
         };
         let span = tracing::info_span!("conn", id, client = %peer, orig_dst = %dst, sni = tracing::field::Empty);
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
                 let _permit = permit;
+                // The agent's socket sees the original destination as its peer (the
+                // redirect is NAT); with a testing override it really dialed `local`.
+                ctx.agent_uid = agent_uid(peer, &[dst, local]);
                 handle_stream(proxy, ctx, sock).await;
             }
             .instrument(span),
@@ -89,22 +93,40 @@ pub async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semap
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);
         let local = sock.local_addr().unwrap_or(peer);
-        let ctx = ConnCtx {
+        let mut ctx = ConnCtx {
             id,
             client: peer,
             listener: ListenerKind::Explicit,
             dest: Dest::from_addr(local),
             tls: None,
+            agent_uid: None,
         };
         let span = tracing::info_span!("conn", id, client = %peer, listener = "explicit", sni = tracing::field::Empty);
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
                 let _permit = permit;
+                ctx.agent_uid = agent_uid(peer, &[local]);
                 serve_explicit(proxy, ctx, sock).await;
             }
             .instrument(span),
         );
     })
     .await;
+}
+
+/// The uid owning the client's socket (`client`, connected to one of `peers`), if it is a
+/// local socket the OS will tell us about. Only for the record: no decision rests on it.
+fn agent_uid(client: std::net::SocketAddr, peers: &[std::net::SocketAddr]) -> Option<u32> {
+    for peer in peers {
+        match crate::peer_uid::socket_uid(client, *peer) {
+            Ok(Some(uid)) => return Some(uid),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!("agent uid of {client}: {e}");
+                return None;
+            }
+        }
+    }
+    None
 }

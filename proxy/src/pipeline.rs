@@ -1,21 +1,26 @@
 //! The request pipeline: classify (done by the connection) → policy → limit → inject →
 //! forward → audit. Plain async functions, one per phase, over a per-request context.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
+
+use http_body_util::BodyExt;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpInfo;
 
 use crate::approvals::{AskOutcome, PendingRequest};
+use crate::audit::RequestEntry;
 use crate::body::ProxyBody;
 use crate::conn::ConnCtx;
 use crate::deny::{self, ErrorCode, Refusal};
 use crate::events::{now_rfc3339, DecisionEvent};
-use crate::policy::{normalize_path, Action, Decision, Policy, RequestFacts};
+use crate::finish::{CountedBody, Finish, FinishedBody};
+use crate::policy::{normalize_path, Action, Decision, Policy, RequestFacts, Scheme};
 use crate::ratelimit::{LimitKey, Limited};
-use crate::secrets::phase::SecretPhase;
+use crate::secrets::phase::{Head, SecretPhase};
 use crate::secrets::{SecretRefusal, Violation};
 use crate::state::Proxy;
 use crate::target::{self, Target};
@@ -58,13 +63,19 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let started_at = now_rfc3339();
     let request_id = format!("{:016x}", rand::random::<u64>());
     let policy = proxy.policy();
     let method = req.method().to_string();
-    let mut out = run(&proxy, &ctx, &policy, req).await;
+    let head_only = req.method() == http::Method::HEAD;
+    let query = req.uri().query().map(str::to_string);
+    let up = Arc::new(AtomicU64::new(0));
+    let mut out = run(&proxy, &ctx, &policy, req, &up).await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
-    // The agent may have put a secret value in the path; nothing shown or logged carries it.
+    // The agent may have put a secret value in the method or the path; nothing shown or
+    // logged carries it.
     let secrets = proxy.vault.current();
+    let method = secrets.redact(&method).into_owned();
     if !secrets.is_empty() {
         out.path = secrets.redact(&out.path).into_owned();
         if let Err(r) = &mut out.result {
@@ -115,6 +126,46 @@ pub async fn handle(
         ms,
         "request {reason}"
     );
+    let secret_names: Vec<String> = out.secrets.iter().map(|s| s.to_string()).collect();
+    let audited_path = crate::audit::shown_path(
+        &out.path,
+        query.as_deref().map(|q| secrets.redact(q)).as_deref(),
+        proxy.audit_query_values,
+    );
+    let finish = Finish {
+        proxy: proxy.clone(),
+        host_label: policy.host_label(&host).to_string(),
+        entry: RequestEntry {
+            started: started_at,
+            request_id: request_id.clone(),
+            conn_id: ctx.id,
+            agent_uid: ctx.agent_uid,
+            dst: secrets.redact(&ctx.dest.to_string()).into_owned(),
+            sni: ctx
+                .tls
+                .as_ref()
+                .and_then(|t| t.sni.as_deref())
+                .map(|s| secrets.redact(s).into_owned()),
+            host: host.clone(),
+            port,
+            scheme,
+            method: method.clone(),
+            path: audited_path,
+            decision: out.label,
+            rule: out.rule.clone(),
+            policy: policy.hash().to_string(),
+            status,
+            bytes_up: 0,
+            bytes_down: 0,
+            ms: 0.0,
+            upstream: upstream.clone(),
+            secrets: secret_names.clone(),
+            error_code,
+            incomplete: false,
+        },
+        started,
+        up,
+    };
     proxy.events.publish(DecisionEvent {
         time: now_rfc3339(),
         request_id,
@@ -130,13 +181,29 @@ pub async fn handle(
         status,
         error_code,
         upstream,
-        secrets: out.secrets.iter().map(|s| s.to_string()).collect(),
+        secrets: secret_names,
         ms,
     });
-    resp
+    // A response with no body to hold back is recorded before it is returned.
+    let bodiless = head_only
+        || resp.status().is_informational()
+        || resp.status() == http::StatusCode::NO_CONTENT
+        || resp.status() == http::StatusCode::NOT_MODIFIED
+        || http_body::Body::is_end_stream(resp.body());
+    if bodiless {
+        finish.now().await;
+        return resp;
+    }
+    resp.map(|b| BodyExt::boxed(FinishedBody::new(b, finish)))
 }
 
-async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incoming>) -> Outcome {
+async fn run(
+    proxy: &Proxy,
+    ctx: &ConnCtx,
+    policy: &Policy,
+    req: Request<Incoming>,
+    up: &Arc<AtomicU64>,
+) -> Outcome {
     let raw_path = req.uri().path().to_string();
     let target = match target::for_request(ctx, &req) {
         Ok(t) => t,
@@ -201,7 +268,12 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         },
     };
     if decision.reported_deny {
-        tracing::warn!(host = %target.host, rule = rule.as_deref().unwrap_or("(default)"), "report mode: would deny: {}", decision.explanation);
+        let why = proxy
+            .vault
+            .current()
+            .redact(&decision.explanation)
+            .into_owned();
+        tracing::warn!(host = %target.host, rule = rule.as_deref().unwrap_or("(default)"), "report mode: would deny: {why}");
     }
 
     // secrets: where may the secrets this request carries go?
@@ -210,13 +282,15 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let phase = match SecretPhase::inspect(
-        &proxy.vault,
-        decision.secrets.clone(),
-        &target.host,
-        req.headers(),
-        &raw_pq,
-    ) {
+    let head = Head {
+        method: req.method().as_str(),
+        host: &target.host,
+        headers: req.headers(),
+        path_and_query: &raw_pq,
+        tls: target.scheme == Scheme::Https,
+        upgrade: crate::forward::wants_upgrade(&req),
+    };
+    let phase = match SecretPhase::inspect(&proxy.vault, decision.secrets.clone(), &head) {
         Ok(p) => p,
         Err(e) => {
             let r = secret_refusal(&e, rule.as_deref());
@@ -266,7 +340,8 @@ async fn run(proxy: &Proxy, ctx: &ConnCtx, policy: &Policy, req: Request<Incomin
 
     // inject
     let head_only = req.method() == http::Method::HEAD;
-    let mut req = req.map(crate::body::stream);
+    let up = up.clone();
+    let mut req = req.map(|b| BodyExt::boxed(CountedBody::new(crate::body::stream(b), up)));
     let mut query = req.uri().query().map(str::to_string);
     if let Some(phase) = &phase {
         let (r, q) = match phase.apply(req, proxy.scan_body_bytes).await {
@@ -336,6 +411,7 @@ pub fn secret_refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
         Violation::Scope => ErrorCode::SecretScope,
         Violation::Leak => ErrorCode::SecretLeak,
         Violation::Unavailable => ErrorCode::SecretUnavailable,
+        Violation::Transport => ErrorCode::SecretScope,
     };
     Refusal {
         rule_id: rule.map(str::to_string),
@@ -397,16 +473,18 @@ async fn ask<B>(
         .counters
         .asked
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The operator sees what the agent sent, with any secret value in it redacted.
+    let shown = proxy.vault.current();
     proxy
         .approvals
         .ask(PendingRequest {
             id: String::new(),
             since: String::new(),
             client: ctx.client.to_string(),
-            method: req.method().to_string(),
-            host: t.host.clone(),
+            method: shown.redact(req.method().as_str()).into_owned(),
+            host: shown.redact(&t.host).into_owned(),
             port: t.port,
-            path: path.to_string(),
+            path: shown.redact(path).into_owned(),
             rule_id: d.rule_id.as_deref().unwrap_or("").to_string(),
         })
         .await

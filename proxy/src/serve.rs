@@ -29,6 +29,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let limits = proxy.limits.clone();
+    // Plain connections are counted as h1: HTTP/2 with prior knowledge is rare there.
+    let _open = proxy.metrics.connection(match versions {
+        HttpVersions::Http2 => crate::metrics::Protocol::H2,
+        HttpVersions::Http1 | HttpVersions::Any => crate::metrics::Protocol::H1,
+    });
     let svc = service_fn(move |req| {
         let proxy = proxy.clone();
         let ctx = ctx.clone();

@@ -6,10 +6,12 @@ use std::sync::Arc;
 use agenshield_certs::LeafCache;
 
 use crate::approvals::Approvals;
+use crate::audit::{Audit, Entry, ReloadEntry};
 use crate::config::Limits;
 use crate::dial::Dialer;
 use crate::events::Events;
 use crate::forward::Forwarder;
+use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::policy_store::PolicyStore;
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
@@ -30,6 +32,11 @@ pub struct Proxy {
     pub vault: Arc<Vault>,
     /// Bytes of each request body the leak guard reads.
     pub scan_body_bytes: usize,
+    pub metrics: Arc<Metrics>,
+    /// `None` when `audit.enabled = false`.
+    pub audit: Option<Arc<Audit>>,
+    /// Record query values in the audit log as sent (else `[redacted]`).
+    pub audit_query_values: bool,
     /// Connections served at once, over all listeners and the tunnels they spawn.
     pub slots: Arc<tokio::sync::Semaphore>,
     next_conn: AtomicU64,
@@ -38,6 +45,9 @@ pub struct Proxy {
 /// The parts `Proxy::new` assembles.
 pub struct ProxyParts {
     pub vault: Arc<Vault>,
+    pub metrics: Arc<Metrics>,
+    pub audit: Option<Arc<Audit>>,
+    pub audit_query_values: bool,
     pub scan_body_bytes: usize,
     pub policies: PolicyStore,
     pub leaves: LeafCache,
@@ -62,6 +72,9 @@ impl Proxy {
             caps: ConcurrencyCaps::new(),
             vault: p.vault,
             scan_body_bytes: p.scan_body_bytes,
+            metrics: p.metrics,
+            audit: p.audit,
+            audit_query_values: p.audit_query_values,
             slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
             next_conn: AtomicU64::new(1),
         }
@@ -75,7 +88,26 @@ impl Proxy {
     /// Reloads the policy directory, logging and counting the outcome.
     pub fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
         let counters = &self.events.counters;
-        match self.policies.reload() {
+        let result = self.policies.reload();
+        let (label, error) = match &result {
+            Ok(_) => ("ok", None),
+            Err(e) => ("error", Some(e.clone())),
+        };
+        self.metrics.reloads.with_label_values(&[label]).inc();
+        let now = self.policy();
+        if result.is_ok() {
+            self.metrics.set_policy(now.hash());
+        }
+        if let Some(audit) = &self.audit {
+            audit.write_detached(Entry::Reload(ReloadEntry {
+                result: label,
+                trigger: why.to_string(),
+                policy: now.hash().to_string(),
+                rules: result.as_ref().ok().map(|p| p.rule_count()),
+                error,
+            }));
+        }
+        match result {
             Ok(p) => {
                 counters.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(

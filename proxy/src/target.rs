@@ -146,6 +146,7 @@ mod tests {
                 identity: id.map(str::to_string).map_err(str::to_string),
                 alpn: None,
             }),
+            agent_uid: None,
         }
     }
 

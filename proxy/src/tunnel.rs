@@ -20,6 +20,21 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let host = ctx.dest.host.to_string();
+    // A name can carry a secret value too (to whoever answers the DNS query for it); opaque
+    // streams bind no secret, so any value or placeholder in the name is refused.
+    let secrets = proxy.vault.current();
+    let shown = secrets.redact(&host);
+    if let Some(m) = secrets.matcher() {
+        if m.find_iter(host.as_bytes()).next().is_some() || shown != host {
+            tracing::warn!(
+                decision = "deny",
+                error_code = "secret_leak",
+                "opaque TCP to {shown}:{} refused: the name carries a secret",
+                ctx.dest.port
+            );
+            return;
+        }
+    }
     let policy = proxy.policy();
     let decision = policy.decide(&RequestFacts {
         host: &host,
@@ -48,6 +63,7 @@ where
         }
     };
     tracing::info!(decision = "allow", rule, upstream = %addr, "opaque TCP to {}", ctx.dest);
+    let _open = proxy.metrics.connection(crate::metrics::Protocol::Tcp);
     match relay(client, upstream, proxy.limits.tunnel_idle_timeout).await {
         Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "opaque TCP closed"),
         Err(e) => tracing::debug!("opaque TCP ended: {e}"),

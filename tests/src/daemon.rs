@@ -44,6 +44,8 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub transparent: SocketAddr,
     pub explicit: SocketAddr,
+    /// The metrics listener (`/metrics`).
+    pub metrics: SocketAddr,
     /// PEM of the daemon's CA, for clients acting as the agent.
     pub ca_pem: String,
     pub ca_path: PathBuf,
@@ -77,7 +79,7 @@ impl Daemon {
         write_vault(&dir.path().join("vault"), &opts.secrets);
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
-        let (child, transparent, explicit) = spawn(dir.path());
+        let (child, transparent, explicit, metrics) = spawn(dir.path());
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -86,6 +88,7 @@ impl Daemon {
             dir,
             transparent,
             explicit,
+            metrics,
             ca_pem,
             ca_path,
         }
@@ -95,10 +98,11 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit) = spawn(self.dir.path());
+        let (child, transparent, explicit, metrics) = spawn(self.dir.path());
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
+        self.metrics = metrics;
     }
 
     /// SIGKILL, as a crash would.
@@ -112,6 +116,11 @@ impl Daemon {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
+    }
+
+    /// The audit log.
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.jsonl")
     }
 
     /// The admin socket.
@@ -183,7 +192,7 @@ impl Daemon {
     }
 }
 
-fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr) {
+fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
     let config = dir.join("proxy.toml");
     let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
@@ -233,7 +242,8 @@ fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr) {
         .and_then(|a| a.parse().ok())
         .expect("transparent address");
     let explicit = field("explicit=").parse().expect("explicit address");
-    (child, transparent, explicit)
+    let metrics = field("metrics=").parse().expect("metrics address");
+    (child, transparent, explicit, metrics)
 }
 
 impl Daemon {
@@ -293,15 +303,16 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\n",
+        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}\n",
         dir.join("proxy.sock")
     );
     let _ = writeln!(
         c,
-        "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\n",
+        "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
         dir.join("policies"),
         dir.join("certs"),
-        dir.join("vault")
+        dir.join("vault"),
+        dir.join("audit.jsonl")
     );
     if let Some(n) = opts.scan_body_bytes {
         let _ = writeln!(c, "[secrets]\nscan_body_bytes = {n}\n");

@@ -153,6 +153,17 @@ fn agent_view(out: &CurlOut) -> String {
     format!("{}\n{}", out.text(), out.stderr)
 }
 
+/// Every third byte as lower-case `%xx`: no encoder writes it, so no fixed form matches it.
+fn own_encoding(v: &str) -> String {
+    v.bytes()
+        .enumerate()
+        .map(|(i, b)| match i % 3 {
+            0 => format!("%{b:02x}"),
+            _ => (b as char).to_string(),
+        })
+        .collect()
+}
+
 fn assert_no_secret(what: &str, text: &str) {
     for (name, v) in [
         ("openai", OPENAI),
@@ -168,6 +179,10 @@ fn assert_no_secret(what: &str, text: &str) {
         assert!(
             !text.contains(&encoded),
             "{what} contains secret {name} percent-encoded"
+        );
+        assert!(
+            !text.contains(&own_encoding(v)),
+            "{what} contains secret {name} in the agent's own percent-encoding"
         );
     }
 }
@@ -321,6 +336,51 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
         got.len() <= 150_000 && got.iter().all(|b| *b == b'a'),
         "{} bytes, not only the prefix",
         got.len()
+    );
+
+    // 4b. Other disguises and channels: the value as the method, in the agent's own
+    //     percent-encoding, after the placeholder prefix; a bound secret over plain HTTP or
+    //     an upgraded connection, whose frames would not be inspected or redacted.
+    let before = w.up.requests().len();
+    let own_encoding = own_encoding(GITHUB);
+    let disguised = format!("X-K: agenshield:secret:{GITHUB}");
+    for (path, extra, code) in [
+        ("/echo", vec!["-X", GITHUB], "secret_leak"),
+        (&format!("/echo/{own_encoding}")[..], vec![], "secret_leak"),
+        ("/echo", vec!["-H", &disguised], "secret_scope"),
+    ] {
+        let out = w.explicit("other.test", path, &extra).await;
+        assert_refused(&out, 403, code, Some("other"));
+        assert!(!out.text().contains(GITHUB), "{}", out.text());
+        agent_saw.push_str(&out.text());
+    }
+    let plain = format!("http://api.test:{}/echo", w.up.addr.port());
+    let proxy = format!("http://{}", w.daemon.explicit);
+    let out = curl(&["--proxy", &proxy, "-H", bearer, &plain], false).await;
+    assert_refused(&out, 403, "secret_scope", Some("openai"));
+    assert!(out.json()["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("plain HTTP"));
+    let out = w
+        .explicit(
+            "api.test",
+            "/echo",
+            &[
+                "--http1.1",
+                "-H",
+                "Connection: Upgrade",
+                "-H",
+                "Upgrade: websocket",
+            ],
+        )
+        .await;
+    assert_refused(&out, 403, "secret_scope", Some("openai"));
+    agent_saw.push_str(&out.text());
+    assert_eq!(
+        w.up.requests().len(),
+        before,
+        "none of them reached the upstream"
     );
 
     // 5. The per-secret rate limit (3 per hour; 1 used above): the 2nd and 3rd pass, the 4th is 429.

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 
 pub use client::{Client, CtlError};
 
-use crate::cli::{CtlArgs, CtlCommand, PendingCommand, PolicyCommand};
+use crate::cli::{AuditCommand, CtlArgs, CtlCommand, PendingCommand, PolicyCommand};
 use crate::config::Config;
 use crate::policy::Policy;
 
@@ -41,6 +41,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     let client = Client::new(socket);
     match args.command {
         CtlCommand::Policy(PolicyCommand::Lint { files }) => lint(cfg, &files, json),
+        CtlCommand::Audit(AuditCommand::Verify { files }) => audit_verify(cfg, files, json),
         CtlCommand::Policy(PolicyCommand::Check {
             method,
             url,
@@ -170,6 +171,70 @@ fn show_check(r: Result<crate::check::CheckResult, String>, json: bool) -> u8 {
             eprintln!("agenshield: {e}");
             BAD_INPUT
         }
+    }
+}
+
+fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
+    use crate::audit::verify::{rotation_set, verify};
+    let files = if files.is_empty() {
+        match &cfg.audit_path {
+            Some(live) => rotation_set(live, cfg.audit.keep),
+            None => {
+                eprintln!("agenshield: the audit log is off (audit.enabled = false); name a FILE");
+                return BAD_INPUT;
+            }
+        }
+    } else {
+        files
+    };
+    let report = match verify(&files) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agenshield: reading the audit log: {e}");
+            return FAILED;
+        }
+    };
+    let ok = report.broken.is_none();
+    let shown = serde_json::to_value(&report).unwrap_or_default();
+    let status = print(&shown, json, |_| match &report.broken {
+        Some(b) => format!(
+            "BROKEN at {}:{}: {} ({} records verified before it)",
+            b.file.display(),
+            b.line,
+            b.reason,
+            report.records
+        ),
+        None => {
+            let start = if report.starts_at_genesis() {
+                "from the first record".to_string()
+            } else {
+                format!(
+                    "from a record whose predecessor is not here ({})",
+                    report.chain_start.as_deref().unwrap_or("-")
+                )
+            };
+            let dropped = if report.dropped > 0 {
+                format!(
+                    "; {} allowed-request records were dropped (queue full)",
+                    report.dropped
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "ok: {} records in {} file(s), seq {}..{}, chain intact {start}; head {}{dropped}",
+                report.records,
+                report.files.len(),
+                report.first_seq.unwrap_or(0),
+                report.last_seq.unwrap_or(0),
+                report.head.as_deref().unwrap_or("-")
+            )
+        }
+    });
+    if ok {
+        status
+    } else {
+        FAILED
     }
 }
 

@@ -54,6 +54,12 @@ impl HostIndex {
         }
     }
 
+    /// Whether the policy names `host` exactly (canonical form): such hosts get their own
+    /// metric label, every other host is `other`.
+    pub(crate) fn names(&self, host: &str) -> bool {
+        self.exact.contains_key(host)
+    }
+
     /// Calls `f` with each candidate list for a canonical host (each sorted ascending).
     pub(crate) fn candidates<'a>(&'a self, host: &str, mut f: impl FnMut(&'a [usize])) {
         if let Some(v) = self.exact.get(host) {

@@ -170,6 +170,16 @@ impl Policy {
         Ok(policy)
     }
 
+    /// `host` itself if a rule names it exactly, else `other`: a metric label whose values
+    /// the policy bounds.
+    pub fn host_label<'a>(&self, host: &'a str) -> &'a str {
+        if self.index.names(host) {
+            host
+        } else {
+            "other"
+        }
+    }
+
     /// `sha256:` + 16 hex digits over every source's file name (`custom/` kept) and text:
     /// identifies the loaded policy in logs and audit records.
     pub fn hash(&self) -> &str {

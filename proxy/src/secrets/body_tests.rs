@@ -135,3 +135,32 @@ async fn redaction_replaces_values_split_anywhere_and_in_trailers() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_guard_checks_request_trailers_even_past_its_window() {
+    for window in [1 << 20, 4] {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-sig", "ghp_GITHUB_456789".parse().expect("v"));
+        let mut frames = data(&["harmless body"]);
+        frames.push(Frame::trailers(trailers));
+        let verdict = Arc::new(OnceLock::new());
+        let b = ScannedBody::new(
+            body(frames),
+            Arc::new(set()),
+            Some(Arc::new(binds(&["openai"], vec![]))),
+            window,
+            verdict.clone(),
+        );
+        let (out, trailers) = drain(b).await;
+        assert!(out.is_err(), "window {window}: refused");
+        assert!(
+            trailers.is_none(),
+            "window {window}: the trailers never went on"
+        );
+        let r = verdict.get().expect("verdict");
+        assert_eq!(
+            (r.violation, r.secret.as_str(), r.place.as_str()),
+            (Violation::Leak, "github", "header x-sig")
+        );
+    }
+}

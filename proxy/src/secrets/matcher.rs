@@ -3,6 +3,7 @@
 //! searched for all of them in one pass.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use zeroize::Zeroizing;
 
 use super::placeholder::placeholder;
 use super::value::{SecretName, SecretValue};
@@ -27,22 +28,30 @@ pub struct Matcher {
     ac: AhoCorasick,
     /// Pattern id → tag.
     tags: Vec<Tag>,
-    /// Every pattern, sorted, to tell whether a chunk ends in the start of one.
-    sorted: Vec<Vec<u8>>,
+    /// Every pattern, sorted, to tell whether a chunk ends in the start of one. Zeroized on
+    /// drop (the automaton's own tables are not: `aho-corasick` offers no hook for it).
+    sorted: Vec<Zeroizing<Vec<u8>>>,
     /// Bytes some pattern starts with.
     first: [bool; 256],
     max_len: usize,
 }
 
 impl Matcher {
-    /// `secrets` in the order their indices refer to. `None` when there is nothing to match.
-    pub fn build(secrets: &[(SecretName, &SecretValue)]) -> Option<Matcher> {
-        let mut patterns: Vec<Vec<u8>> = Vec::new();
+    /// `secrets` in the order their indices refer to. `Ok(None)` when there is nothing to
+    /// match; an error (never a silently disabled guard) if the automaton cannot be built.
+    pub fn build(secrets: &[(SecretName, &SecretValue)]) -> Result<Option<Matcher>, String> {
+        let mut patterns: Vec<Zeroizing<Vec<u8>>> = Vec::new();
         let mut tags = Vec::new();
         for (i, (name, value)) in secrets.iter().enumerate() {
-            let raw = value.expose().to_vec();
-            let mut forms = vec![percent_encoded(&raw), json_escaped(&raw)];
-            forms.retain(|f| *f != raw);
+            let raw = Zeroizing::new(value.expose().to_vec());
+            let mut forms: Vec<Zeroizing<Vec<u8>>> = vec![
+                percent_encoded(&raw, b"0123456789ABCDEF"),
+                percent_encoded(&raw, b"0123456789abcdef"),
+                json_escaped(&raw, true),
+                json_escaped(&raw, false),
+            ];
+            forms.retain(|f| **f != *raw);
+            forms.sort_by(|a, b| a.as_slice().cmp(b.as_slice()));
             forms.dedup();
             forms.insert(0, raw);
             for f in forms {
@@ -52,34 +61,34 @@ impl Matcher {
                     kind: HitKind::Value,
                 });
             }
-            patterns.push(placeholder(name).into_bytes());
+            patterns.push(Zeroizing::new(placeholder(name).into_bytes()));
             tags.push(Tag {
                 secret: i,
                 kind: HitKind::Placeholder,
             });
         }
         if patterns.is_empty() {
-            return None;
+            return Ok(None);
         }
         let ac = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
-            .build(&patterns)
-            .ok()?;
+            .build(patterns.iter().map(|p| p.as_slice()))
+            .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
         let mut first = [false; 256];
         for p in &patterns {
             first[usize::from(p[0])] = true;
         }
-        let max_len = patterns.iter().map(Vec::len).max().unwrap_or(1);
+        let max_len = patterns.iter().map(|p| p.len()).max().unwrap_or(1);
         let mut sorted = patterns;
-        sorted.sort();
+        sorted.sort_by(|a, b| a.as_slice().cmp(b.as_slice()));
         sorted.dedup();
-        Some(Matcher {
+        Ok(Some(Matcher {
             ac,
             tags,
             sorted,
             first,
             max_len,
-        })
+        }))
     }
 
     /// Non-overlapping matches in a complete haystack, leftmost-longest.
@@ -109,24 +118,26 @@ impl Matcher {
     }
 }
 
-/// Every byte but RFC 3986 unreserved ones as `%XX` (upper-case hex, as most encoders write).
-fn percent_encoded(v: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * 3);
+/// Every byte but RFC 3986 unreserved ones as `%XX`, in the given hex digits (upper case, as
+/// most encoders write, or lower case).
+fn percent_encoded(v: &[u8], hex: &[u8; 16]) -> Zeroizing<Vec<u8>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(v.len() * 3));
     for &b in v {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
             out.push(b);
         } else {
-            out.extend_from_slice(format!("%{b:02X}").as_bytes());
+            out.extend_from_slice(&[b'%', hex[usize::from(b >> 4)], hex[usize::from(b & 15)]]);
         }
     }
     out
 }
 
-/// As a JSON string body: `"` and `\` escaped, and `/` as `\/` (as some encoders write it).
-fn json_escaped(v: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() + 8);
+/// As a JSON string body: `"` and `\` escaped, and `/` as `\/` if `slash` (some encoders
+/// write it, most do not).
+fn json_escaped(v: &[u8], slash: bool) -> Zeroizing<Vec<u8>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(v.len() + 8));
     for &b in v {
-        if matches!(b, b'"' | b'\\' | b'/') {
+        if matches!(b, b'"' | b'\\') || (slash && b == b'/') {
             out.push(b'\\');
         }
         out.push(b);
@@ -150,7 +161,7 @@ mod tests {
             .collect();
         let refs: Vec<(SecretName, &SecretValue)> =
             owned.iter().map(|(n, v)| (n.clone(), v)).collect();
-        Matcher::build(&refs).expect("non-empty")
+        Matcher::build(&refs).expect("builds").expect("non-empty")
     }
 
     #[test]

@@ -8,6 +8,8 @@
 
 pub mod file_store;
 pub mod inject;
+#[cfg(target_os = "macos")]
+pub mod keychain;
 pub mod matcher;
 pub mod phase;
 pub mod placeholder;

@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
 use super::redact::{redact_headers, RedactedBody};
-use super::scan::{inspect_head, SecretRefusal};
+use super::scan::{inspect_head, SecretRefusal, Violation};
 use super::scan_body::ScannedBody;
 use super::set::SecretSet;
 use super::vault::Vault;
@@ -18,6 +18,19 @@ use crate::policy::SecretBindings;
 const PREFETCH_BYTES: usize = 64 * 1024;
 /// …waiting at most this long for it; the rest is checked as it streams.
 const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// What the head check looks at.
+pub struct Head<'a> {
+    pub method: &'a str,
+    pub host: &'a str,
+    pub headers: &'a http::HeaderMap,
+    /// As received.
+    pub path_and_query: &'a str,
+    /// The request goes upstream over TLS.
+    pub tls: bool,
+    /// The request asks for a protocol upgrade.
+    pub upgrade: bool,
+}
 
 pub struct SecretPhase {
     set: Arc<SecretSet>,
@@ -34,21 +47,46 @@ impl SecretPhase {
     pub fn inspect(
         vault: &Vault,
         bindings: Option<Arc<SecretBindings>>,
-        host: &str,
-        headers: &http::HeaderMap,
-        path_and_query: &str,
+        head: &Head<'_>,
     ) -> Result<Option<SecretPhase>, SecretRefusal> {
         let set = vault.current();
         if set.is_empty() && bindings.is_none() {
             return Ok(None);
         }
-        let scan = inspect_head(&set, bindings.as_deref(), host, headers, path_and_query)?;
-        Ok(Some(SecretPhase {
+        let scan = inspect_head(
+            &set,
+            bindings.as_deref(),
+            head.method,
+            head.host,
+            head.headers,
+            head.path_and_query,
+        )?;
+        let phase = SecretPhase {
             set,
             bindings,
             used: scan.used,
             body_verdict: Arc::default(),
-        }))
+        };
+        // Where a bound secret goes, the channel must protect it: injected or swapped values
+        // only over TLS, and no upgrade (its frames are neither inspected nor redacted).
+        let transport = |place: &str| {
+            let secret = phase.used.first().map(|s| s.to_string()).or_else(|| {
+                let b = phase.bindings.as_ref()?;
+                b.names.first().map(|s| s.to_string())
+            });
+            SecretRefusal {
+                violation: Violation::Transport,
+                secret: secret.unwrap_or_default(),
+                place: place.to_string(),
+            }
+        };
+        if !phase.used.is_empty() && !head.tls {
+            return Err(transport("plain HTTP"));
+        }
+        if head.upgrade && phase.redacts() {
+            return Err(transport("an upgraded connection (WebSocket)"));
+        }
+        Ok(Some(phase))
     }
 
     /// Whether responses are redacted: the rule binds secrets, so its upstream has them and
@@ -108,14 +146,20 @@ impl SecretPhase {
         redact_headers(&self.set, &mut parts.headers);
         let empty = head_only || http_body::Body::is_end_stream(&body);
         if !empty {
-            if let Some(enc) = parts.headers.get(header::CONTENT_ENCODING) {
-                if !enc.as_bytes().eq_ignore_ascii_case(b"identity") {
-                    return Err(format!(
-                        "the upstream sent a {}-encoded body although asked for identity; \
-                         it cannot be checked for secret values, so it is not passed on",
-                        String::from_utf8_lossy(enc.as_bytes())
-                    ));
-                }
+            // Every Content-Encoding header, every coding in it: one that is not identity
+            // could not be searched for echoed secrets.
+            let encodings = parts.headers.get_all(header::CONTENT_ENCODING);
+            let coded = encodings
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+                .map(<[u8]>::trim_ascii)
+                .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+            if let Some(coding) = coded {
+                return Err(format!(
+                    "the upstream sent a {}-encoded body although asked for identity; \
+                     it cannot be checked for secret values, so it is not passed on",
+                    String::from_utf8_lossy(coding).escape_debug()
+                ));
             }
             // A placeholder is not as long as its value: the length is no longer known.
             parts.headers.remove(header::CONTENT_LENGTH);

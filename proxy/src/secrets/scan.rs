@@ -21,6 +21,9 @@ pub enum Violation {
     Leak,
     /// The rule binds a secret the store no longer holds.
     Unavailable,
+    /// A bound secret would travel where it cannot be protected: over plain HTTP, or over a
+    /// protocol upgrade whose frames the proxy does not inspect or redact.
+    Transport,
 }
 
 /// Why a request was refused. Names the secret and the place, never the value.
@@ -51,6 +54,10 @@ impl SecretRefusal {
                 "{rule} needs secret {:?}, which is not in the store",
                 self.secret
             ),
+            Violation::Transport => format!(
+                "{rule} binds secret {:?}, which is never sent over {}; refused",
+                self.secret, self.place
+            ),
         }
     }
 }
@@ -62,10 +69,11 @@ pub struct HeadScan {
     pub used: Vec<Arc<str>>,
 }
 
-/// Checks host, headers and URL (`path_and_query` as received).
+/// Checks method, host, headers and URL (`path_and_query` as received).
 pub fn inspect_head(
     set: &SecretSet,
     bindings: Option<&SecretBindings>,
+    method: &str,
     host: &str,
     headers: &HeaderMap,
     path_and_query: &str,
@@ -76,15 +84,10 @@ pub fn inspect_head(
         bindings,
         used: &mut used,
     };
+    // A method is any token: a key made of token characters fits in it.
+    check.text(method.as_bytes(), "method", false)?;
     check.text(host.as_bytes(), "host", false)?;
-    for (name, value) in headers {
-        check.text(name.as_str().as_bytes(), "header names", false)?;
-        let place = format!("header {name}");
-        check.text(value.as_bytes(), &place, true)?;
-        if let Some(decoded) = basic_credentials(name, value.as_bytes()) {
-            check.text(&decoded, &place, true)?;
-        }
-    }
+    check.headers(headers, true)?;
     let url = path_and_query.as_bytes();
     check.text(url, "URL", false)?;
     if url.contains(&b'%') {
@@ -125,6 +128,16 @@ pub(crate) fn split_scheme(value: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&value[..sp], &value[sp + 1..]))
 }
 
+/// A name the agent wrote after the placeholder prefix, safe to show: anything can follow
+/// the prefix (a real value, or the start of one), so only names the store holds are shown.
+fn shown_name(set: &SecretSet, written: &str) -> String {
+    if set.get(written).is_some() {
+        written.to_string()
+    } else {
+        "(a name the store does not hold)".to_string()
+    }
+}
+
 fn refusal(violation: Violation, secret: &str, place: &str) -> SecretRefusal {
     SecretRefusal {
         violation,
@@ -139,7 +152,34 @@ struct Checker<'a> {
     used: &'a mut BTreeSet<Arc<str>>,
 }
 
+/// Checks trailers (of a request body): like headers, but nothing is swapped there.
+pub(crate) fn inspect_trailers(
+    set: &SecretSet,
+    bindings: Option<&SecretBindings>,
+    trailers: &HeaderMap,
+) -> Result<(), SecretRefusal> {
+    let mut used = BTreeSet::new();
+    Checker {
+        set,
+        bindings,
+        used: &mut used,
+    }
+    .headers(trailers, false)
+}
+
 impl Checker<'_> {
+    fn headers(&mut self, headers: &HeaderMap, swaps: bool) -> Result<(), SecretRefusal> {
+        for (name, value) in headers {
+            self.text(name.as_str().as_bytes(), "header names", false)?;
+            let place = format!("header {name}");
+            self.text(value.as_bytes(), &place, swaps)?;
+            if let Some(decoded) = basic_credentials(name, value.as_bytes()) {
+                self.text(&decoded, &place, swaps)?;
+            }
+        }
+        Ok(())
+    }
+
     fn bound(&self, name: &str) -> bool {
         self.bindings.is_some_and(|b| b.binds(name))
     }
@@ -149,7 +189,11 @@ impl Checker<'_> {
     fn text(&mut self, bytes: &[u8], place: &str, swaps: bool) -> Result<(), SecretRefusal> {
         for found in placeholder::find_all(bytes) {
             if !self.bound(&found.name) {
-                return Err(refusal(Violation::Scope, &found.name, place));
+                return Err(refusal(
+                    Violation::Scope,
+                    &shown_name(self.set, &found.name),
+                    place,
+                ));
             }
             if swaps {
                 let Some(s) = self.set.get(&found.name) else {

@@ -208,6 +208,13 @@ impl Body for ScannedBody {
                         Err(r) => return this.refuse(r),
                     }
                     if let Some(f) = other {
+                        // Trailers, whatever the window: checked as headers are.
+                        if let Some(t) = f.trailers_ref() {
+                            let b = this.bindings.as_deref();
+                            if let Err(r) = super::scan::inspect_trailers(&this.set, b, t) {
+                                return this.refuse(r);
+                            }
+                        }
                         this.queued.push_back(f);
                     }
                 }

@@ -22,6 +22,7 @@ pub(crate) fn set() -> SecretSet {
         })
         .collect(),
     )
+    .expect("set")
 }
 
 pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
@@ -56,10 +57,10 @@ fn a_bound_placeholder_is_a_use_and_an_unbound_one_is_out_of_scope() {
     let s = set();
     let b = binds(&["openai"], vec![]);
     let h = headers(&[("authorization", "Bearer agenshield:secret:openai")]);
-    let scan = inspect_head(&s, Some(&b), "api.openai.test", &h, "/v1").expect("in scope");
+    let scan = inspect_head(&s, Some(&b), "GET", "api.openai.test", &h, "/v1").expect("in scope");
     assert_eq!(scan.used, vec![Arc::<str>::from("openai")]);
 
-    let e = inspect_head(&s, None, "evil.test", &h, "/").expect_err("scope");
+    let e = inspect_head(&s, None, "GET", "evil.test", &h, "/").expect_err("scope");
     assert_eq!(
         (e.violation, e.secret.as_str(), e.place.as_str()),
         (Violation::Scope, "openai", "header authorization")
@@ -67,6 +68,7 @@ fn a_bound_placeholder_is_a_use_and_an_unbound_one_is_out_of_scope() {
     let e = inspect_head(
         &s,
         Some(&b),
+        "GET",
         "x.test",
         &HeaderMap::new(),
         "/q?k=agenshield%3Asecret%3Agithub",
@@ -110,7 +112,7 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
         ),
     ];
     for (host, h, url, place) in cases {
-        let e = inspect_head(&s, Some(&b), host, &h, url).expect_err(place);
+        let e = inspect_head(&s, Some(&b), "GET", host, &h, url).expect_err(place);
         assert_eq!(
             (e.violation, e.secret.as_str(), e.place.as_str()),
             (Violation::Leak, "github", place)
@@ -121,9 +123,26 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
             e.message(Some("r"))
         );
     }
+    // A method is a token, and so is many a key.
+    let e = inspect_head(
+        &s,
+        Some(&b),
+        "ghp_GITHUB_456789",
+        "evil.test",
+        &HeaderMap::new(),
+        "/",
+    )
+    .expect_err("method");
+    assert_eq!((e.violation, e.place.as_str()), (Violation::Leak, "method"));
+    // What follows the placeholder prefix is shown only if it names a stored secret: it
+    // could be a real value.
+    let h = headers(&[("x-key", "agenshield:secret:ghp_GITHUB_4567")]);
+    let e = inspect_head(&s, Some(&b), "GET", "evil.test", &h, "/").expect_err("scope");
+    assert_eq!(e.violation, Violation::Scope);
+    assert!(!e.message(None).contains("ghp_"), "{}", e.message(None));
     // The bound secret's own value may go where it is bound.
     let h = headers(&[("x-key", "sk-test-OPENAI-123")]);
-    assert!(inspect_head(&s, Some(&b), "api.test", &h, "/").is_ok());
+    assert!(inspect_head(&s, Some(&b), "GET", "api.test", &h, "/").is_ok());
 }
 
 #[test]
@@ -138,10 +157,11 @@ fn injected_secrets_count_as_uses_and_a_missing_one_is_unavailable() {
         .into_boxed_slice(),
     };
     let b = binds(&["github"], vec![inj("github")]);
-    let scan = inspect_head(&s, Some(&b), "api.test", &HeaderMap::new(), "/").expect("ok");
+    let scan = inspect_head(&s, Some(&b), "GET", "api.test", &HeaderMap::new(), "/").expect("ok");
     assert_eq!(scan.used, vec![Arc::<str>::from("github")]);
     let b = binds(&["gone"], vec![inj("gone")]);
-    let e = inspect_head(&s, Some(&b), "api.test", &HeaderMap::new(), "/").expect_err("gone");
+    let e =
+        inspect_head(&s, Some(&b), "GET", "api.test", &HeaderMap::new(), "/").expect_err("gone");
     assert_eq!(
         (e.violation, e.secret.as_str()),
         (Violation::Unavailable, "gone")

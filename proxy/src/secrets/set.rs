@@ -23,12 +23,13 @@ pub struct SecretSet {
 }
 
 impl SecretSet {
-    pub fn new(mut entries: Vec<(SecretName, Arc<SecretValue>)>) -> SecretSet {
+    /// Fails only if the automaton cannot be built; the caller keeps the set it had.
+    pub fn new(mut entries: Vec<(SecretName, Arc<SecretValue>)>) -> Result<SecretSet, String> {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
         let refs: Vec<(SecretName, &SecretValue)> =
             entries.iter().map(|(n, v)| (n.clone(), &**v)).collect();
-        let matcher = Matcher::build(&refs);
+        let matcher = Matcher::build(&refs)?;
         let secrets = entries
             .into_iter()
             .map(|(name, value)| Secret {
@@ -37,7 +38,27 @@ impl SecretSet {
                 value,
             })
             .collect();
-        SecretSet { secrets, matcher }
+        Ok(SecretSet { secrets, matcher })
+    }
+
+    /// This set with `name` set to `value` (added or replaced).
+    pub fn with(&self, name: &SecretName, value: Arc<SecretValue>) -> Result<SecretSet, String> {
+        let mut entries = self.entries_but(name);
+        entries.push((name.clone(), value));
+        SecretSet::new(entries)
+    }
+
+    /// This set without `name`.
+    pub fn without(&self, name: &SecretName) -> Result<SecretSet, String> {
+        SecretSet::new(self.entries_but(name))
+    }
+
+    fn entries_but(&self, name: &SecretName) -> Vec<(SecretName, Arc<SecretValue>)> {
+        self.secrets
+            .iter()
+            .filter(|s| s.name != *name)
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -89,7 +110,15 @@ impl SecretSet {
 
     /// `text` with every secret value replaced by its placeholder: for anything derived
     /// from a request that is about to be logged, recorded or shown.
+    /// Text the agent percent-encoded in its own way (`%73k-…`, which no fixed encoded form
+    /// matches) is shown decoded when its decoded form holds a value, so it can be redacted.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if text.contains('%') {
+            let decoded = percent_encoding::percent_decode_str(text).collect::<Vec<u8>>();
+            if let Some(b) = self.redact_bytes(&decoded) {
+                return Cow::Owned(String::from_utf8_lossy(&b).into_owned());
+            }
+        }
         match self.redact_bytes(text.as_bytes()) {
             // Values and placeholders are ASCII, so replacing them keeps UTF-8 intact.
             Some(b) => Cow::Owned(String::from_utf8_lossy(&b).into_owned()),
@@ -114,6 +143,7 @@ mod tests {
                 })
                 .collect(),
         )
+        .expect("set")
     }
 
     #[test]
@@ -124,6 +154,12 @@ mod tests {
             "GET /v1?k=agenshield:secret:openai&a=agenshield:secret:aws"
         );
         assert!(matches!(s.redact("nothing"), Cow::Borrowed("nothing")));
+        // An encoding of the agent's own making is shown decoded, and redacted.
+        assert_eq!(
+            s.redact("/a/%73k-test-12%334%356/%2e%2e"),
+            "/a/agenshield:secret:openai/.."
+        );
+        assert!(matches!(s.redact("/a%20b"), Cow::Borrowed("/a%20b")));
         assert_eq!(
             s.get("aws").map(|x| x.placeholder.as_str()),
             Some("agenshield:secret:aws")

@@ -108,7 +108,7 @@ mod tests {
             })
             .collect();
         let refs: Vec<_> = owned.iter().map(|(n, v)| (n.clone(), v)).collect();
-        Matcher::build(&refs).expect("matcher")
+        Matcher::build(&refs).expect("builds").expect("matcher")
     }
 
     /// Replaces value hits with `<sN>`, as redaction does.

@@ -65,7 +65,8 @@ impl Vault {
             }
         }
         let n = entries.len();
-        self.set.store(Arc::new(SecretSet::new(entries)));
+        let set = SecretSet::new(entries).map_err(StoreError::Backend)?;
+        self.set.store(Arc::new(set));
         if let Ok(mut u) = self.updated.lock() {
             *u = updated;
         }
@@ -85,18 +86,34 @@ impl Vault {
         self.set.load().get(name).is_some()
     }
 
-    /// Creates or replaces a secret: durable in the store, then in force.
+    /// Creates or replaces a secret: durable in the store, then in force. Only this entry of
+    /// the set in force changes (the others are not read again), so what was stored is what
+    /// is used, even if another entry of the store has become unreadable.
     pub async fn put(&self, name: &SecretName, value: SecretValue) -> Result<(), StoreError> {
         let _one = self.writes.lock().await;
-        self.store.put(name, &value).await?;
-        self.reload().await.map(|_| ())
+        // Built first: a set that cannot be built leaves store and memory as they were.
+        let next = self
+            .current()
+            .with(name, Arc::new(value))
+            .map_err(StoreError::Backend)?;
+        let value = &next.get(name.as_str()).expect("just added").value;
+        self.store.put(name, value).await?;
+        self.set.store(Arc::new(next));
+        if let Ok(mut u) = self.updated.lock() {
+            u.insert(name.to_string(), Some(crate::events::now_rfc3339()));
+        }
+        Ok(())
     }
 
     /// Removes a secret; `false` if there was none.
     pub async fn remove(&self, name: &SecretName) -> Result<bool, StoreError> {
         let _one = self.writes.lock().await;
+        let next = self.current().without(name).map_err(StoreError::Backend)?;
         let removed = self.store.remove(name).await?;
-        self.reload().await?;
+        self.set.store(Arc::new(next));
+        if let Ok(mut u) = self.updated.lock() {
+            u.remove(name.as_str());
+        }
         if let Ok(mut u) = self.usage.lock() {
             u.remove(name.as_str());
         }

@@ -1,0 +1,202 @@
+//! Audit log: the record format (golden), the chain across restarts and rotation, and the
+//! verifier naming the first broken line.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::chain::GENESIS;
+use super::verify::{rotation_set, verify};
+use super::writer::encode;
+use super::*;
+use crate::config::AuditConfig;
+
+fn request(n: u64, decision: &'static str) -> Entry {
+    Entry::Request(Box::new(RequestEntry {
+        started: "2026-11-23T10:00:00.000Z".into(),
+        request_id: format!("{n:016x}"),
+        conn_id: n,
+        agent_uid: Some(1001),
+        dst: "203.0.113.7:443".into(),
+        sni: Some("api.example.com".into()),
+        host: "api.example.com".into(),
+        port: 443,
+        scheme: "https",
+        method: "POST".into(),
+        path: shown_path("/v1/chat", Some("model=x&stream"), false),
+        decision,
+        rule: Some("openai".into()),
+        policy: "3f2a9c1d0b7e".into(),
+        status: if decision == "allow" { 200 } else { 403 },
+        bytes_up: 512,
+        bytes_down: 2048,
+        ms: 12.5,
+        upstream: Some("203.0.113.7:443".into()),
+        secrets: vec!["openai".into()],
+        error_code: (decision != "allow").then_some("policy_denied"),
+        incomplete: false,
+    }))
+}
+
+#[test]
+fn the_record_format_matches_the_golden_file() {
+    let mut buf = Vec::new();
+    let h1 = encode(
+        &mut buf,
+        1,
+        "2026-11-23T10:00:00.012Z",
+        0,
+        &request(1, "allow"),
+        GENESIS,
+    );
+    let reload = Entry::Reload(ReloadEntry {
+        result: "error",
+        trigger: "file change".into(),
+        policy: "3f2a9c1d0b7e".into(),
+        rules: None,
+        error: Some("policies/main.toml:3: unknown key \"hots\"".into()),
+    });
+    encode(&mut buf, 2, "2026-11-23T10:00:01.000Z", 3, &reload, &h1);
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/audit-records.jsonl");
+    let got = String::from_utf8(buf).expect("utf8");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, &got).expect("write golden");
+    }
+    let want = std::fs::read_to_string(&golden).expect("golden file (UPDATE_GOLDEN=1 writes it)");
+    assert_eq!(
+        got, want,
+        "the audit record format changed: update the golden file on purpose"
+    );
+    for line in got.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+        assert_eq!(v["v"], 1);
+    }
+}
+
+#[test]
+fn query_values_are_redacted_names_kept() {
+    assert_eq!(
+        shown_path("/a", Some("k=1&flag&x="), false),
+        "/a?k=[redacted]&flag&x=[redacted]"
+    );
+    assert_eq!(shown_path("/a", Some("k=1"), true), "/a?k=1");
+    assert_eq!(shown_path("/a", Some(""), false), "/a");
+    assert_eq!(shown_path("/a", None, false), "/a");
+}
+
+fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
+    AuditConfig {
+        max_bytes,
+        keep,
+        ..AuditConfig::default()
+    }
+}
+
+async fn write_n(path: &Path, c: &AuditConfig, from: u64, n: u64) -> Head {
+    let audit = Arc::new(Audit::open(path, c, Arc::new(Metrics::new())).expect("open"));
+    for i in from..from + n {
+        audit
+            .write(request(i, if i % 3 == 0 { "deny" } else { "allow" }))
+            .await;
+    }
+    audit.sync().await;
+    audit.head()
+}
+
+#[tokio::test]
+async fn the_chain_goes_on_across_restarts_and_rotations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("logs/proxy-audit.jsonl");
+    let c = cfg(64 * 1024, 3);
+    let head = write_n(&path, &c, 1, 10).await;
+    assert_eq!(head.seq, 10);
+    // A restart continues the same chain.
+    let head = write_n(&path, &c, 11, 500).await;
+    assert_eq!(head.seq, 510);
+    let files = rotation_set(&path, c.keep);
+    assert!(files.len() > 1, "rotated at 64 KiB: {files:?}");
+    assert!(files.len() <= 4, "keeps 3 rotated files: {files:?}");
+    for f in &files {
+        let len = std::fs::metadata(f).expect("meta").len();
+        assert!(len <= 64 * 1024 + 4096, "{} is {len} bytes", f.display());
+    }
+    let r = verify(&files).expect("verify");
+    assert_eq!(r.broken, None);
+    assert_eq!(r.last_seq, Some(510));
+    assert_eq!(r.head.as_deref(), Some(head.hash.as_str()));
+    // The oldest file was deleted, so the chain starts at a hash from it, not at genesis.
+    assert!(!r.starts_at_genesis());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&path).expect("m").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o640);
+}
+
+fn lines(p: &PathBuf) -> Vec<String> {
+    std::fs::read_to_string(p)
+        .expect("read")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn verify_names_the_first_broken_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("a.jsonl");
+    write_n(&path, &cfg(1 << 30, 1), 1, 8).await;
+    let files = vec![path.clone()];
+    let r = verify(&files).expect("verify");
+    assert_eq!((r.records, r.broken.clone()), (8, None));
+    assert!(r.starts_at_genesis());
+    let original = lines(&path);
+    let put = |l: &[String]| std::fs::write(&path, l.join("\n") + "\n").expect("write");
+
+    // An edited field on line 5.
+    let mut edited = original.clone();
+    edited[4] = edited[4].replace("\"status\":200", "\"status\":201");
+    assert_ne!(edited[4], original[4]);
+    put(&edited);
+    let b = verify(&files).expect("verify").broken.expect("broken");
+    assert_eq!(b.line, 5, "{b:?}");
+    assert!(b.reason.contains("edited"), "{b:?}");
+
+    // A removed line 3: line 3 (formerly 4) no longer follows line 2.
+    let mut removed = original.clone();
+    removed.remove(2);
+    put(&removed);
+    let b = verify(&files).expect("verify").broken.expect("broken");
+    assert_eq!(b.line, 3, "{b:?}");
+    assert!(b.reason.contains("removed"), "{b:?}");
+
+    // Garbage on line 7.
+    let mut junk = original.clone();
+    junk[6] = "not json".into();
+    put(&junk);
+    let b = verify(&files).expect("verify").broken.expect("broken");
+    assert_eq!(b.line, 7);
+
+    // A line cut short by a crash: the next start ends it and goes on; verify names it.
+    let mut cut = original.join("\n");
+    cut.truncate(cut.len() - 10);
+    std::fs::write(&path, cut).expect("write");
+    write_n(&path, &cfg(1 << 30, 1), 100, 1).await;
+    let b = verify(&files).expect("verify").broken.expect("broken");
+    assert_eq!(b.line, 8);
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_only_allowed_records_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("a.jsonl");
+    let audit =
+        Arc::new(Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open"));
+    // Bypass the queue's capacity by counting a drop the way a full queue does.
+    audit.count_drop();
+    audit.count_drop();
+    audit.write(request(1, "deny")).await;
+    audit.sync().await;
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(text.contains("\"dropped_before\":2"), "{text}");
+    let r = verify(&[path]).expect("verify");
+    assert_eq!((r.dropped, r.broken), (2, None));
+}

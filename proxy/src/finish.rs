@@ -1,0 +1,248 @@
+//! The end of a request: its metrics and its audit record. The response body is wrapped so
+//! its last frame (or its end) is released to the agent only once the record is in the audit
+//! file; a response the agent saw complete is therefore always in the log.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::audit::{Entry, RequestEntry};
+use crate::body::{BodyError, ProxyBody};
+use crate::state::Proxy;
+
+/// What is known of a request when its response starts; completed when it ends.
+pub struct Finish {
+    pub proxy: Arc<Proxy>,
+    pub entry: RequestEntry,
+    pub started: Instant,
+    /// Request body bytes sent upstream.
+    pub up: Arc<AtomicU64>,
+    /// The host as a metric label (named in policy, or `other`).
+    pub host_label: String,
+}
+
+impl Finish {
+    /// Counts the request in the metrics and returns its audit record.
+    fn account(mut self, down: u64, incomplete: bool) -> (Arc<Proxy>, RequestEntry) {
+        let e = &mut self.entry;
+        e.ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        e.bytes_up = self.up.load(Ordering::Relaxed);
+        e.bytes_down = down;
+        e.incomplete = incomplete;
+        let m = &self.proxy.metrics;
+        let decision = metric_decision(e.decision);
+        let rule = e.rule.as_deref().unwrap_or("default");
+        m.requests
+            .with_label_values(&[decision, rule, &self.host_label])
+            .inc();
+        m.request_duration
+            .with_label_values(&[decision])
+            .observe(e.ms / 1000.0);
+        m.bytes_up.inc_by(e.bytes_up);
+        m.bytes_down.inc_by(down);
+        if e.decision == "limited" {
+            m.rate_limited.with_label_values(&[rule]).inc();
+        }
+        match e.error_code {
+            Some("secret_leak") => m.secret_refusals.with_label_values(&["leak"]).inc(),
+            Some("secret_scope") => m.secret_refusals.with_label_values(&["scope"]).inc(),
+            Some("secret_unavailable") => {
+                m.secret_refusals.with_label_values(&["unavailable"]).inc()
+            }
+            Some("upstream_dns" | "upstream_connect") => {
+                m.upstream_errors.with_label_values(&["connect"]).inc()
+            }
+            Some("upstream_tls") => m.upstream_errors.with_label_values(&["tls"]).inc(),
+            Some("upstream_timeout") => m.upstream_errors.with_label_values(&["timeout"]).inc(),
+            Some("upstream_error") => m.upstream_errors.with_label_values(&["protocol"]).inc(),
+            _ => {}
+        }
+        if e.error_code.is_none() {
+            for s in &e.secrets {
+                m.secret_injections.with_label_values(&[s]).inc();
+            }
+        }
+        (self.proxy, self.entry)
+    }
+
+    /// Accounts for a request whose response has no body to hold (HEAD, 1xx, 204, 304, an
+    /// empty body): the record is written before the response is returned.
+    pub async fn now(self) {
+        let (proxy, entry) = self.account(0, false);
+        if let Some(audit) = &proxy.audit {
+            audit.write(Entry::Request(Box::new(entry))).await;
+        }
+    }
+
+    /// Accounts without waiting (the client went away).
+    fn detached(self, down: u64) {
+        let (proxy, entry) = self.account(down, true);
+        if let Some(audit) = &proxy.audit {
+            audit.write_detached(Entry::Request(Box::new(entry)));
+        }
+    }
+}
+
+/// Decision names as metric label values (`ask-approved` → `ask_approved`).
+pub fn metric_decision(d: &str) -> &'static str {
+    match d {
+        "allow" => "allow",
+        "deny" => "deny",
+        "limited" => "limited",
+        "ask-approved" => "ask_approved",
+        "ask-denied" => "ask_denied",
+        "ask-timeout" => "ask_timeout",
+        _ => "error",
+    }
+}
+
+/// Resolves once the record is in the file (or was dropped: then at once).
+type Writing = tokio::sync::oneshot::Receiver<()>;
+
+/// The response body, counted, with its last frame held until the record is written.
+pub struct FinishedBody {
+    inner: ProxyBody,
+    finish: Option<Finish>,
+    down: u64,
+    held: Option<Frame<Bytes>>,
+    writing: Option<Writing>,
+    done: bool,
+}
+
+impl FinishedBody {
+    pub fn new(inner: ProxyBody, finish: Finish) -> FinishedBody {
+        FinishedBody {
+            inner,
+            finish: Some(finish),
+            down: 0,
+            held: None,
+            writing: None,
+            done: false,
+        }
+    }
+
+    fn start_writing(&mut self) {
+        let Some(f) = self.finish.take() else { return };
+        let (proxy, entry) = f.account(self.down, false);
+        let submitted = proxy
+            .audit
+            .as_ref()
+            .and_then(|a| a.submit(Entry::Request(Box::new(entry))));
+        self.writing = Some(submitted.unwrap_or_else(|| {
+            // Nothing to wait for: a receiver whose sender is already gone.
+            tokio::sync::oneshot::channel().1
+        }));
+    }
+}
+
+impl Body for FinishedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(w) = this.writing.as_mut() {
+                // Written, or the writer is gone: either way the frame goes out now.
+                let _ = ready!(Pin::new(w).poll(cx));
+                this.writing = None;
+                return match this.held.take() {
+                    Some(f) => Poll::Ready(Some(Ok(f))),
+                    None => {
+                        this.done = true;
+                        Poll::Ready(None)
+                    }
+                };
+            }
+            if this.done || this.finish.is_none() {
+                this.done = true;
+                return Poll::Ready(None);
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(d) = frame.data_ref() {
+                        this.down += d.len() as u64;
+                    }
+                    if !this.inner.is_end_stream() {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    // The last frame: out only once the record is written.
+                    this.held = Some(frame);
+                    this.start_writing();
+                }
+                Some(Err(e)) => {
+                    if let Some(f) = this.finish.take() {
+                        f.detached(this.down);
+                    }
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => this.start_writing(),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for FinishedBody {
+    fn drop(&mut self) {
+        // Never finished: the client went away (or hyper dropped an unsent body).
+        if let Some(f) = self.finish.take() {
+            f.detached(self.down);
+        }
+    }
+}
+
+/// A request body that counts the bytes it yields (what went upstream).
+pub struct CountedBody {
+    inner: ProxyBody,
+    count: Arc<AtomicU64>,
+}
+
+impl CountedBody {
+    pub fn new(inner: ProxyBody, count: Arc<AtomicU64>) -> CountedBody {
+        CountedBody { inner, count }
+    }
+}
+
+impl Body for CountedBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(Ok(f)) = &polled {
+            if let Some(d) = f.data_ref() {
+                self.count.fetch_add(d.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

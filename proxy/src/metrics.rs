@@ -1,0 +1,353 @@
+//! Prometheus metrics: one registry owned by the daemon (no globals), served on the metrics
+//! listener. Label values are bounded: decisions, protocols and results are fixed sets; rules
+//! and secrets come from the operator's policy and vault; a host is named only if the policy
+//! names it, every other host is `other`.
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+const NS: &str = "agenshield_proxy";
+
+/// Latency buckets, seconds: 0.5 ms to 30 s.
+const LATENCY: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Connection protocols, as labelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    H1,
+    H2,
+    Ws,
+    Tcp,
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::H1 => "h1",
+            Protocol::H2 => "h2",
+            Protocol::Ws => "ws",
+            Protocol::Tcp => "tcp",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub upstream_connect: Histogram,
+    pub upstream_errors: IntCounterVec,
+    pub bytes_up: IntCounter,
+    pub bytes_down: IntCounter,
+    connections_active: IntGaugeVec,
+    connections_total: IntCounterVec,
+    pub tls_ok: IntCounter,
+    pub tls_failed: IntCounter,
+    cert_hits: IntCounter,
+    cert_misses: IntCounter,
+    pub rate_limited: IntCounterVec,
+    pub secret_injections: IntCounterVec,
+    pub secret_refusals: IntCounterVec,
+    pub reloads: IntCounterVec,
+    policy_info: IntGaugeVec,
+    pub last_reload: Gauge,
+    pub audit_records: IntCounter,
+    pub audit_dropped: IntCounter,
+    pub audit_write_errors: IntCounter,
+    pub firewall_active: IntGauge,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(NS)
+}
+
+/// Builds and registers a metric; the names are constants, so a failure is a bug.
+macro_rules! reg {
+    ($r:expr, $m:expr) => {{
+        let m = $m.expect("valid metric definition");
+        $r.register(Box::new(m.clone()))
+            .expect("unique metric name");
+        m
+    }};
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let bytes = reg!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    "bytes_total",
+                    "Body bytes relayed, by direction (up: to upstreams)."
+                ),
+                &["direction"],
+            )
+        );
+        let tls = reg!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    "tls_handshakes_total",
+                    "TLS handshakes with agents (interception)."
+                ),
+                &["result"],
+            )
+        );
+        let cert = reg!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    "cert_cache_lookups_total",
+                    "Leaf certificate lookups: hit (cached or coalesced) or miss (minted)."
+                ),
+                &["result"],
+            )
+        );
+        let audit_records = reg!(
+            r,
+            IntCounter::with_opts(opts(
+                "audit_records_total",
+                "Audit records written to the log."
+            ))
+        );
+        let m = Metrics {
+            requests: reg!(
+                r,
+                IntCounterVec::new(
+                    opts("requests_total", "HTTP requests by decision, rule and host."),
+                    &["decision", "rule", "host"],
+                )
+            ),
+            request_duration: reg!(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "request_duration_seconds",
+                        "Time from a request's head to the end of its response."
+                    )
+                    .namespace(NS)
+                    .buckets(LATENCY.to_vec()),
+                    &["decision"],
+                )
+            ),
+            upstream_connect: reg!(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "upstream_connect_duration_seconds",
+                        "Time to open a TCP connection to an upstream (resolution included)."
+                    )
+                    .namespace(NS)
+                    .buckets(LATENCY.to_vec())
+                )
+            ),
+            upstream_errors: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "upstream_errors_total",
+                        "Requests that failed upstream, by kind."
+                    ),
+                    &["kind"],
+                )
+            ),
+            bytes_up: bytes.with_label_values(&["up"]),
+            bytes_down: bytes.with_label_values(&["down"]),
+            connections_active: reg!(
+                r,
+                IntGaugeVec::new(
+                    opts("connections_active", "Agent connections open now, by protocol."),
+                    &["protocol"],
+                )
+            ),
+            connections_total: reg!(
+                r,
+                IntCounterVec::new(
+                    opts("connections_total", "Agent connections served, by protocol."),
+                    &["protocol"],
+                )
+            ),
+            tls_ok: tls.with_label_values(&["ok"]),
+            tls_failed: tls.with_label_values(&["failed"]),
+            cert_hits: cert.with_label_values(&["hit"]),
+            cert_misses: cert.with_label_values(&["miss"]),
+            rate_limited: reg!(
+                r,
+                IntCounterVec::new(
+                    opts("rate_limited_total", "Requests refused by a rate or concurrency limit, by rule."),
+                    &["rule"],
+                )
+            ),
+            secret_injections: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "secret_injections_total",
+                        "Requests that carried a secret upstream (injected or swapped), by secret name."
+                    ),
+                    &["secret"],
+                )
+            ),
+            secret_refusals: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "secret_refusals_total",
+                        "Requests refused by the secret guard: leak, scope or unavailable."
+                    ),
+                    &["kind"],
+                )
+            ),
+            reloads: reg!(
+                r,
+                IntCounterVec::new(
+                    opts("policy_reloads_total", "Policy loads and reloads, by result."),
+                    &["result"],
+                )
+            ),
+            policy_info: reg!(
+                r,
+                IntGaugeVec::new(
+                    opts("policy_info", "The policy in force (value 1), by hash."),
+                    &["hash"],
+                )
+            ),
+            last_reload: reg!(
+                r,
+                Gauge::with_opts(opts(
+                    "policy_last_reload_timestamp_seconds",
+                    "When the policy in force was loaded (Unix time)."
+                ))
+            ),
+            audit_dropped: reg!(
+                r,
+                IntCounter::with_opts(opts(
+                    "audit_dropped_total",
+                    "Audit records of allowed requests not written because the queue was full \
+                     (denials are never dropped: they wait)."
+                ))
+            ),
+            audit_write_errors: reg!(
+                r,
+                IntCounter::with_opts(opts(
+                    "audit_write_errors_total",
+                    "Failed writes to the audit log."
+                ))
+            ),
+            audit_records,
+            firewall_active: reg!(
+                r,
+                IntGauge::with_opts(opts(
+                    "firewall_redirect_active",
+                    "1 while the redirect rules are verified in place, else 0."
+                ))
+            ),
+            registry: r,
+        };
+        // Series that exist from the start, so dashboards show zeros rather than gaps.
+        for p in [Protocol::H1, Protocol::H2, Protocol::Ws, Protocol::Tcp] {
+            m.connections_active.with_label_values(&[p.label()]);
+            m.connections_total.with_label_values(&[p.label()]);
+        }
+        for kind in ["leak", "scope", "unavailable"] {
+            m.secret_refusals.with_label_values(&[kind]);
+        }
+        for result in ["ok", "error"] {
+            m.reloads.with_label_values(&[result]);
+        }
+        m
+    }
+
+    /// Counts a connection of `p` open until the guard drops.
+    pub fn connection(&self, p: Protocol) -> ConnectionGuard {
+        self.connections_total.with_label_values(&[p.label()]).inc();
+        let active = self.connections_active.with_label_values(&[p.label()]);
+        active.inc();
+        ConnectionGuard { active }
+    }
+
+    /// Marks `hash` as the policy in force.
+    pub fn set_policy(&self, hash: &str) {
+        self.policy_info.reset();
+        self.policy_info.with_label_values(&[hash]).set(1);
+        self.last_reload.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+    }
+
+    /// Brings counters kept elsewhere (the certificate cache's) up to date; called before
+    /// each scrape, the only writer of these series.
+    pub fn sync_cert_cache(&self, hits: u64, misses: u64) {
+        for (c, now) in [(&self.cert_hits, hits), (&self.cert_misses, misses)] {
+            let seen = c.get();
+            if now > seen {
+                c.inc_by(now - seen);
+            }
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        // Encoding into a Vec cannot fail on I/O; a malformed family would be our bug, and
+        // then the scrape shows what was encoded before it.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+pub struct ConnectionGuard {
+    active: IntGauge,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.active.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix_and_connection_gauges_return_to_zero() {
+        let m = Metrics::new();
+        {
+            let _a = m.connection(Protocol::H2);
+            let text = String::from_utf8(m.encode()).expect("utf8");
+            assert!(text.contains("agenshield_proxy_connections_active{protocol=\"h2\"} 1"));
+        }
+        m.set_policy("abc");
+        m.set_policy("def");
+        m.sync_cert_cache(5, 2);
+        m.sync_cert_cache(7, 2);
+        let text = String::from_utf8(m.encode()).expect("utf8");
+        assert!(text.contains("agenshield_proxy_connections_active{protocol=\"h2\"} 0"));
+        assert!(text.contains("agenshield_proxy_connections_total{protocol=\"h2\"} 1"));
+        assert!(text.contains("agenshield_proxy_policy_info{hash=\"def\"} 1"));
+        assert!(!text.contains("hash=\"abc\""), "only the policy in force");
+        assert!(text.contains("agenshield_proxy_cert_cache_lookups_total{result=\"hit\"} 7"));
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.starts_with("agenshield_proxy_"), "{line}");
+        }
+    }
+}
