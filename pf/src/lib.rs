@@ -8,6 +8,7 @@
 pub mod nft;
 mod origdst;
 mod redirect;
+pub mod sandbox;
 
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
 pub use redirect::{

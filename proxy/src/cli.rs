@@ -50,6 +50,41 @@ pub enum ProxyCommand {
     /// Uses the admin socket (listen.admin in the config; exit 1 with one line if the daemon
     /// is not running). Root and members of agenshield-admin may use it; agent users never.
     Ctl(CtlArgs),
+
+    /// Install the proxy as a system service: users and groups, directories, CA, vault,
+    /// config and default policies, the agent's CA trust, the service unit (launchd on macOS,
+    /// systemd on Linux) and the firewall redirect. Idempotent. Needs root.
+    Install(InstallArgs),
+
+    /// Remove exactly what `install` created and leave everything else. Needs root.
+    Uninstall(InstallArgs),
+
+    /// Run a command through the explicit listener, sandboxed so it can connect only to the
+    /// proxy (Landlock on Linux, Seatbelt on macOS). No root needed.
+    Exec(ExecArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Print every step and change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Daemon configuration file (TOML); default as for `run`
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// Daemon configuration file (TOML), for the explicit listener and the CA; default as
+    /// for `run`
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The command and its arguments (after `--`)
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, clap::Args)]

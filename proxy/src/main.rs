@@ -27,6 +27,19 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Top::Proxy(ProxyCommand::Install(args)) => {
+            ExitCode::from(agenshield_proxy::install::command(&args, false))
+        }
+        Top::Proxy(ProxyCommand::Uninstall(args)) => {
+            ExitCode::from(agenshield_proxy::install::command(&args, true))
+        }
+        Top::Proxy(ProxyCommand::Exec(args)) => match load_config(args.config.as_deref()) {
+            Ok(cfg) => ExitCode::from(agenshield_proxy::exec::command(&cfg, args.command)),
+            Err(e) => {
+                eprintln!("agenshield: {e}");
+                ExitCode::from(2)
+            }
+        },
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {

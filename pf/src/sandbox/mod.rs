@@ -1,0 +1,1 @@
+//! OS sandboxes for agent processes: Landlock on Linux, Seatbelt profiles on macOS.
