@@ -43,5 +43,6 @@ pub mod serve;
 pub mod state;
 pub mod target;
 pub mod tls;
+pub mod trust_env;
 pub mod tunnel;
 pub mod watch;
