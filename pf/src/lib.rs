@@ -7,10 +7,13 @@
 
 pub mod nft;
 mod origdst;
+pub mod pf;
 mod redirect;
 pub mod sandbox;
 
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
+#[cfg(target_os = "macos")]
+pub use pf::{PfNatlook, PfRedirector};
 pub use redirect::{
     platform_redirector, FirewallState, FirewallStatus, RedirectError, RedirectSpec, Redirector,
 };

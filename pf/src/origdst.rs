@@ -54,16 +54,20 @@ pub fn platform_orig_dst() -> Box<dyn OrigDst> {
     {
         Box::new(linux::SoOriginalDst)
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(target_os = "macos")]
+    {
+        Box::new(crate::pf::PfNatlook::new())
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
     {
         Box::new(Unsupported)
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 struct Unsupported;
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 impl OrigDst for Unsupported {
     fn orig_dst(
         &self,
@@ -72,7 +76,7 @@ impl OrigDst for Unsupported {
         _peer: SocketAddr,
     ) -> Result<SocketAddr, OrigDstError> {
         Err(OrigDstError::Unsupported(
-            "pf natlook is not implemented yet",
+            "no original-destination lookup for this operating system",
         ))
     }
 

@@ -97,16 +97,20 @@ pub fn platform_redirector() -> Box<dyn Redirector> {
     {
         Box::new(crate::nft::Nftables::new())
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(target_os = "macos")]
+    {
+        Box::new(crate::pf::PfRedirector::new())
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
     {
         Box::new(Unsupported)
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 struct Unsupported;
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 impl Redirector for Unsupported {
     fn apply(&self, _spec: &RedirectSpec) -> Result<(), RedirectError> {
         Err(RedirectError::Unsupported)
