@@ -8,7 +8,8 @@
 //!    tool loaded its own pf.conf), add hooks for our anchor by name (`pfctl` crate,
 //!    `DIOCINSERTRULE`), as sshuttle does for its own anchor;
 //! 3. hold an enable reference (`pfctl -E`), replacing a stale token left on disk by an
-//!    earlier process only after the new one is taken (see [`super::token`]).
+//!    earlier process only after the new one is taken (see [`super::token`]);
+//! 4. read everything back and compare ([`anchor::compare`]): not in effect is an error.
 //!
 //! `remove` flushes the anchor (rules through the `pfctl` crate's transaction, tables with
 //! `pfctl -F Tables`), removes the hooks it added by name (never the stock wildcard ones),
@@ -137,7 +138,23 @@ impl Redirector for PfRedirector {
         self.ensure_hooks(&mut dev)?;
         let running = dev.is_enabled().map_err(crate_err("DIOCGETSTATUS"))?;
         self.tokens.ensure(&PfctlRef(self), running)?;
-        Ok(())
+        // Re-verify: loaded, hooked and enabled must now read as in effect. A mere
+        // difference (pfctl spelled something unexpectedly) is logged, not fatal: the rules
+        // pfctl accepted are in place.
+        match anchor::compare(spec, &self.live()?) {
+            Verdict::Matches => Ok(()),
+            Verdict::Differs(why) => {
+                tracing::warn!(
+                    "pf anchor {ANCHOR} loaded but lists differently: {}",
+                    why.join("; ")
+                );
+                Ok(())
+            }
+            Verdict::Absent(why) => Err(RedirectError::Command {
+                command: format!("verifying pf anchor {ANCHOR} after loading it"),
+                stderr: why.join("; "),
+            }),
+        }
     }
 
     fn remove(&self) -> Result<bool, RedirectError> {
