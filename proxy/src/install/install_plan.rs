@@ -1,0 +1,332 @@
+//! The install plan: accounts, directories and files, the CA and the agent's trust, the
+//! firewall and the service, in the order they depend on each other.
+
+use std::path::Path;
+
+use super::layout::{
+    Layout, Platform, ADMIN_GID, ADMIN_GROUP, BIN_DIR, BIN_PATH, INSTALL_ROOT, LOG_DIR,
+};
+use super::manifest::Created;
+use super::observe::{FirewallSeen, Observed};
+use super::plan::{
+    command_line, meta, meta_ok, Action, Content, InstallInput, Plan, PlanError, State,
+};
+use super::steps::Builder;
+use super::{linux, macos};
+
+/// The install plan.
+pub fn plan_install(
+    layout: &Layout,
+    input: &InstallInput,
+    seen: &Observed,
+) -> Result<Plan, PlanError> {
+    let l = layout;
+    let root = "root";
+    let rg = l.root_group;
+    let mut b = Builder {
+        layout,
+        seen,
+        manifest: seen.manifest.clone().unwrap_or_default(),
+        steps: Vec::new(),
+    };
+    b.dir(
+        "the install root",
+        Path::new(INSTALL_ROOT),
+        meta(0o755, root, rg),
+        false,
+    )?;
+    b.group(ADMIN_GROUP, ADMIN_GID)?;
+    b.group(&l.broker.name, l.broker.uid)?;
+    b.user(&l.broker)?;
+    b.group(&l.agent.name, l.agent.uid)?;
+    b.user(&l.agent)?;
+    let agent = l.agent.name.as_str();
+    b.dir(
+        "the agent's home",
+        &l.agent.home,
+        meta(0o750, agent, agent),
+        true,
+    )?;
+
+    let first_daemon_input = b.steps.len();
+    b.dir(
+        "the binary directory",
+        Path::new(BIN_DIR),
+        meta(0o755, root, rg),
+        false,
+    )?;
+    b.file(
+        "the agenshield binary",
+        Path::new(BIN_PATH),
+        meta(0o755, root, rg),
+        Content::CopyOf(seen.exe.clone()),
+        true,
+    );
+    let adm = ADMIN_GROUP;
+    b.dir(
+        "the config directory",
+        &l.config_dir(),
+        meta(0o750, root, adm),
+        false,
+    )?;
+    let config_owned = b.manifest.owns_path(&l.config_file);
+    b.file(
+        "the daemon config",
+        &l.config_file.clone(),
+        meta(0o640, root, adm),
+        Content::Text(input.config_text.clone()),
+        input.config_given && config_owned,
+    );
+    b.dir(
+        "the policy directory",
+        &l.policies,
+        meta(0o750, root, adm),
+        false,
+    )?;
+    b.file(
+        "the default policy",
+        &l.policies.join("default.toml"),
+        meta(0o640, root, adm),
+        Content::Text(input.default_policy.clone()),
+        false,
+    );
+    b.dir("the CA directory", &l.certs, meta(0o755, root, rg), false)?;
+    ca_steps(&mut b);
+    b.file(
+        "the agent's CA bundle",
+        &l.bundle.clone(),
+        meta(0o644, root, rg),
+        Content::CaBundle {
+            ca: l.certs.join("ca.pem"),
+        },
+        true,
+    );
+    // The daemon's file vault refuses a directory not owned by the daemon's own uid, and the
+    // service runs as root (it installs the firewall and, on macOS, asks /dev/pf).
+    b.dir("the secrets vault", &l.vault, meta(0o700, root, rg), false)?;
+    b.dir(
+        "the log directory",
+        Path::new(LOG_DIR),
+        meta(0o750, root, adm),
+        true,
+    )?;
+    if let Some(audit) = l.audit_dir.as_deref().filter(|d| *d != Path::new(LOG_DIR)) {
+        b.dir(
+            "the audit log directory",
+            audit,
+            meta(0o750, root, adm),
+            true,
+        )?;
+    }
+    b.dir(
+        "the admin socket directory",
+        &l.run_dir,
+        meta(0o750, root, adm),
+        true,
+    )?;
+    let daemon_inputs_changed = b.steps[first_daemon_input..]
+        .iter()
+        .any(|s| s.state == State::Todo);
+
+    for f in l.env_files.clone() {
+        b.env_block(&f);
+    }
+    if l.platform == Platform::MacOs {
+        keychain_steps(&mut b);
+    }
+    firewall_step(&mut b);
+    service_steps(&mut b, daemon_inputs_changed);
+    let add_member = match l.platform {
+        Platform::Linux => format!("usermod -aG {ADMIN_GROUP} NAME"),
+        Platform::MacOs => format!("dseditgroup -o edit -a NAME -t user {ADMIN_GROUP}"),
+    };
+    b.push(
+        "let operators use `agenshield proxy ctl` without root".into(),
+        format!("add them to {ADMIN_GROUP}: {add_member}"),
+        Action::Note,
+        State::Note,
+    );
+    Ok(Plan {
+        title: format!(
+            "agenshield proxy install ({}): config {}",
+            l.platform.name(),
+            l.config_file.display()
+        ),
+        steps: b.steps,
+    })
+}
+
+fn ca_steps(b: &mut Builder) {
+    let l = b.layout;
+    let (cert, key) = (l.certs.join("ca.pem"), l.certs.join("ca-key.pem"));
+    let key_meta = meta(0o600, &l.broker.name, l.root_group);
+    let detail = format!(
+        "new ECDSA P-256 CA: {} ({}) and {} ({key_meta})",
+        cert.display(),
+        meta(0o644, "root", l.root_group),
+        key.display()
+    );
+    match (b.seen.path(&cert), b.seen.path(&key)) {
+        (Some(_), Some(k)) => {
+            b.push(
+                "create the local CA".into(),
+                detail,
+                Action::Note,
+                State::Done("already done".into()),
+            );
+            if !meta_ok(k, &key_meta) {
+                b.fix_meta("the CA key", &key, &k.clone(), key_meta);
+            }
+        }
+        _ => {
+            b.push(
+                "create the local CA".into(),
+                detail,
+                Action::CreateCa {
+                    dir: l.certs.clone(),
+                    key_owner: l.broker.name.clone(),
+                },
+                State::Todo,
+            );
+            // Recorded by apply: one File record per file written.
+        }
+    }
+}
+
+fn keychain_steps(b: &mut Builder) {
+    let l = b.layout;
+    let kc = l.agent_keychain();
+    let ca = l.certs.join("ca.pem");
+    let mut commands = Vec::new();
+    if b.seen.path(&kc).is_none() {
+        commands.push(macos::keychain_create(&l.agent.name, &kc));
+    }
+    commands.push(macos::keychain_trust(&l.agent.name, &kc, &ca));
+    let summary = format!(
+        "trust the CA in {}'s login keychain (Go and Swift ignore the CA variables)",
+        l.agent.name
+    );
+    let detail = command_line(&commands);
+    let record = Created::Keychain {
+        user: l.agent.name.clone(),
+        keychain: kc,
+        common_name: String::new(),
+    };
+    if b.seen.keychain_has_ca {
+        b.push(
+            summary,
+            detail,
+            Action::Note,
+            State::Done("already done".into()),
+        );
+    } else {
+        b.push_recorded(
+            summary,
+            detail,
+            Action::Run {
+                commands,
+                fatal: false,
+            },
+            State::Todo,
+            record,
+        );
+    }
+}
+
+fn firewall_step(b: &mut Builder) {
+    let l = b.layout;
+    let what = match l.platform {
+        Platform::Linux => "nftables table inet agenshield",
+        Platform::MacOs => {
+            "pf anchor com.apple/agenshield (enabled with a pfctl -E reference token)"
+        }
+    };
+    let summary = format!(
+        "redirect {}'s TCP into the proxy and refuse its other traffic but DNS: {what}",
+        l.agent.name
+    );
+    let detail = format!(
+        "agenshield proxy firewall up --config {}",
+        l.config_file.display()
+    );
+    let state = match b.seen.firewall {
+        FirewallSeen::Matches => State::Done("already done".into()),
+        _ => State::Todo,
+    };
+    b.push(
+        summary,
+        detail,
+        Action::FirewallUp {
+            config: l.config_file.clone(),
+        },
+        state,
+    );
+}
+
+fn service_steps(b: &mut Builder, daemon_inputs_changed: bool) {
+    let l = b.layout;
+    let (path, text) = l.service_file();
+    let before = b.steps.len();
+    let kind = match l.platform {
+        Platform::Linux => "the systemd unit",
+        Platform::MacOs => "the LaunchDaemon plist",
+    };
+    b.file(
+        kind,
+        Path::new(path),
+        meta(0o644, "root", l.root_group),
+        Content::Text(text.into()),
+        true,
+    );
+    let changed = daemon_inputs_changed || b.steps[before..].iter().any(|s| s.state == State::Todo);
+    let svc = b.seen.service;
+    if !svc.manager_running {
+        b.push(
+            "start the service".into(),
+            linux::no_service_manager_note(),
+            Action::Note,
+            State::Note,
+        );
+        return;
+    }
+    let (summary, commands, name) = match l.platform {
+        Platform::Linux => (
+            if svc.active && changed {
+                "restart the service (what it runs changed)"
+            } else {
+                "enable and start the service"
+            },
+            linux::service_start(svc.active, changed),
+            super::layout::SYSTEMD_UNIT_NAME,
+        ),
+        Platform::MacOs => (
+            if svc.active && changed {
+                "reload the LaunchDaemon (what it runs changed)"
+            } else {
+                "load the LaunchDaemon (RunAtLoad starts it)"
+            },
+            macos::service_start(svc.active, changed),
+            super::layout::LAUNCHD_LABEL,
+        ),
+    };
+    let detail = command_line(&commands);
+    if svc.enabled && svc.active && !changed {
+        b.push(
+            summary.into(),
+            detail,
+            Action::Note,
+            State::Done("already done".into()),
+        );
+    } else {
+        b.push_recorded(
+            summary.into(),
+            detail,
+            Action::Run {
+                commands,
+                fatal: true,
+            },
+            State::Todo,
+            Created::Service { name: name.into() },
+        );
+    }
+}

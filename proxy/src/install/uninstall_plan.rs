@@ -1,0 +1,273 @@
+//! The uninstall plan: stop the service, take the firewall down, then undo the manifest's
+//! records in reverse. Files changed since install are kept, directories that others put
+//! things in are kept, accounts that existed before install are never in the manifest.
+
+use std::path::Path;
+
+use super::layout::{Layout, Platform, MANIFEST_PATH};
+use super::manifest::Created;
+use super::observe::{FirewallSeen, Observed};
+use super::plan::{command_line, meta_ok, Action, Meta, Plan, State, Step};
+use super::{linux, macos};
+
+/// The uninstall plan: the manifest's records undone in reverse, after the service is
+/// stopped and the firewall taken down. Without a manifest only the firewall goes.
+pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
+    let l = layout;
+    let manifest = seen.manifest.clone().unwrap_or_default();
+    let mut steps: Vec<Step> = Vec::new();
+    let mut push = |summary: String,
+                    detail: String,
+                    action: Action,
+                    state: State,
+                    unrecord: Option<Created>| {
+        steps.push(Step {
+            summary,
+            detail,
+            action,
+            state,
+            record: None,
+            unrecord,
+        })
+    };
+    let done = || State::Done("already done".into());
+    if seen.manifest.is_none() {
+        push(
+            "nothing install created is known".into(),
+            format!("no install manifest at {MANIFEST_PATH}: only the firewall rules are removed"),
+            Action::Note,
+            State::Note,
+            None,
+        );
+    }
+    for c in manifest
+        .created
+        .iter()
+        .filter(|c| matches!(c, Created::Service { .. }))
+    {
+        let svc = seen.service;
+        match l.platform {
+            Platform::Linux if !svc.manager_running => push(
+                "stop and disable the service".into(),
+                "systemd is not running: nothing to stop".into(),
+                Action::Note,
+                done(),
+                Some(c.clone()),
+            ),
+            _ => {
+                let commands = match l.platform {
+                    Platform::Linux => linux::service_stop(),
+                    Platform::MacOs => macos::service_stop(),
+                };
+                let state = if svc.enabled || svc.active {
+                    State::Todo
+                } else {
+                    done()
+                };
+                push(
+                    "stop and disable the service".into(),
+                    command_line(&commands),
+                    Action::Run {
+                        commands,
+                        fatal: true,
+                    },
+                    state,
+                    Some(c.clone()),
+                )
+            }
+        }
+    }
+    let fw = match l.platform {
+        Platform::Linux => "the nftables table inet agenshield",
+        Platform::MacOs => "the pf anchor com.apple/agenshield and its pfctl -E reference",
+    };
+    push(
+        format!("remove the firewall redirect: {fw}"),
+        "agenshield proxy firewall down".into(),
+        Action::FirewallDown,
+        if seen.firewall == FirewallSeen::Absent {
+            done()
+        } else {
+            State::Todo
+        },
+        None,
+    );
+    let manifest_dir = Path::new(MANIFEST_PATH).parent().unwrap_or(Path::new("/"));
+    let mut manifest_step_done = false;
+    let manifest_step = |push: &mut dyn FnMut(String, String, Action, State, Option<Created>)| {
+        push(
+            "remove the install manifest".into(),
+            format!("rm {MANIFEST_PATH}"),
+            Action::RemoveManifest,
+            if seen.path(Path::new(MANIFEST_PATH)).is_some() {
+                State::Todo
+            } else {
+                done()
+            },
+            None,
+        );
+    };
+    for c in manifest.created.iter().rev() {
+        let un = Some(c.clone());
+        match c {
+            Created::Service { .. } => {}
+            Created::Changed {
+                path,
+                mode,
+                owner,
+                group,
+            } => {
+                let meta = Meta {
+                    mode: *mode,
+                    owner: owner.clone(),
+                    group: group.clone(),
+                };
+                let state = match seen.path(path) {
+                    Some(st) if !meta_ok(st, &meta) => State::Todo,
+                    _ => done(),
+                };
+                push(
+                    format!("restore mode and owner of {} ({meta})", path.display()),
+                    format!(
+                        "chown {owner}:{group} {p} && chmod {mode:04o} {p}",
+                        p = path.display()
+                    ),
+                    Action::SetMeta {
+                        path: path.clone(),
+                        meta,
+                    },
+                    state,
+                    un,
+                );
+            }
+            Created::Keychain { user, keychain, .. } => {
+                let ca = l.certs.join("ca.pem");
+                let mut commands = vec![macos::keychain_untrust(user, &ca)];
+                if let Some(cn) = &seen.ca_common_name {
+                    commands.push(macos::keychain_delete(user, keychain, cn));
+                }
+                let state = if seen.keychain_has_ca && seen.users.contains_key(user) {
+                    State::Todo
+                } else {
+                    done()
+                };
+                push(
+                    format!("remove the CA from {user}'s keychain"),
+                    command_line(&commands),
+                    Action::Run {
+                        commands,
+                        fatal: false,
+                    },
+                    state,
+                    un,
+                );
+            }
+            Created::EnvBlock { path, file_created } => {
+                let has = seen
+                    .texts
+                    .get(path)
+                    .is_some_and(|t| t.contains(super::layout::ENV_BEGIN));
+                let tail = if *file_created {
+                    " (and the file, if nothing else is left in it)"
+                } else {
+                    ""
+                };
+                push(
+                    format!("remove the CA variables from {}", path.display()),
+                    format!(
+                        "delete the lines between the agenshield markers in {}{tail}",
+                        path.display()
+                    ),
+                    Action::RemoveEnvBlock {
+                        path: path.clone(),
+                        delete_if_empty: *file_created,
+                    },
+                    if has { State::Todo } else { done() },
+                    un,
+                );
+            }
+            Created::File { path, sha256 } => {
+                let st = seen.path(path);
+                let changed = match (st.and_then(|s| s.sha256.as_ref()), sha256) {
+                    (Some(now), Some(then)) => !then.is_empty() && now != then,
+                    _ => false,
+                };
+                let (state, action) = match st {
+                    None => (done(), Action::Note),
+                    Some(_) if changed => (
+                        State::Done("kept: changed since install".into()),
+                        Action::Note,
+                    ),
+                    Some(_) => (State::Todo, Action::RemoveFile { path: path.clone() }),
+                };
+                push(
+                    format!("remove {}", path.display()),
+                    format!("rm {}", path.display()),
+                    action,
+                    state,
+                    un,
+                );
+            }
+            Created::Dir { path, purge } => {
+                if path == manifest_dir && !manifest_step_done {
+                    manifest_step(&mut push);
+                    manifest_step_done = true;
+                }
+                let detail = if *purge {
+                    format!("rm -r {}", path.display())
+                } else {
+                    format!(
+                        "rmdir {} (only if empty: what others put there stays)",
+                        path.display()
+                    )
+                };
+                push(
+                    format!("remove directory {}", path.display()),
+                    detail,
+                    Action::RemoveDir {
+                        path: path.clone(),
+                        purge: *purge,
+                    },
+                    if seen.path(path).is_some() {
+                        State::Todo
+                    } else {
+                        done()
+                    },
+                    un,
+                );
+            }
+            Created::User { name } | Created::Group { name } => {
+                let group = matches!(c, Created::Group { .. });
+                let command = match (l.platform, group) {
+                    (Platform::Linux, false) => linux::delete_user(name),
+                    (Platform::Linux, true) => linux::delete_group(name),
+                    (Platform::MacOs, false) => macos::delete_user(name),
+                    (Platform::MacOs, true) => macos::delete_group(name),
+                };
+                let exists = if group {
+                    seen.groups.contains_key(name)
+                } else {
+                    seen.users.contains_key(name)
+                };
+                push(
+                    format!("delete {} {name}", if group { "group" } else { "user" }),
+                    command_line(std::slice::from_ref(&command)),
+                    Action::DeleteAccount {
+                        group,
+                        name: name.clone(),
+                        command,
+                    },
+                    if exists { State::Todo } else { done() },
+                    un,
+                );
+            }
+        }
+    }
+    if !manifest_step_done && seen.manifest.is_some() {
+        manifest_step(&mut push);
+    }
+    Plan {
+        title: format!("agenshield proxy uninstall ({})", l.platform.name()),
+        steps,
+    }
+}
