@@ -266,6 +266,23 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
     if !manifest_step_done && seen.manifest.is_some() {
         manifest_step(&mut push);
     }
+    let had_unit = manifest
+        .created
+        .iter()
+        .any(|c| matches!(c, Created::Service { .. }));
+    if had_unit && l.platform == Platform::Linux && seen.service.manager_running {
+        let commands = linux::service_reload_units();
+        push(
+            "make systemd forget the removed unit".into(),
+            command_line(&commands),
+            Action::Run {
+                commands,
+                fatal: false,
+            },
+            State::Todo,
+            None,
+        );
+    }
     Plan {
         title: format!("agenshield proxy uninstall ({})", l.platform.name()),
         steps,

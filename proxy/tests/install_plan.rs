@@ -1,0 +1,346 @@
+//! The install and uninstall plans, rendered from fixed inputs for both platforms and
+//! compared with golden files (`UPDATE_GOLDEN=1` rewrites them), plus the service files the
+//! plan writes. Pure: nothing here touches the machine.
+
+use std::path::{Path, PathBuf};
+
+use agenshield_proxy::install::layout::{
+    Layout, Platform, BIN_PATH, LAUNCHD_PLIST, LAUNCHD_PLIST_PATH, SYSTEMD_UNIT, SYSTEMD_UNIT_PATH,
+};
+use agenshield_proxy::install::manifest::{Created, Manifest};
+use agenshield_proxy::install::observe::{FirewallSeen, Observed, PathState};
+use agenshield_proxy::install::plan::{
+    plan_install, plan_uninstall, Action, Content, InstallInput, Plan, State,
+};
+use agenshield_proxy::install::{config_from_text, default_config_text, DEFAULT_POLICY};
+
+const EXE: &str = "/usr/local/bin/agenshield";
+
+fn golden(name: &str, got: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, got).expect("write golden");
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(
+        got,
+        want,
+        "{} differs (UPDATE_GOLDEN=1 rewrites it after review)",
+        path.display()
+    );
+}
+
+fn input() -> InstallInput {
+    InstallInput {
+        config_text: default_config_text(),
+        config_given: false,
+        default_policy: DEFAULT_POLICY.into(),
+    }
+}
+
+fn layout(platform: Platform) -> Layout {
+    let cfg = config_from_text(&default_config_text()).expect("default config");
+    Layout::new(platform, &cfg).expect("layout")
+}
+
+fn clean(systemd: bool) -> Observed {
+    let mut o = Observed::clean(Path::new(EXE));
+    o.service.manager_running = systemd;
+    o
+}
+
+fn sha(text: &str) -> String {
+    agenshield_proxy::install::observe::sha256_hex(text.as_bytes())
+}
+
+/// The machine after `plan` ran: what each step would leave behind.
+fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
+    let state =
+        |dir: bool, mode: u32, owner: &str, group: &str, sha256: Option<String>| PathState {
+            dir,
+            mode,
+            owner: owner.into(),
+            group: group.into(),
+            sha256,
+        };
+    let mut manifest = o.manifest.clone().unwrap_or_default();
+    for s in plan.steps.iter().filter(|s| s.state == State::Todo) {
+        match &s.action {
+            Action::MakeDir { path, meta } | Action::SetMeta { path, meta } => {
+                let dir = !matches!(o.paths.get(path), Some(p) if !p.dir);
+                let old = o.paths.get(path).and_then(|p| p.sha256.clone());
+                o.paths.insert(
+                    path.clone(),
+                    state(dir, meta.mode, &meta.owner, &meta.group, old),
+                );
+            }
+            Action::Write {
+                path,
+                meta,
+                content,
+            } => {
+                let sha256 = match content {
+                    Content::Text(t) => Some(sha(t)),
+                    Content::CaBundle { .. } => Some("bundle".into()),
+                    Content::CopyOf(_) => None,
+                };
+                o.paths.insert(
+                    path.clone(),
+                    state(false, meta.mode, &meta.owner, &meta.group, sha256),
+                );
+            }
+            Action::CreateCa { dir, key_owner } => {
+                let rg = l.root_group;
+                o.paths.insert(
+                    dir.join("ca.pem"),
+                    state(false, 0o644, "root", rg, Some("ca".into())),
+                );
+                o.paths.insert(
+                    dir.join("ca-key.pem"),
+                    state(false, 0o600, key_owner, rg, Some("key".into())),
+                );
+                o.bundle_sha256 = Some("bundle".into());
+                o.ca_common_name = Some("AgenShield Local CA test".into());
+            }
+            Action::AddEnvBlock { path, meta, block } => {
+                o.texts.insert(path.clone(), block.clone());
+                o.paths.insert(
+                    path.clone(),
+                    state(false, meta.mode, &meta.owner, &meta.group, None),
+                );
+            }
+            Action::FirewallUp { .. } => o.firewall = FirewallSeen::Matches,
+            Action::Run { .. } => match &s.record {
+                Some(Created::Group { name }) => {
+                    o.groups.insert(name.clone(), 1);
+                }
+                Some(Created::User { name }) => {
+                    let uid = if *name == l.agent.name {
+                        l.agent.uid
+                    } else {
+                        l.broker.uid
+                    };
+                    o.users.insert(name.clone(), uid);
+                }
+                Some(Created::Service { .. }) => {
+                    o.service.enabled = true;
+                    o.service.active = true;
+                }
+                Some(Created::Keychain { .. }) => o.keychain_has_ca = true,
+                _ => {}
+            },
+            _ => {}
+        }
+        if let Some(r) = &s.record {
+            manifest.record(r.clone());
+        }
+        if let Action::CreateCa { dir, .. } = &s.action {
+            for f in ["ca.pem", "ca-key.pem"] {
+                manifest.record(Created::File {
+                    path: dir.join(f),
+                    sha256: Some(String::new()),
+                });
+            }
+        }
+    }
+    // Groups with the ids install gave them.
+    for (name, gid) in [
+        (l.agent.name.clone(), l.agent.uid),
+        (l.broker.name.clone(), l.broker.uid),
+    ] {
+        if o.groups.contains_key(&name) {
+            o.groups.insert(name, gid);
+        }
+    }
+    if let Some(g) = o.groups.get_mut("agenshield-admin") {
+        *g = 5202;
+    }
+    o.binary_current = true;
+    let manifest_file = PathBuf::from(agenshield_proxy::install::layout::MANIFEST_PATH);
+    o.paths.insert(
+        manifest_file,
+        state(false, 0o600, "root", l.root_group, None),
+    );
+    manifest.version = 1;
+    manifest.platform = l.platform.name().into();
+    o.manifest = Some(manifest);
+    o
+}
+
+#[test]
+fn linux_install_plan_on_a_clean_machine() {
+    let l = layout(Platform::Linux);
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    golden("install-plan-linux.txt", &plan.render());
+    let bare = plan_install(&l, &input(), &clean(false)).expect("plan");
+    golden("install-plan-linux-without-systemd.txt", &bare.render());
+}
+
+#[test]
+fn macos_install_plan_on_a_clean_machine() {
+    let l = layout(Platform::MacOs);
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    golden("install-plan-macos.txt", &plan.render());
+}
+
+#[test]
+fn uninstall_plans_undo_what_install_recorded_in_reverse() {
+    for (platform, name) in [
+        (Platform::Linux, "uninstall-plan-linux.txt"),
+        (Platform::MacOs, "uninstall-plan-macos.txt"),
+    ] {
+        let l = layout(platform);
+        let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+        let installed = after(&plan, clean(true), &l);
+        let undo = plan_uninstall(&l, &installed);
+        golden(name, &undo.render());
+        let gone = undo
+            .steps
+            .iter()
+            .filter(|s| matches!(s.action, Action::DeleteAccount { .. }))
+            .count();
+        assert_eq!(gone, 5, "3 groups and 2 users:\n{}", undo.render());
+    }
+}
+
+#[test]
+fn a_second_install_has_nothing_to_do_on_either_platform() {
+    for platform in [Platform::Linux, Platform::MacOs] {
+        let l = layout(platform);
+        let first = plan_install(&l, &input(), &clean(true)).expect("plan");
+        assert!(first.todo() > 20, "{}", first.render());
+        let second = plan_install(&l, &input(), &after(&first, clean(true), &l)).expect("plan");
+        assert_eq!(second.todo(), 0, "second run:\n{}", second.render());
+    }
+}
+
+#[test]
+fn users_that_existed_before_are_neither_recreated_nor_deleted() {
+    let l = layout(Platform::Linux);
+    let mut seen = clean(true);
+    seen.users.insert(l.agent.name.clone(), 1234);
+    seen.groups.insert(l.agent.name.clone(), 1234);
+    let plan = plan_install(&l, &input(), &seen).expect("plan");
+    let records = plan.records();
+    assert!(!records
+        .iter()
+        .any(|r| matches!(r, Created::User { name } if *name == l.agent.name)));
+    let installed = after(&plan, seen, &l);
+    let undo = plan_uninstall(&l, &installed);
+    let text = undo.render();
+    assert!(!text.contains("userdel ash_default_agent"), "{text}");
+    assert!(text.contains("userdel ash_default_broker"), "{text}");
+}
+
+#[test]
+fn a_uid_held_by_another_user_stops_the_plan_with_its_name() {
+    let l = layout(Platform::Linux);
+    let mut seen = clean(true);
+    seen.uid_names.insert(5200, "someone".into());
+    let err = plan_install(&l, &input(), &seen).expect_err("uid taken");
+    assert!(err.to_string().contains("\"someone\""), "{err}");
+}
+
+#[test]
+fn files_changed_since_install_are_kept_by_uninstall() {
+    let l = layout(Platform::Linux);
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    let mut installed = after(&plan, clean(true), &l);
+    let mut m: Manifest = installed.manifest.clone().expect("manifest");
+    for c in &mut m.created {
+        if let Created::File { path, sha256 } = c {
+            if path == &l.config_file {
+                *sha256 = Some(sha("what install wrote"));
+            }
+        }
+    }
+    installed.manifest = Some(m);
+    let undo = plan_uninstall(&l, &installed);
+    let step = undo
+        .steps
+        .iter()
+        .find(|s| s.summary == format!("remove {}", l.config_file.display()))
+        .expect("config step");
+    assert_eq!(
+        step.state,
+        State::Done("kept: changed since install".into()),
+        "{}",
+        undo.render()
+    );
+}
+
+/// The unit and plist the plan writes are the shipped files, and they run the installed
+/// binary on the installed config with the supervision DESIGN.md asks for.
+#[test]
+fn the_service_files_written_are_the_shipped_ones() {
+    for (platform, path, shipped, name) in [
+        (
+            Platform::Linux,
+            SYSTEMD_UNIT_PATH,
+            SYSTEMD_UNIT,
+            "install-agenshield-proxy.service",
+        ),
+        (
+            Platform::MacOs,
+            LAUNCHD_PLIST_PATH,
+            LAUNCHD_PLIST,
+            "install-com.agenshield.proxy.plist",
+        ),
+    ] {
+        let plan = plan_install(&layout(platform), &input(), &clean(true)).expect("plan");
+        let written = plan
+            .steps
+            .iter()
+            .find_map(|s| match &s.action {
+                Action::Write {
+                    path: p,
+                    content: Content::Text(t),
+                    meta,
+                } if p == &PathBuf::from(path) => Some((t.clone(), meta.mode)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no step writes {path}"));
+        assert_eq!(written.0, shipped);
+        assert_eq!(written.1, 0o644);
+        golden(name, &written.0);
+    }
+    let config = agenshield_proxy::config::DEFAULT_CONFIG_PATH;
+    assert!(SYSTEMD_UNIT.contains(&format!(
+        "ExecStart={BIN_PATH} proxy run --config {config}\n"
+    )));
+    for line in ["Restart=always", "WantedBy=multi-user.target"] {
+        assert!(SYSTEMD_UNIT.contains(line), "unit lacks {line}");
+    }
+    let args: String = [BIN_PATH, "proxy", "run", "--config", config]
+        .iter()
+        .map(|a| format!("\t\t<string>{a}</string>\n"))
+        .collect();
+    assert!(
+        LAUNCHD_PLIST.contains(&format!(
+            "<key>ProgramArguments</key>\n\t<array>\n{args}\t</array>"
+        )),
+        "ProgramArguments"
+    );
+    for (key, value) in [
+        ("Label", "<string>com.agenshield.proxy</string>"),
+        ("RunAtLoad", "<true/>"),
+        ("KeepAlive", "<true/>"),
+        ("ThrottleInterval", "<integer>5</integer>"),
+        (
+            "StandardOutPath",
+            "<string>/var/log/agenshield/proxy.log</string>",
+        ),
+        (
+            "StandardErrorPath",
+            "<string>/var/log/agenshield/proxy.log</string>",
+        ),
+    ] {
+        assert!(
+            LAUNCHD_PLIST.contains(&format!("<key>{key}</key>\n\t{value}")),
+            "plist: {key} should be {value}"
+        );
+    }
+}
