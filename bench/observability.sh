@@ -7,6 +7,7 @@
 #
 #   sudo bench/observability.sh
 #   REPEATS=3 DUR=10 sudo bench/observability.sh
+#   AGENSHIELD_BIN=/path/to/agenshield sudo bench/observability.sh   # no build
 #
 # Needs root, nginx-light, wrk, nghttp2-client, nftables. Traffic stays on 127.0.0.2.
 set -euo pipefail
@@ -15,8 +16,11 @@ root="$(dirname "$here")"
 harness="${HARNESS:-$root/../shared/bench/peers.sh}"
 [ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables, a second uid)" >&2; exit 2; }
-(cd "$root" && cargo build --release -q -p agenshield-proxy)
-export AGENSHIELD_BIN="$root/target/release/agenshield"
+if [ -z "${AGENSHIELD_BIN:-}" ]; then
+  (cd "$root" && cargo build --release -q -p agenshield-proxy)
+  AGENSHIELD_BIN="$root/target/release/agenshield"
+fi
+export AGENSHIELD_BIN
 ROWS="${ROWS:-direct agenshield agenshield_quiet}"
 export RESULTS_MD="${RESULTS_MD:-$here/results-observability-$(date -u +%Y-%m-%d).md}"
 

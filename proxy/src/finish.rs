@@ -71,10 +71,11 @@ impl Finish {
         (self.proxy, self.entry)
     }
 
-    /// Accounts for a request whose response has no body to hold (HEAD, 1xx, 204, 304, an
-    /// empty body): the record is written before the response is returned.
-    pub async fn now(self) {
-        let (proxy, entry) = self.account(0, false);
+    /// Accounts for a request whose response body need not be held back (none: HEAD, 1xx,
+    /// 204, 304, empty; or all `down` bytes of it already here): the record is written
+    /// before the response is returned.
+    pub async fn now(self, down: u64) {
+        let (proxy, entry) = self.account(down, false);
         if let Some(audit) = &proxy.audit {
             audit.write(Entry::Request(Box::new(entry))).await;
         }

@@ -37,6 +37,7 @@ pub mod policy;
 pub mod policy_store;
 pub mod prefixed;
 pub mod ratelimit;
+pub mod ready_body;
 pub mod resolve;
 pub mod secrets;
 pub mod serve;

@@ -20,10 +20,15 @@ use crate::events::{now_rfc3339, DecisionEvent};
 use crate::finish::{CountedBody, Finish, FinishedBody};
 use crate::policy::{normalize_path, Action, Decision, Policy, RequestFacts, Scheme};
 use crate::ratelimit::{LimitKey, Limited};
+use crate::ready_body::{take_ready, Ready};
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::secrets::{SecretRefusal, Violation};
 use crate::state::Proxy;
 use crate::target::{self, Target};
+
+/// A response body up to this size that has fully arrived with its head is recorded and
+/// sent whole (see `ready_body`); larger or still-arriving bodies stream.
+const READY_BODY_LIMIT: usize = 64 * 1024;
 
 /// What one request came to, for the response, the log and the event feed.
 struct Outcome {
@@ -111,21 +116,33 @@ pub async fn handle(
             if ctx.tls.is_some() { "https" } else { "http" },
         ),
     };
-    tracing::info!(
-        request_id,
-        %method,
-        host,
-        port,
-        path = out.path,
-        decision = out.label,
-        rule = out.rule.as_deref().unwrap_or("(default)"),
-        status,
-        upstream = %upstream.as_deref().unwrap_or("-"),
-        error_code = error_code.unwrap_or("-"),
-        secrets = %out.secrets.join(","),
-        ms,
-        "request {reason}"
-    );
+    // The audit log is the record of every request; this line is for the operator's eyes:
+    // refusals and errors at info, allowed requests at debug.
+    macro_rules! request_line {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                request_id,
+                %method,
+                host,
+                port,
+                path = out.path,
+                decision = out.label,
+                rule = out.rule.as_deref().unwrap_or("(default)"),
+                status,
+                upstream = %upstream.as_deref().unwrap_or("-"),
+                error_code = error_code.unwrap_or("-"),
+                secrets = %out.secrets.join(","),
+                ms,
+                "request {reason}"
+            )
+        };
+    }
+    if out.label == "allow" && error_code.is_none() {
+        request_line!(tracing::Level::DEBUG);
+    } else {
+        request_line!(tracing::Level::INFO);
+    }
     let secret_names: Vec<String> = out.secrets.iter().map(|s| s.to_string()).collect();
     let audited_path = crate::audit::shown_path(
         &out.path,
@@ -191,10 +208,20 @@ pub async fn handle(
         || resp.status() == http::StatusCode::NOT_MODIFIED
         || http_body::Body::is_end_stream(resp.body());
     if bodiless {
-        finish.now().await;
+        finish.now(0).await;
         return resp;
     }
-    resp.map(|b| BodyExt::boxed(FinishedBody::new(b, finish)))
+    let (parts, body) = resp.into_parts();
+    match take_ready(body, READY_BODY_LIMIT) {
+        // All here: record it, then hand hyper the whole response for one write.
+        Ready::Complete(bytes) => {
+            finish.now(bytes.len() as u64).await;
+            Response::from_parts(parts, crate::body::full(bytes))
+        }
+        Ready::Streaming(body) => {
+            Response::from_parts(parts, BodyExt::boxed(FinishedBody::new(body, finish)))
+        }
+    }
 }
 
 async fn run(

@@ -1,11 +1,11 @@
 //! The audit log: one JSON line per decision and per policy (re)load, hash-chained
-//! (`chain.rs`), written by one thread fed through a bounded queue (`writer.rs`), verified by
+//! (`chain.rs`), written by one task fed through a bounded queue (`writer.rs`), verified by
 //! `ctl audit verify` (`verify.rs`).
 //!
 //! The guarantee: a request's record is written to the file (one `write(2)` per batch, no
 //! user-space buffer) before the last byte of its response is released to the agent, so
 //! every request the agent saw complete is in the log even if the daemon is then killed;
-//! the file is fsynced at least once a second and on stop (the window for a power loss).
+//! the file is fsynced within 100 ms of a write and on stop (the window for a power loss).
 //! A full queue never drops a refusal (its request waits); an allowed request's record may
 //! be dropped then, which is counted and written into the next record (`dropped_before`).
 
@@ -40,7 +40,7 @@ pub struct Audit {
 }
 
 impl Audit {
-    /// Opens (or creates) the log and starts its writer thread.
+    /// Opens (or creates) the log and starts its writer task (call within the runtime).
     pub fn open(path: &Path, cfg: &AuditConfig, metrics: Arc<Metrics>) -> std::io::Result<Audit> {
         let dropped = Arc::new(AtomicU64::new(0));
         let head = Arc::new(Mutex::new(Head {
@@ -56,9 +56,7 @@ impl Audit {
             head.clone(),
         )?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        std::thread::Builder::new()
-            .name("audit-writer".into())
-            .spawn(move || writer.run(rx))?;
+        tokio::spawn(writer.run(rx));
         Ok(Audit {
             tx,
             dropped,
