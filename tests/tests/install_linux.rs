@@ -1,0 +1,587 @@
+//! Root end-to-end test of `agenshield proxy install` / `uninstall` on Linux: real users, real
+//! files and modes, the real nftables redirect, the agent's login shell trusting our CA
+//! through the environment install wrote, and an uninstall that leaves no trace.
+//!
+//! It refuses to touch a machine where AgenShield is installed (the agent or broker user,
+//! the admin group, the manifest, /opt/agenshield/{bin,config,certs,policies} or the unit
+//! exist): a skip with the reason, a failure under CI=true. Empty leftovers of other tests'
+//! daemons (an empty /opt/agenshield/vault, /var/log/agenshield) are not an installation:
+//! install adopts them and uninstall leaves them as they were.
+#![cfg(target_os = "linux")]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use agenshield_e2e::daemon::binary;
+use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
+use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+
+const AGENT: &str = "ash_default_agent";
+const BROKER: &str = "ash_default_broker";
+const ADMIN: &str = "agenshield-admin";
+const ROOT: &str = "/opt/agenshield";
+const MANIFEST: &str = "/opt/agenshield/.install-manifest.json";
+const UNIT: &str = "/etc/systemd/system/agenshield-proxy.service";
+const HOME: &str = "/home/ash_default_agent";
+/// The test's admin socket directory: its own, so a daemon another test left on the default
+/// socket cannot collide with ours.
+const RUN_DIR: &str = "/var/run/agenshield-install-e2e";
+
+/// Everything install may create; what existed before the test is never removed by it.
+fn candidates() -> Vec<PathBuf> {
+    [
+        ROOT,
+        "/opt/agenshield/bin",
+        "/opt/agenshield/config",
+        "/opt/agenshield/certs",
+        "/opt/agenshield/policies",
+        "/opt/agenshield/vault",
+        MANIFEST,
+        "/var/log/agenshield",
+        RUN_DIR,
+        HOME,
+        UNIT,
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect()
+}
+
+fn user_exists(name: &str) -> bool {
+    matches!(nix::unistd::User::from_name(name), Ok(Some(_)))
+}
+
+fn group_exists(name: &str) -> bool {
+    matches!(nix::unistd::Group::from_name(name), Ok(Some(_)))
+}
+
+/// Why this machine already has (part of) an installation, if it does.
+fn installed_already() -> Option<String> {
+    for u in [AGENT, BROKER] {
+        if user_exists(u) {
+            return Some(format!("user {u} exists"));
+        }
+    }
+    if group_exists(ADMIN) {
+        return Some(format!("group {ADMIN} exists"));
+    }
+    [
+        MANIFEST,
+        "/opt/agenshield/bin",
+        "/opt/agenshield/config",
+        "/opt/agenshield/certs",
+        "/opt/agenshield/policies",
+        UNIT,
+        HOME,
+        RUN_DIR,
+    ]
+    .iter()
+    .find(|p| Path::new(p).exists())
+    .map(|p| format!("{p} exists"))
+}
+
+/// Undoes everything on drop, also when the test fails: the daemon, `uninstall`, then any
+/// leftover this test can prove is its own (absent before it started).
+struct Cleanup {
+    daemon: Option<Child>,
+    existed: Vec<PathBuf>,
+    extra_files: Vec<PathBuf>,
+}
+
+impl Cleanup {
+    fn stop_daemon(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            for _ in 0..100 {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.stop_daemon();
+        let _ = Command::new(binary()).args(["proxy", "uninstall"]).output();
+        for f in &self.extra_files {
+            let _ = std::fs::remove_file(f);
+        }
+        let mut left: Vec<PathBuf> = candidates()
+            .into_iter()
+            .filter(|p| !self.existed.contains(p))
+            .collect();
+        left.reverse();
+        for p in left {
+            let _ = std::fs::remove_file(&p);
+            let _ = std::fs::remove_dir_all(&p);
+        }
+        for u in [AGENT, BROKER] {
+            let _ = Command::new("userdel").arg(u).output();
+        }
+        for g in [AGENT, BROKER, ADMIN] {
+            let _ = Command::new("groupdel").arg(g).output();
+        }
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "agenshield"])
+            .output();
+    }
+}
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .output()
+        .expect("run agenshield");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// A login shell of the agent user: its environment is what its start-up files make it.
+fn as_agent(script: &str) -> Output {
+    Command::new("su")
+        .args(["-l", AGENT, "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("su")
+}
+
+fn meta(p: &str) -> (u32, String, String) {
+    let m = std::fs::metadata(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(m.uid()))
+        .ok()
+        .flatten()
+        .map_or(m.uid().to_string(), |u| u.name);
+    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(m.gid()))
+        .ok()
+        .flatten()
+        .map_or(m.gid().to_string(), |g| g.name);
+    (m.permissions().mode() & 0o7777, user, group)
+}
+
+fn assert_meta(p: &str, mode: u32, owner: &str, group: &str) {
+    assert_eq!(
+        meta(p),
+        (mode, owner.to_string(), group.to_string()),
+        "mode and owner of {p}"
+    );
+}
+
+/// Every path under the candidates with mode, owner, size and mtime, plus the accounts and
+/// the firewall table: what a no-op must leave exactly as it was.
+fn snapshot() -> BTreeMap<String, String> {
+    fn walk(p: &Path, out: &mut BTreeMap<String, String>) {
+        let Ok(m) = std::fs::symlink_metadata(p) else {
+            return;
+        };
+        out.insert(
+            p.display().to_string(),
+            format!(
+                "{:o} {}:{} {} {}.{}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec()
+            ),
+        );
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    walk(&e.path(), out);
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for p in candidates() {
+        walk(&p, &mut out);
+    }
+    let getent = Command::new("getent")
+        .args(["passwd", AGENT, BROKER])
+        .output()
+        .expect("getent");
+    out.insert(
+        "passwd".into(),
+        String::from_utf8_lossy(&getent.stdout).into(),
+    );
+    let getent = Command::new("getent")
+        .args(["group", AGENT, BROKER, ADMIN])
+        .output()
+        .expect("getent");
+    out.insert(
+        "group".into(),
+        String::from_utf8_lossy(&getent.stdout).into(),
+    );
+    let nft = Command::new("nft")
+        .args(["list", "table", "inet", "agenshield"])
+        .output()
+        .expect("nft");
+    out.insert("nft".into(), String::from_utf8_lossy(&nft.stdout).into());
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Starts the installed daemon as the unit would (root, the installed config) and waits for
+/// its ready line.
+fn start_daemon(log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("log");
+    let mut child = Command::new("/opt/agenshield/bin/agenshield")
+        .args([
+            "proxy",
+            "run",
+            "--config",
+            "/opt/agenshield/config/proxy.toml",
+        ])
+        .env("AGENSHIELD_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .expect("start the installed daemon");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("agenshield: ready ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        let _ = child.kill();
+        panic!(
+            "the installed daemon did not become ready; its log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves_no_trace() {
+    let Some(_serial) = root_or_skip("install_linux") else {
+        return;
+    };
+    if let Some(why) = installed_already() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("install_linux: {why}: this test needs a machine without AgenShield");
+        }
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP install_linux: {why}; refusing to touch an existing installation"
+        );
+        return;
+    }
+    let mut cleanup = Cleanup {
+        daemon: None,
+        existed: candidates().into_iter().filter(|p| p.exists()).collect(),
+        extra_files: Vec::new(),
+    };
+    let before = snapshot();
+
+    // "The internet": an HTTPS upstream in a namespace, with a certificate from a test CA
+    // that only the daemon trusts (the agent must go through our interception to succeed).
+    let net = Internet::create();
+    let ca = TestCa::new("install e2e upstream CA");
+    let a4 = net.a4;
+    let leaf = ca.leaf(&[&a4.to_string()]);
+    let listener = net
+        .bind_tcp(&[SocketAddr::new(a4, 443)])
+        .pop()
+        .expect("listener");
+    let upstream = Upstream::serve_std(
+        listener,
+        UpstreamOptions {
+            tls: Some(leaf),
+            name: "install-e2e".into(),
+        },
+    );
+    let share = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let upstream_ca = share.path().join("upstream-ca.pem");
+    ca.write_pem(&upstream_ca).expect("write CA");
+
+    // The values to install: the test's upstream CA, the namespace's range, a dead resolver
+    // (nothing can leave the machine), ports and a socket of its own.
+    let (transparent, explicit) = (free_port(), free_port());
+    let config_text = format!(
+        "[listen]\ntransparent = [\"127.0.0.1:{transparent}\"]\nexplicit = \"127.0.0.1:{explicit}\"\n\
+         metrics = \"off\"\nadmin = \"{RUN_DIR}/proxy.sock\"\n\n\
+         [redirect]\nenabled = true\nagent_users = [\"{AGENT}\"]\nreconcile_interval = \"1s\"\n\n\
+         [upstream]\nextra_ca = [\"{}\"]\nallow_private = [\"{}\"]\n\n\
+         [resolver]\nnameservers = [\"127.0.0.1:9\"]\n",
+        upstream_ca.display(),
+        net.net4
+    );
+    let config = share.path().join("proxy.toml");
+    std::fs::write(&config, &config_text).expect("write config");
+    let config_arg = config.to_str().expect("utf-8 path");
+
+    // The dry run changes nothing and lists every step.
+    let (code, plan) = run(&["proxy", "install", "--dry-run", "--config", config_arg]);
+    assert_eq!(code, 0, "{plan}");
+    assert!(
+        plan.contains("[to do] create user ash_default_agent"),
+        "{plan}"
+    );
+    assert_eq!(snapshot(), before, "--dry-run changed the machine:\n{plan}");
+
+    let (code, first) = run(&["proxy", "install", "--config", config_arg]);
+    assert_eq!(code, 0, "install failed:\n{first}");
+    assert!(first.contains("steps carried out"), "{first}");
+
+    // Accounts.
+    let agent = nix::unistd::User::from_name(AGENT)
+        .ok()
+        .flatten()
+        .expect("agent user");
+    assert_eq!(agent.uid.as_raw(), 5200);
+    assert_eq!(agent.dir, Path::new(HOME));
+    let broker = nix::unistd::User::from_name(BROKER)
+        .ok()
+        .flatten()
+        .expect("broker user");
+    assert_eq!(broker.uid.as_raw(), 5201);
+    let admin = nix::unistd::Group::from_name(ADMIN)
+        .ok()
+        .flatten()
+        .expect("admin group");
+    assert_eq!(admin.gid.as_raw(), 5202);
+    assert!(admin.mem.iter().any(|m| m == BROKER), "{:?}", admin.mem);
+
+    // Files, modes, owners.
+    assert_meta("/opt/agenshield/bin/agenshield", 0o755, "root", "root");
+    assert_eq!(
+        std::fs::read("/opt/agenshield/bin/agenshield").expect("installed binary"),
+        std::fs::read(binary()).expect("built binary"),
+    );
+    assert_meta("/opt/agenshield/config", 0o750, "root", ADMIN);
+    assert_meta("/opt/agenshield/config/proxy.toml", 0o640, "root", ADMIN);
+    assert_eq!(
+        std::fs::read_to_string("/opt/agenshield/config/proxy.toml").expect("config"),
+        config_text
+    );
+    assert_meta(
+        "/opt/agenshield/policies/default.toml",
+        0o640,
+        "root",
+        ADMIN,
+    );
+    assert_meta("/opt/agenshield/certs/ca.pem", 0o644, "root", "root");
+    assert_meta("/opt/agenshield/certs/ca-key.pem", 0o600, BROKER, "root");
+    assert_meta(
+        "/opt/agenshield/certs/agent-ca-bundle.pem",
+        0o644,
+        "root",
+        "root",
+    );
+    let our_ca = std::fs::read_to_string("/opt/agenshield/certs/ca.pem").expect("CA");
+    let bundle =
+        std::fs::read_to_string("/opt/agenshield/certs/agent-ca-bundle.pem").expect("bundle");
+    assert!(
+        bundle.trim_end().ends_with(our_ca.trim_end()),
+        "bundle ends with our CA"
+    );
+    assert_meta("/opt/agenshield/vault", 0o700, "root", "root");
+    assert_meta("/var/log/agenshield", 0o750, "root", ADMIN);
+    assert_meta(RUN_DIR, 0o750, "root", ADMIN);
+    assert_meta(HOME, 0o750, AGENT, AGENT);
+    assert_meta(MANIFEST, 0o600, "root", "root");
+    let manifest = std::fs::read_to_string(MANIFEST).expect("manifest");
+    for needle in [
+        AGENT,
+        BROKER,
+        ADMIN,
+        "/opt/agenshield/certs/ca-key.pem",
+        UNIT,
+    ] {
+        assert!(
+            manifest.contains(needle),
+            "manifest lacks {needle}:\n{manifest}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(UNIT).expect("unit"),
+        include_str!("../../systemd/agenshield-proxy.service")
+    );
+    for f in [".profile", ".bashrc"] {
+        let text = std::fs::read_to_string(Path::new(HOME).join(f)).expect("start-up file");
+        assert!(
+            text.contains("export CURL_CA_BUNDLE='/opt/agenshield/certs/agent-ca-bundle.pem'"),
+            "{f}:\n{text}"
+        );
+    }
+    let table =
+        String::from_utf8_lossy(&sh(&["nft", "list", "table", "inet", "agenshield"]).stdout)
+            .into_owned();
+    assert!(
+        table.contains("5200"),
+        "the redirect covers the agent:\n{table}"
+    );
+    // The backstop of user isolation: the agent cannot read the CA key or the config.
+    for secret in [
+        "/opt/agenshield/certs/ca-key.pem",
+        "/opt/agenshield/config/proxy.toml",
+    ] {
+        let out = as_agent(&format!("cat {secret}"));
+        assert!(!out.status.success(), "the agent could read {secret}");
+    }
+
+    // Install again: a no-op, said so, and nothing on disk or in the accounts moved.
+    let installed = snapshot();
+    let (code, second) = run(&["proxy", "install", "--config", config_arg]);
+    assert_eq!(code, 0, "{second}");
+    assert!(second.contains("nothing changed"), "{second}");
+    for line in second
+        .lines()
+        .filter(|l| l.trim_start().starts_with(char::is_numeric))
+    {
+        let state = line.split_once(". ").map(|x| x.1).unwrap_or("");
+        assert!(
+            state.starts_with("already done") || state.starts_with("note"),
+            "a second install did something: {line}\n{second}"
+        );
+    }
+    assert_eq!(
+        snapshot(),
+        installed,
+        "the second install changed the machine"
+    );
+
+    // The agent's traffic fails closed until the daemon runs...
+    net.assert_route(a4);
+    let url = format!("https://{a4}/hello");
+    let systemd = Path::new("/run/systemd/system").exists();
+    if !systemd {
+        let closed = as_agent(&format!("curl -sS --max-time 5 {url}"));
+        assert!(
+            !closed.status.success(),
+            "agent reached the upstream with no proxy running"
+        );
+        assert!(upstream.requests().is_empty());
+    }
+    // ...whose policy must allow the upstream: an operator's file, which uninstall keeps.
+    let policy = PathBuf::from("/opt/agenshield/policies/50-e2e.toml");
+    std::fs::write(
+        &policy,
+        format!("version = 1\n[[rule]]\nid = \"e2e-upstream\"\nhosts = [\"{a4}\"]\naction = \"allow\"\n"),
+    )
+    .expect("policy");
+    cleanup.extra_files.push(policy.clone());
+    if !systemd {
+        cleanup.daemon = Some(start_daemon(&share.path().join("daemon.log")));
+    }
+
+    // The agent's login shell, no flags: its tools trust our CA through the environment
+    // install wrote, and the request is intercepted (the upstream's own CA is not in the
+    // agent's bundle, so success means our leaf was presented).
+    let mut last = None;
+    for _ in 0..40 {
+        let out = as_agent(&format!("curl -sS --max-time 10 {url}"));
+        if out.status.success() {
+            last = Some(Ok(out));
+            break;
+        }
+        last = Some(Err(out));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let out = match last.expect("tried") {
+        Ok(out) => out,
+        Err(out) => panic!(
+            "agent curl failed: {}{}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(share.path().join("daemon.log")).unwrap_or_default()
+        ),
+    };
+    assert!(!out.stdout.is_empty(), "empty response");
+    let seen = upstream.requests();
+    assert!(
+        seen.iter().any(|r| r.path_and_query == "/hello"),
+        "the upstream did not see the request: {seen:?}"
+    );
+    // Without the variables, curl's system roots do not know our CA: the file is what works.
+    let bare = as_agent(&format!(
+        "unset CURL_CA_BUNDLE SSL_CERT_FILE; curl -sS --max-time 10 {url}"
+    ));
+    assert!(
+        !bare.status.success(),
+        "curl trusted our CA without the environment install wrote"
+    );
+
+    // Uninstall: the service (or our daemon) stops, then no trace is left.
+    cleanup.stop_daemon();
+    let (code, undo) = run(&["proxy", "uninstall"]);
+    assert_eq!(code, 0, "uninstall failed:\n{undo}");
+    for u in [AGENT, BROKER] {
+        assert!(!user_exists(u), "user {u} left behind");
+    }
+    for g in [AGENT, BROKER, ADMIN] {
+        assert!(!group_exists(g), "group {g} left behind");
+    }
+    let tables = String::from_utf8_lossy(&sh(&["nft", "list", "tables"]).stdout).into_owned();
+    assert!(
+        !tables.contains("agenshield"),
+        "nft table left behind:\n{tables}"
+    );
+    // The operator's policy file stays, and with it its directory; nothing else of ours.
+    assert!(
+        policy.exists(),
+        "uninstall removed a file it did not write:\n{undo}"
+    );
+    let left: Vec<String> = std::fs::read_dir("/opt/agenshield/policies")
+        .expect("policy dir kept")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["50-e2e.toml".to_string()], "{undo}");
+    std::fs::remove_file(&policy).expect("rm policy");
+    std::fs::remove_dir("/opt/agenshield/policies").expect("rmdir policies");
+    if !cleanup.existed.contains(&PathBuf::from(ROOT)) {
+        std::fs::remove_dir(ROOT).expect("/opt/agenshield is empty after uninstall");
+    }
+    let mut after = snapshot();
+    let mut was = before.clone();
+    // The daemon appends to a log file that existed before (another test's leftover): that
+    // file's size and time are not install's doing.
+    // A directory that existed before gets a new time when entries come and go inside it.
+    for snap in [&mut after, &mut was] {
+        snap.retain(|k, _| !k.starts_with("/var/log/agenshield/"));
+        for v in snap.values_mut() {
+            if v.starts_with("40") {
+                *v = v
+                    .rsplit_once(' ')
+                    .map(|x| x.0.to_string())
+                    .unwrap_or_default();
+            }
+        }
+    }
+    assert_eq!(after, was, "uninstall left a trace:\n{undo}");
+    let (code, again) = run(&["proxy", "uninstall"]);
+    assert_eq!(code, 0, "{again}");
+    assert!(again.contains("nothing changed"), "{again}");
+}
