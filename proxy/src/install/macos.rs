@@ -1,13 +1,17 @@
 //! The macOS commands install and uninstall run (dscl, launchctl, security). Pure argument
-//! vectors, so the macOS plan renders and is golden-tested on Linux.
+//! vectors, so the macOS plan renders and is golden-tested on Linux. Type-checked only: no
+//! step here has run on a Mac in CI.
 //!
 //! Sources: dscl(1) for the user and group records (a hidden system user needs UniqueID,
 //! PrimaryGroupID, UserShell, NFSHomeDirectory and `IsHidden 1`); launchctl(1) for
 //! `bootstrap system PLIST` / `bootout system/LABEL` / `print system/LABEL`; security(1) for
-//! `add-trusted-cert [-r trustRoot] [-p policy] [-k keychain] certFile`, which without `-d`
-//! writes the per-user trust settings, and since macOS 11 asks that user to confirm
-//! (Apple, "macOS Big Sur 11 release notes", Security): so the step is run as the agent
-//! and, when no confirmation is possible, reported with the command rather than failing.
+//! `add-trusted-cert [-d] [-r resultType] [-p policy] [-k keychain] certFile`: "When
+//! modifying per-user Trust Settings, user authentication is required via an authentication
+//! dialog" (the man page). Apple's macOS 11 release notes add that admin-domain (`-d`) trust
+//! changes need an administrator password too, root alone no longer suffices (quoted at
+//! twocanoes.com, "Trusting certificates in System keychain without prompting"). So the step
+//! runs as the agent, into its login keychain, and when no confirmation is possible it is
+//! reported with the command to run in the agent's session instead of failing the install.
 
 use std::path::Path;
 
