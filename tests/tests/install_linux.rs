@@ -533,6 +533,18 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         "curl trusted our CA without the environment install wrote"
     );
 
+    // A daemon the service manager does not run would restore the firewall: uninstall
+    // refuses to start while it answers, and changes nothing.
+    if !systemd {
+        let (code, refused) = run(&["proxy", "uninstall"]);
+        assert_eq!(code, 1, "{refused}");
+        assert!(refused.contains("stop it first"), "{refused}");
+        assert!(
+            user_exists(AGENT) && Path::new(MANIFEST).exists(),
+            "{refused}"
+        );
+    }
+
     // Uninstall: the service (or our daemon) stops, then no trace is left.
     cleanup.stop_daemon();
     let (code, undo) = run(&["proxy", "uninstall"]);

@@ -186,6 +186,19 @@ pub fn command(args: &InstallArgs, uninstall: bool) -> u8 {
             }
         }
     };
+    let managed = seen.manifest.as_ref().is_some_and(|m| {
+        m.created
+            .iter()
+            .any(|c| matches!(c, manifest::Created::Service { .. }))
+    });
+    if uninstall && !args.dry_run && seen.daemon_alive && seen.manifest.is_some() && !managed {
+        eprintln!(
+            "agenshield: uninstall: a daemon answers on {}: stop it first (it was not started \
+             by the service manager, and its reconcile loop would put the firewall back)",
+            cfg.admin.display()
+        );
+        return 1;
+    }
     if args.dry_run {
         print!("{}", plan.render());
         if !root {

@@ -67,6 +67,8 @@ pub struct Observed {
     /// macOS: the installed CA's common name (for deleting it from a keychain).
     pub ca_common_name: Option<String>,
     pub manifest: Option<Manifest>,
+    /// A daemon answers on the configured admin socket.
+    pub daemon_alive: bool,
 }
 
 impl Observed {
@@ -207,6 +209,7 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
         }
     }
     o.manifest = Manifest::load(manifest_path).ok().flatten();
+    o.daemon_alive = std::os::unix::net::UnixStream::connect(&cfg.admin).is_ok();
     o
 }
 

@@ -40,6 +40,21 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
             None,
         );
     }
+    let managed = manifest
+        .created
+        .iter()
+        .any(|c| matches!(c, Created::Service { .. }));
+    if seen.daemon_alive && !managed {
+        push(
+            "stop the daemon first".into(),
+            "a daemon not run by the service manager answers on the admin socket: stop it \
+             (its reconcile loop would put the firewall back)"
+                .into(),
+            Action::Note,
+            State::Note,
+            None,
+        );
+    }
     for c in manifest
         .created
         .iter()
