@@ -21,7 +21,7 @@ pub mod plan;
 mod steps;
 mod uninstall_plan;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::cli::InstallArgs;
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
@@ -237,11 +237,6 @@ pub fn command(args: &InstallArgs, uninstall: bool) -> u8 {
         );
     }
     0
-}
-
-/// Where `install` copies the binary (for messages and tests).
-pub fn installed_binary() -> PathBuf {
-    PathBuf::from(layout::BIN_PATH)
 }
 
 #[cfg(test)]
