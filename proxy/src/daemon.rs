@@ -263,10 +263,10 @@ async fn build_proxy(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<Proxy> {
     let audit = match &cfg.audit_path {
-        Some(path) => Some(Arc::new(
+        Some(path) => Some(
             Audit::open(path, &cfg.audit, metrics.clone())
                 .with_context(|| format!("opening the audit log {}", path.display()))?,
-        )),
+        ),
         None => {
             tracing::warn!("audit log is off (audit.enabled = false)");
             None

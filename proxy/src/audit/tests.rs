@@ -92,7 +92,7 @@ fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
 }
 
 async fn write_n(path: &Path, c: &AuditConfig, from: u64, n: u64) -> Head {
-    let audit = Arc::new(Audit::open(path, c, Arc::new(Metrics::new())).expect("open"));
+    let audit = Audit::open(path, c, Arc::new(Metrics::new())).expect("open");
     for i in from..from + n {
         audit
             .write(request(i, if i % 3 == 0 { "deny" } else { "allow" }))
@@ -188,8 +188,7 @@ async fn verify_names_the_first_broken_line() {
 async fn a_full_queue_drops_only_allowed_records_and_says_so() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
-    let audit =
-        Arc::new(Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open"));
+    let audit = Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open");
     // Bypass the queue's capacity by counting a drop the way a full queue does.
     audit.count_drop();
     audit.count_drop();
@@ -199,4 +198,33 @@ async fn a_full_queue_drops_only_allowed_records_and_says_so() {
     assert!(text.contains("\"dropped_before\":2"), "{text}");
     let r = verify(&[path]).expect("verify");
     assert_eq!((r.dropped, r.broken), (2, None));
+}
+
+/// Many requests on two workers, each waiting for its own record: every record is written
+/// exactly once, in one unbroken chain, whoever held the writer role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_lose_nothing_and_keep_one_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.jsonl");
+    let audit = Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open");
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let audit = audit.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..200u64 {
+                let n = t * 1000 + i;
+                audit
+                    .write(request(n, if n % 2 == 0 { "deny" } else { "allow" }))
+                    .await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert_eq!(text.lines().count(), 1600);
+    let r = verify(&[path]).expect("verify");
+    assert_eq!((r.records, r.broken, r.last_seq), (1600, None, Some(1600)));
+    assert_eq!(audit.head().seq, 1600);
 }

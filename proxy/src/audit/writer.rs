@@ -1,11 +1,16 @@
-//! The one writer: a task on the daemon's runtime that seals records in arrival order and
-//! appends each batch with a single `write(2)` before acknowledging it, so a record is in the
-//! file (and survives the daemon being killed) by the time its request is told it was
-//! written. A task rather than a thread: handing it a record and being told it is written
-//! are then wake-ups inside the runtime, not futex round trips to another thread, which is
-//! most of what the log costs per request. The write itself is to the page cache and short;
-//! what can take long (fsync, rotation's renames) runs on the blocking pool. The file is
-//! fsynced within `SYNC_EVERY` of a write, and on request (`Msg::Sync`, used at stop).
+//! The one writer. Records go through a bounded queue; whoever holds the writer role (a
+//! lock, taken without waiting) drains it, seals the records in queue order and appends each
+//! batch with a single `write(2)` before acknowledging it. The role is taken by the request
+//! that just queued a record, so in the common case a request writes its own record (and
+//! any queued beside it) with no hand-off to another task or thread: no wake-ups, no context
+//! switches, which were most of what the log cost per request when a dedicated writer did
+//! this. A request that finds the role taken leaves its record to the holder, which looks
+//! at the queue again after letting go; a ticker drains it too, as a backstop.
+//!
+//! A record is in the file (and survives the daemon being killed) by the time its request
+//! is told it was written. The write goes to the page cache and is short; the fsync runs on
+//! the blocking pool within `SYNC_EVERY` of a write, and inline on request (`Msg::Sync`, at
+//! stop).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -15,14 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::chain::{seal, unseal, GENESIS};
 use super::record::Entry;
 use crate::metrics::Metrics;
 
-/// Records taken in one batch at most.
-const BATCH: usize = 1024;
 /// A write is fsynced at most this long after it was made.
 pub(crate) const SYNC_EVERY: Duration = Duration::from_millis(100);
 
@@ -54,8 +57,6 @@ pub(crate) struct Writer {
     dirty: bool,
     /// When the oldest unsynced write was made.
     dirty_since: Instant,
-    /// The fsync running on the blocking pool, if any.
-    syncing: Option<tokio::task::JoinHandle<()>>,
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     /// Shared with the daemon (`ctl status`).
@@ -110,44 +111,14 @@ impl Writer {
             head,
             dirty: false,
             dirty_since: Instant::now(),
-            syncing: None,
             dropped,
             metrics,
             shown_head,
         })
     }
 
-    /// Runs until every sender is gone, then syncs.
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
-        let mut batch = Vec::with_capacity(BATCH);
-        let mut buf = Vec::with_capacity(64 * 1024);
-        loop {
-            let first = if self.dirty {
-                let due = tokio::time::Instant::from_std(self.dirty_since + SYNC_EVERY);
-                tokio::select! {
-                    m = rx.recv() => m,
-                    () = tokio::time::sleep_until(due) => {
-                        self.start_sync();
-                        continue;
-                    }
-                }
-            } else {
-                rx.recv().await
-            };
-            let Some(first) = first else { break };
-            batch.push(first);
-            while batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
-            self.write_batch(&mut batch, &mut buf).await;
-        }
-        self.sync_now().await;
-    }
-
-    async fn write_batch(&mut self, batch: &mut Vec<Msg>, buf: &mut Vec<u8>) {
+    /// Writes `batch` (emptied) and acknowledges it.
+    pub(crate) fn write_batch(&mut self, batch: &mut Vec<Msg>, buf: &mut Vec<u8>) {
         buf.clear();
         let mut acks = Vec::with_capacity(batch.len());
         let mut syncs = Vec::new();
@@ -166,7 +137,7 @@ impl Writer {
         }
         if !buf.is_empty() {
             if self.size > 0 && self.size + buf.len() as u64 > self.max_bytes {
-                if let Err(e) = self.rotate().await {
+                if let Err(e) = self.rotate() {
                     self.metrics.audit_write_errors.inc();
                     tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
                 }
@@ -197,7 +168,7 @@ impl Writer {
             let _ = a.send(());
         }
         if !syncs.is_empty() {
-            self.sync_now().await;
+            self.sync_now();
             for s in syncs {
                 let _ = s.send(());
             }
@@ -209,58 +180,44 @@ impl Writer {
         encode(buf, seq, time, dropped, entry, prev)
     }
 
-    /// Starts an fsync of everything written so far on the blocking pool, unless one is
-    /// still running (then the next deadline tries again).
-    fn start_sync(&mut self) {
-        if self.syncing.as_ref().is_some_and(|h| !h.is_finished()) {
-            self.dirty_since = Instant::now();
-            return;
+    /// What the periodic fsync needs: a handle on the file if a write made since the last
+    /// fsync is `SYNC_EVERY` old (the caller fsyncs it outside the writer role).
+    pub(crate) fn due_sync(&mut self) -> Option<(File, PathBuf)> {
+        if !self.dirty || self.dirty_since.elapsed() < SYNC_EVERY {
+            return None;
         }
-        if !self.dirty {
-            return;
-        }
-        self.dirty = false;
         match self.file.try_clone() {
             Ok(file) => {
-                let metrics = self.metrics.clone();
-                let path = self.path.clone();
-                self.syncing = Some(tokio::task::spawn_blocking(move || {
-                    fsync(&file, &path, &metrics)
-                }));
+                self.dirty = false;
+                Some((file, self.path.clone()))
             }
             Err(e) => {
                 self.metrics.audit_write_errors.inc();
                 tracing::error!(path = %self.path.display(), "audit log fsync failed: {e}");
+                None
             }
         }
     }
 
     /// Everything written so far is on disk when this returns.
-    async fn sync_now(&mut self) {
-        if let Some(running) = self.syncing.take() {
-            let _ = running.await;
-        }
-        self.start_sync();
-        if let Some(running) = self.syncing.take() {
-            let _ = running.await;
+    pub(crate) fn sync_now(&mut self) {
+        if self.dirty {
+            fsync(&self.file, &self.path, &self.metrics);
+            self.dirty = false;
         }
     }
 
     /// `log` → `log.1` → … → `log.keep`; the oldest beyond `keep` is deleted. The chain
-    /// goes on in the new file. The file system work runs on the blocking pool.
-    async fn rotate(&mut self) -> io::Result<()> {
-        self.sync_now().await;
-        let (path, keep) = (self.path.clone(), self.keep);
-        let file = tokio::task::spawn_blocking(move || rotate_files(&path, keep))
-            .await
-            .map_err(io::Error::other)??;
-        self.file = file;
+    /// goes on in the new file. Rare (every `max_bytes`), so done inline.
+    fn rotate(&mut self) -> io::Result<()> {
+        self.sync_now();
+        self.file = rotate_files(&self.path, self.keep)?;
         self.size = 0;
         Ok(())
     }
 }
 
-fn fsync(file: &File, path: &Path, metrics: &Metrics) {
+pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     if let Err(e) = file.sync_data() {
         metrics.audit_write_errors.inc();
         tracing::error!(path = %path.display(), "audit log fsync failed: {e}");
