@@ -49,21 +49,26 @@ pub fn bundle_pem(our_ca_pem: &str) -> io::Result<String> {
     Ok(out)
 }
 
-/// Writes the bundle to `out` atomically (temp file + rename), mode 0644.
+/// Writes the bundle to `out` atomically (a uniquely named temp file beside it, then a
+/// rename), mode 0644. Concurrent writers each rename a complete file into place.
 pub fn write_bundle(our_ca: &Path, out: &Path) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
     let pem = std::fs::read_to_string(our_ca)?;
     let text = bundle_pem(&pem)?;
-    let tmp = out.with_extension("pem.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, out)
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".ca-bundle.")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(out).map_err(|e| e.error)?;
+    Ok(())
 }
 
 fn pem_block(der: &[u8]) -> String {

@@ -209,7 +209,7 @@ fn a_policy_binding_a_missing_secret_stops_the_start_with_the_fix() {
     let cfg = dir.path().join("proxy.toml");
     std::fs::write(
         &cfg,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = \"a.sock\"\n[paths]\npolicies = \"policies\"\ncerts = \"certs\"\nvault = \"vault\"\n",
+        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = \"a.sock\"\nmetrics = \"off\"\n[paths]\npolicies = \"policies\"\ncerts = \"certs\"\nvault = \"vault\"\naudit = \"audit.jsonl\"\n",
     )
     .expect("config");
     let (code, _, err) = output(&["proxy", "run", "--config", cfg.to_str().expect("utf-8")]);

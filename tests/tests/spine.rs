@@ -521,9 +521,12 @@ fn malformed_policy_fails_run_with_file_line_and_reason() {
     std::fs::write(
         &config,
         format!(
-            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\n[paths]\npolicies = {:?}\ncerts = {:?}\n",
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
+            dir.path().join("admin.sock"),
             policies,
-            dir.path().join("certs")
+            dir.path().join("certs"),
+            dir.path().join("vault"),
+            dir.path().join("audit.jsonl")
         ),
     )
     .expect("write");

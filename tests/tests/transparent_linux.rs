@@ -504,10 +504,14 @@ async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
     std::fs::write(
         &config,
         format!(
-            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\n\
-             [paths]\npolicies = {:?}\ncerts = {:?}\n[redirect]\nenabled = true\nagent_users = [{}]\n",
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n\
+             [paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n\
+             [redirect]\nenabled = true\nagent_users = [{}]\n",
+            dir.path().join("admin.sock"),
             policies,
             dir.path().join("certs"),
+            dir.path().join("vault"),
+            dir.path().join("audit.jsonl"),
             user.uid
         ),
     )
