@@ -8,6 +8,7 @@
 pub mod nft;
 mod origdst;
 pub mod pf;
+pub mod privsep;
 mod redirect;
 pub mod sandbox;
 

@@ -227,4 +227,9 @@ pub struct RunArgs {
     /// asking the firewall for its original destination
     #[arg(long, value_name = "ADDR")]
     pub orig_dst_override: Option<SocketAddr>,
+
+    /// Internal: the unprivileged half of a split daemon, started by its supervisor with the
+    /// bound sockets on stdin
+    #[arg(long, hide = true)]
+    pub worker: bool,
 }

@@ -63,7 +63,17 @@ struct FileConfig {
     #[serde(default)]
     audit: AuditConfig,
     #[serde(default)]
+    daemon: DaemonSection,
+    #[serde(default)]
     testing: Testing,
+}
+
+/// How the daemon runs.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DaemonSection {
+    /// Started as root, bind and redirect as root, then serve as this user (name or uid).
+    worker_user: Option<AgentUser>,
 }
 
 /// The audit log (its path is `paths.audit`).
@@ -341,6 +351,8 @@ pub struct Config {
     pub audit_path: Option<PathBuf>,
     pub audit: AuditConfig,
     pub testing: Testing,
+    /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
+    pub worker_user: Option<AgentUser>,
     /// Keys the operator set whose feature this build does not have yet.
     pub not_yet_effective: Vec<&'static str>,
 }
@@ -520,6 +532,7 @@ impl Config {
             audit_path,
             audit: f.audit,
             testing: f.testing,
+            worker_user: f.daemon.worker_user,
             not_yet_effective: not_yet,
         })
     }

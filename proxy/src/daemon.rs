@@ -39,6 +39,27 @@ const DEFAULT_POLICY: &str = include_str!("../../policies/default.toml");
 pub struct BadInput(pub String);
 
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    prepare(&cfg)?;
+    let bound = Bound::bind(&cfg).await?;
+    let metrics = Arc::new(Metrics::new());
+    // Redirect first: from here on the agent fails closed even if the rest of start-up fails
+    // (a bad policy, say), because the rules outlive this process.
+    let firewall = if cfg.redirect.enabled {
+        let (backend, spec) = install_firewall(
+            &cfg,
+            &bound.listeners.transparent_addrs,
+            metrics.clone(),
+            None,
+        )?;
+        Some(firewall::FirewallView::Owned(backend, spec))
+    } else {
+        None
+    };
+    serve(cfg, bound, metrics, firewall, None).await
+}
+
+/// Start-up work before anything is bound: the state directory on defaults, warnings.
+pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
     if let Some(dir) = &cfg.state_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating state directory {}", dir.display()))?;
@@ -51,19 +72,36 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     for key in &cfg.not_yet_effective {
         tracing::warn!("config key {key} is set but has no effect in this build yet");
     }
-    let listeners = Listeners::bind(&cfg).await?;
-    let metrics = Arc::new(Metrics::new());
-    // Redirect first: from here on the agent fails closed even if the rest of start-up fails
-    // (a bad policy, say), because the rules outlive this process.
-    let firewall = if cfg.redirect.enabled {
-        Some(install_firewall(
-            &cfg,
-            &listeners.transparent_addrs,
-            metrics.clone(),
-        )?)
-    } else {
-        None
-    };
+    Ok(())
+}
+
+/// Everything the daemon listens on, bound before anything is served.
+pub struct Bound {
+    pub listeners: Listeners,
+    pub admin: tokio::net::UnixListener,
+}
+
+impl Bound {
+    pub async fn bind(cfg: &Config) -> anyhow::Result<Bound> {
+        let listeners = Listeners::bind(cfg).await?;
+        let admin = admin::bind(&cfg.admin).await?;
+        Ok(Bound { listeners, admin })
+    }
+}
+
+/// Serves on `bound` until signalled. `supervisor_gone`: when this is the worker of a split
+/// daemon, resolves if the privileged supervisor goes away, which stops the worker.
+pub async fn serve(
+    cfg: Config,
+    bound: Bound,
+    metrics: Arc<Metrics>,
+    firewall: Option<firewall::FirewallView>,
+    supervisor_gone: Option<tokio::sync::oneshot::Receiver<()>>,
+) -> anyhow::Result<()> {
+    let Bound {
+        listeners,
+        admin: admin_listener,
+    } = bound;
     let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
     proxy.metrics.set_policy(proxy.policy().hash());
     proxy.metrics.reloads.with_label_values(&["ok"]).inc();
@@ -109,7 +147,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         None => "off".to_string(),
     };
 
-    let admin_listener = admin::bind(&cfg.admin).await?;
     let admin = Arc::new(Admin::new(
         proxy.clone(),
         DaemonInfo {
@@ -149,11 +186,24 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
+    let supervised = supervisor_gone.is_some();
+    let mut supervisor_gone = std::pin::pin!(async move {
+        match supervisor_gone {
+            Some(gone) => {
+                let _ = gone.await;
+            }
+            None => std::future::pending().await,
+        }
+    });
     loop {
         tokio::select! {
             _ = hup.recv() => { let _ = proxy.reload("SIGHUP"); }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
+            () = &mut supervisor_gone => {
+                tracing::error!("the privileged supervisor is gone; stopping");
+                break;
+            }
             done = tasks.join_next() => {
                 if let Some(Err(e)) = done {
                     anyhow::bail!("a listener stopped: {e}");
@@ -162,7 +212,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
-    let _ = std::fs::remove_file(&cfg.admin);
+    if !supervised {
+        // A worker cannot remove it (the supervisor's directory); the supervisor does.
+        let _ = std::fs::remove_file(&cfg.admin);
+    }
     if let Some(audit) = &proxy.audit {
         audit
             .write(Entry::Stop(lifecycle(proxy.policy().hash())))
@@ -175,12 +228,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 }
 
 /// The bound listeners, before anything is served on them.
-struct Listeners {
-    transparent: Vec<TcpListener>,
-    transparent_addrs: Vec<SocketAddr>,
-    explicit: TcpListener,
-    explicit_addr: SocketAddr,
-    metrics: Option<TcpListener>,
+pub struct Listeners {
+    pub transparent: Vec<TcpListener>,
+    pub transparent_addrs: Vec<SocketAddr>,
+    pub explicit: TcpListener,
+    pub explicit_addr: SocketAddr,
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -229,11 +282,13 @@ impl Listeners {
     }
 }
 
-/// Installs the redirect for the bound listeners and keeps it in place while we run.
-fn install_firewall(
+/// Installs the redirect for the bound listeners and keeps it in place while we run
+/// (reconcile outcomes go to `report` too, when given).
+pub fn install_firewall(
     cfg: &Config,
     transparent: &[SocketAddr],
     metrics: Arc<Metrics>,
+    report: Option<tokio::sync::watch::Sender<String>>,
 ) -> anyhow::Result<(Arc<dyn Redirector>, RedirectSpec)> {
     let spec = firewall::spec(cfg, transparent).map_err(|e| BadInput(format!("firewall: {e}")))?;
     let backend: Arc<dyn Redirector> = Arc::from(platform_redirector());
@@ -252,6 +307,7 @@ fn install_firewall(
         spec.clone(),
         cfg.redirect.reconcile_interval,
         metrics,
+        report,
     ));
     Ok((backend, spec))
 }

@@ -175,13 +175,63 @@ impl std::fmt::Display for StatusReport {
 
 /// Keeps the rules in place for the daemon's lifetime: another tool can flush them, and a
 /// missing table means the agent's traffic would go direct... or nowhere, if only half is left.
+/// The redirect as the daemon's status shows it.
+pub enum FirewallView {
+    /// This process installed the rules and can ask the firewall itself.
+    Owned(Arc<dyn Redirector>, RedirectSpec),
+    /// The privileged supervisor owns them; this is its latest reconcile report
+    /// ("matches", "restored", "failed: …").
+    Reported {
+        agent_uids: Vec<u32>,
+        state: tokio::sync::watch::Receiver<String>,
+    },
+}
+
+impl FirewallView {
+    pub fn agent_uids(&self) -> &[u32] {
+        match self {
+            FirewallView::Owned(_, spec) => &spec.agent_uids,
+            FirewallView::Reported { agent_uids, .. } => agent_uids,
+        }
+    }
+
+    /// The state now: asked of the firewall, or the supervisor's last report.
+    pub async fn state(&self) -> String {
+        match self {
+            FirewallView::Owned(backend, spec) => {
+                let (b, s) = (backend.clone(), spec.clone());
+                match tokio::task::spawn_blocking(move || b.status(&s)).await {
+                    Ok(Ok(st)) => format!("{:?}", st.state).to_lowercase(),
+                    Ok(Err(e)) => format!("unknown: {e}"),
+                    Err(e) => format!("unknown: {e}"),
+                }
+            }
+            FirewallView::Reported { state, .. } => state.borrow().clone(),
+        }
+    }
+}
+
+/// Keeps the rules in place: every `every`, compares them with `spec` and restores them if
+/// they vanished or changed. Each round's outcome goes to `report` ("matches", "restored",
+/// "failed: …") and to the `firewall_redirect_active` gauge.
 pub async fn reconcile(
     backend: Arc<dyn Redirector>,
     spec: RedirectSpec,
     every: Duration,
     metrics: Arc<crate::metrics::Metrics>,
+    report: Option<tokio::sync::watch::Sender<String>>,
 ) {
     metrics.firewall_active.set(1);
+    let say = |s: String| {
+        if let Some(r) = &report {
+            r.send_if_modified(|old| {
+                let changed = *old != s;
+                *old = s;
+                changed
+            });
+        }
+    };
+    say("matches".into());
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -201,18 +251,26 @@ pub async fn reconcile(
             .firewall_active
             .set(i64::from(matches!(checked, Ok(Ok(_)))));
         match checked {
-            Ok(Ok(FirewallState::Matches)) => {}
+            Ok(Ok(FirewallState::Matches)) => say("matches".into()),
             Ok(Ok(FirewallState::Absent)) => {
-                tracing::warn!("firewall: {} had vanished; restored", backend.describe())
+                tracing::warn!("firewall: {} had vanished; restored", backend.describe());
+                say("restored".into());
             }
             Ok(Ok(FirewallState::Differs)) => {
                 tracing::warn!(
                     "firewall: {} had been changed; restored",
                     backend.describe()
-                )
+                );
+                say("restored".into());
             }
-            Ok(Err(e)) => tracing::error!("firewall: reconcile failed: {e}"),
-            Err(e) => tracing::error!("firewall: reconcile task failed: {e}"),
+            Ok(Err(e)) => {
+                tracing::error!("firewall: reconcile failed: {e}");
+                say(format!("failed: {e}"));
+            }
+            Err(e) => {
+                tracing::error!("firewall: reconcile task failed: {e}");
+                say(format!("failed: {e}"));
+            }
         }
     }
 }

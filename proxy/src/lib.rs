@@ -36,6 +36,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod policy_store;
 pub mod prefixed;
+pub mod privsep;
 pub mod ratelimit;
 pub mod ready_body;
 pub mod resolve;

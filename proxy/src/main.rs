@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
 use agenshield_proxy::config::{default_state_dir, Config, DEFAULT_CONFIG_PATH};
 use agenshield_proxy::daemon::{self, BadInput};
+use agenshield_proxy::privsep;
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -53,6 +54,23 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let who = match privsep::worker_user(&cfg) {
+                Ok(who) => who,
+                Err(e) => return fail(&e),
+            };
+            // The worker of a split daemon takes its sockets and drops privileges while it
+            // is still one thread, before any runtime exists.
+            let handoff = match (&who, args.worker) {
+                (Some(who), true) => match privsep::worker_handoff(who) {
+                    Ok(h) => Some(h),
+                    Err(e) => return fail(&e),
+                },
+                (None, true) => {
+                    eprintln!("agenshield: --worker needs daemon.worker_user in the config");
+                    return ExitCode::from(2);
+                }
+                _ => None,
+            };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -63,18 +81,32 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(daemon::run(cfg)) {
+            let done = match (who, handoff) {
+                (_, Some((header, fds, control))) => {
+                    runtime.block_on(privsep::worker(cfg, header, fds, control))
+                }
+                (Some(who), None) => match runtime.block_on(privsep::supervise(cfg, who)) {
+                    Ok(code) => return ExitCode::from(code),
+                    Err(e) => Err(e),
+                },
+                (None, None) => runtime.block_on(daemon::run(cfg)),
+            };
+            match done {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is::<BadInput>() => {
-                    eprintln!("agenshield: {e}");
-                    ExitCode::from(2)
-                }
-                Err(e) => {
-                    eprintln!("agenshield: {e:#}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => fail(&e),
             }
         }
+    }
+}
+
+/// Bad input exits 2 (its message is enough), anything else 1 with its causes.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    if e.is::<BadInput>() {
+        eprintln!("agenshield: {e}");
+        ExitCode::from(2)
+    } else {
+        eprintln!("agenshield: {e:#}");
+        ExitCode::FAILURE
     }
 }
 

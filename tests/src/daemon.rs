@@ -37,6 +37,9 @@ pub struct DaemonOptions {
     pub secrets: Vec<(String, String)>,
     /// `[secrets] scan_body_bytes`.
     pub scan_body_bytes: Option<usize>,
+    /// `[daemon] worker_user` (root tests): the daemon splits into a root supervisor and a
+    /// worker running as this (name, uid); the state directory is given to that uid.
+    pub worker_user: Option<(String, u32)>,
 }
 
 pub struct Daemon {
@@ -79,6 +82,9 @@ impl Daemon {
         write_vault(&dir.path().join("vault"), &opts.secrets);
         let config = dir.path().join("proxy.toml");
         std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
+        if let Some((_, uid)) = &opts.worker_user {
+            chown_tree(dir.path(), *uid);
+        }
         let (child, transparent, explicit, metrics) = spawn(dir.path());
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
@@ -298,8 +304,21 @@ fn write_vault(vault: &Path, secrets: &[(String, String)]) {
     }
 }
 
+/// `chown -R uid:uid`, as an installer gives the worker its state.
+fn chown_tree(path: &Path, uid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(uid)).expect("chown");
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read_dir") {
+            chown_tree(&entry.expect("entry").path(), uid);
+        }
+    }
+}
+
 fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let mut c = String::new();
+    if let Some((name, _)) = &opts.worker_user {
+        let _ = writeln!(c, "[daemon]\nworker_user = {name:?}\n");
+    }
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,

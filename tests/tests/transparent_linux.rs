@@ -35,6 +35,8 @@ struct Lab {
     daemon: Daemon,
     net: Internet,
     user: AgentUser,
+    /// The worker user of a split daemon.
+    worker: Option<AgentUser>,
     allowed: Vec<Upstream>,
     other: Upstream,
     raw: std::net::TcpListener,
@@ -50,8 +52,14 @@ struct Lab {
 
 impl Lab {
     async fn new(serial: MutexGuard<'static, ()>) -> Lab {
+        Lab::build(serial, false).await
+    }
+
+    /// `split`: the daemon runs as a root supervisor and a worker with its own uid.
+    async fn build(serial: MutexGuard<'static, ()>, split: bool) -> Lab {
         let tag = std::process::id() % 97 + 1;
         let user = AgentUser::create(tag);
+        let worker = split.then(|| AgentUser::create(tag + 100));
         let net = Internet::create();
         let ca = TestCa::new("root e2e upstream CA");
         let (a4, a6, b4) = (net.a4.to_string(), net.a6.to_string(), net.b4.to_string());
@@ -109,6 +117,7 @@ impl Lab {
             allow_private: vec![net.net4.clone(), net.net6.clone()],
             ipv6: true,
             redirect_uid: Some(user.uid),
+            worker_user: worker.as_ref().map(|w| (w.name.clone(), w.uid)),
             ..Default::default()
         });
         let our_ca = share.path().join("agenshield-ca.pem");
@@ -118,6 +127,7 @@ impl Lab {
             daemon,
             net,
             user,
+            worker,
             allowed,
             other,
             raw,
@@ -557,4 +567,106 @@ async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
     cleanup();
     assert_ne!(res.exit, 0, "the agent must be refused: {res:?}");
     assert!(up.requests().is_empty());
+}
+
+/// `/proc/PID/status` as (key, value) lines.
+fn proc_status(pid: u32) -> std::collections::HashMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if proc_status(child).get("PPid").map(String::as_str) == Some(&pid.to_string()) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect() {
+    let Some(serial) = root_or_skip("a_split_daemon_serves_as_its_worker_user") else {
+        return;
+    };
+    let mut lab = Lab::build(serial, true).await;
+    let worker_uid = lab.worker.as_ref().expect("worker user").uid;
+
+    // The agent's traffic goes through the split daemon like through a single one.
+    let out = lab
+        .agent("https://allowed.test/", "allowed.test", lab.net.a4)
+        .await;
+    assert_eq!(
+        (out.exit, out.status),
+        (0, 200),
+        "{out:?}\n{}",
+        lab.daemon.logs()
+    );
+
+    // Two processes: the supervisor stays root; the worker, which parses everything from the
+    // network, has the worker's uid everywhere, no capabilities and no way to gain any.
+    let sup = lab.daemon.pid();
+    assert_eq!(proc_status(sup)["Uid"].split_whitespace().next(), Some("0"));
+    let workers = children_of(sup);
+    assert_eq!(workers.len(), 1, "one worker under {sup}: {workers:?}");
+    let w = proc_status(workers[0]);
+    let want = worker_uid.to_string();
+    assert!(
+        w["Uid"].split_whitespace().all(|id| id == want),
+        "worker uids {:?}",
+        w["Uid"]
+    );
+    let worker_name = lab.worker.as_ref().expect("worker user").name.clone();
+    let gid = String::from_utf8_lossy(&sh(&["id", "-g", &worker_name]).stdout)
+        .trim()
+        .to_string();
+    assert!(
+        w["Gid"].split_whitespace().all(|id| id == gid),
+        "worker gids {:?}, want {gid}",
+        w["Gid"]
+    );
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(w[caps], "0000000000000000", "{caps} of the worker");
+    }
+    assert_eq!(w["NoNewPrivs"], "1");
+
+    // The worker serves the admin API; the supervisor's reconcile state reaches it.
+    let (code, stdout, stderr) = lab.daemon.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let st: serde_json::Value = serde_json::from_str(&stdout).expect("status json");
+    assert_eq!(st["firewall"]["enabled"], true, "{st}");
+    assert_eq!(st["firewall"]["state"], "matches", "{st}");
+    assert_eq!(st["pid"], workers[0], "the worker answers: {st}");
+
+    // Someone edits the table: the root supervisor restores it (the worker could not).
+    hand_edit_table();
+    let restored = wait_until(Instant::now() + Duration::from_secs(5), || {
+        let out = sh(&["nft", "list", "table", "inet", "agenshield"]);
+        !String::from_utf8_lossy(&out.stdout).contains("meta skuid 1 accept")
+    });
+    assert!(restored, "the supervisor did not restore the table");
+
+    // The worker dies: the supervisor exits with it, the rules stay, the agent fails closed.
+    sh(&["kill", "-9", &workers[0].to_string()]);
+    let exited = wait_until(Instant::now() + Duration::from_secs(10), || {
+        !lab.daemon.is_alive()
+    });
+    assert!(exited, "the supervisor outlived its worker");
+    assert_eq!(table_count(), 1, "the redirect must outlive the daemon");
+    let out = lab
+        .agent("https://allowed.test/", "allowed.test", lab.net.a4)
+        .await;
+    assert_ne!(
+        out.exit, 0,
+        "with no proxy the agent must fail closed: {out:?}"
+    );
 }

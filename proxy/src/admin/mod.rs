@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use agenshield_pf::{RedirectSpec, Redirector};
 use anyhow::Context;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -29,7 +28,7 @@ pub struct DaemonInfo {
     pub transparent: Vec<std::net::SocketAddr>,
     pub explicit: std::net::SocketAddr,
     pub socket: PathBuf,
-    pub firewall: Option<(Arc<dyn Redirector>, RedirectSpec)>,
+    pub firewall: Option<crate::firewall::FirewallView>,
 }
 
 pub struct Admin {

@@ -117,19 +117,11 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             state: "disabled".into(),
             agent_uids: Vec::new(),
         },
-        Some((backend, spec)) => {
-            let (b, s) = (backend.clone(), spec.clone());
-            let st = tokio::task::spawn_blocking(move || b.status(&s)).await;
-            Firewall {
-                enabled: true,
-                state: match st {
-                    Ok(Ok(st)) => format!("{:?}", st.state).to_lowercase(),
-                    Ok(Err(e)) => format!("unknown: {e}"),
-                    Err(e) => format!("unknown: {e}"),
-                },
-                agent_uids: spec.agent_uids.clone(),
-            }
-        }
+        Some(view) => Firewall {
+            enabled: true,
+            state: view.state().await,
+            agent_uids: view.agent_uids().to_vec(),
+        },
     };
     json(
         StatusCode::OK,
