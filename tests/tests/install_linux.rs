@@ -331,6 +331,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     let config_text = format!(
         "[listen]\ntransparent = [\"127.0.0.1:{transparent}\"]\nexplicit = \"127.0.0.1:{explicit}\"\n\
          metrics = \"off\"\nadmin = \"{RUN_DIR}/proxy.sock\"\n\n\
+         [daemon]\nworker_user = \"{BROKER}\"\n\n\
          [redirect]\nenabled = true\nagent_users = [\"{AGENT}\"]\nreconcile_interval = \"1s\"\n\n\
          [upstream]\nextra_ca = [\"{}\"]\nallow_private = [\"{}\"]\n\n\
          [resolver]\nnameservers = [\"127.0.0.1:9\"]\n",
@@ -406,8 +407,9 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         bundle.trim_end().ends_with(our_ca.trim_end()),
         "bundle ends with our CA"
     );
-    assert_meta("/opt/agenshield/vault", 0o700, "root", "root");
-    assert_meta("/var/log/agenshield", 0o750, "root", ADMIN);
+    // The worker (the broker) serves: it owns the vault and writes the audit log.
+    assert_meta("/opt/agenshield/vault", 0o700, BROKER, ADMIN);
+    assert_meta("/var/log/agenshield", 0o750, BROKER, ADMIN);
     assert_meta(RUN_DIR, 0o750, "root", ADMIN);
     assert_meta(HOME, 0o750, AGENT, AGENT);
     assert_meta(MANIFEST, 0o600, "root", "root");

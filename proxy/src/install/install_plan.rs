@@ -101,20 +101,31 @@ pub fn plan_install(
         },
         true,
     );
-    // The daemon's file vault refuses a directory not owned by the daemon's own uid, and the
-    // service runs as root (it installs the firewall and, on macOS, asks /dev/pf).
-    b.dir("the secrets vault", &l.vault, meta(0o700, root, rg), false)?;
+    // The file vault refuses a directory not owned by the uid that serves: the broker when
+    // the daemon is split (`daemon.worker_user`), root otherwise (macOS: pf natlook needs
+    // root in the serving process). The serving uid writes (and rotates) the audit log too.
+    let (serving, serving_group) = if l.worker {
+        (l.broker.name.as_str(), adm)
+    } else {
+        (root, rg)
+    };
+    b.dir(
+        "the secrets vault",
+        &l.vault,
+        meta(0o700, serving, serving_group),
+        false,
+    )?;
     b.dir(
         "the log directory",
         Path::new(LOG_DIR),
-        meta(0o750, root, adm),
+        meta(0o750, serving, adm),
         true,
     )?;
     if let Some(audit) = l.audit_dir.as_deref().filter(|d| *d != Path::new(LOG_DIR)) {
         b.dir(
             "the audit log directory",
             audit,
-            meta(0o750, root, adm),
+            meta(0o750, serving, adm),
             true,
         )?;
     }

@@ -98,6 +98,8 @@ pub struct Layout {
     pub bundle: PathBuf,
     /// The agent's shell start-up files that get the CA variables.
     pub env_files: Vec<PathBuf>,
+    /// `daemon.worker_user` names the broker: it serves, so it owns the vault and the logs.
+    pub worker: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +111,11 @@ pub enum LayoutError {
     NoAgentName,
     #[error("{0} must be an absolute path for an installed daemon")]
     Relative(String),
+    #[error(
+        "daemon.worker_user = {0}: an installed daemon's worker is the account install \
+         creates for it, {BROKER_USER} (uid {BROKER_UID})"
+    )]
+    Worker(String),
 }
 
 impl Layout {
@@ -163,6 +170,12 @@ impl Layout {
             }
         };
         let parent = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
+        let worker = match &cfg.worker_user {
+            None => false,
+            Some(AgentUser::Name(n)) if n == BROKER_USER => true,
+            Some(AgentUser::Uid(u)) if *u == BROKER_UID => true,
+            Some(other) => return Err(LayoutError::Worker(other.to_string())),
+        };
         Ok(Layout {
             platform,
             agent,
@@ -176,6 +189,7 @@ impl Layout {
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
             bundle: cfg.certs.join(BUNDLE_FILE),
             env_files,
+            worker,
         })
     }
 
