@@ -403,6 +403,20 @@ impl Config {
         )
     }
 
+    /// The installed defaults (paths under /opt/agenshield, as if the installed config
+    /// file were empty), for a user who may not read that file.
+    pub fn installed_defaults() -> Config {
+        let installed = Path::new("/opt/agenshield");
+        Self::from_file(
+            FileConfig::default(),
+            None,
+            None,
+            &|p: &Path| p.to_path_buf(),
+            &|rel: &str| installed.join(rel),
+        )
+        .unwrap_or_else(|_| unreachable!("built-in defaults are valid"))
+    }
+
     /// Built-in defaults, with state under `state_dir`.
     pub fn defaults_in(state_dir: &Path) -> Config {
         let mut cfg = Self::from_file(
@@ -579,6 +593,15 @@ pub fn line_col(text: &str, at: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn installed_defaults_point_at_the_installed_layout() {
+        let cfg = Config::installed_defaults();
+        assert_eq!(cfg.explicit, "127.0.0.1:15080".parse().expect("addr"));
+        assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
+        assert_eq!(cfg.source, None);
+        assert_eq!(cfg.state_dir, None);
+    }
 
     #[test]
     fn unknown_key_is_an_error_with_position() {

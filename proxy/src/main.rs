@@ -34,13 +34,24 @@ fn main() -> ExitCode {
         Top::Proxy(ProxyCommand::Uninstall(args)) => {
             ExitCode::from(agenshield_proxy::install::command(&args, true))
         }
-        Top::Proxy(ProxyCommand::Exec(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_proxy::exec::command(&cfg, args.command)),
-            Err(e) => {
-                eprintln!("agenshield: {e}");
-                ExitCode::from(2)
-            }
-        },
+        Top::Proxy(ProxyCommand::Exec(args)) => {
+            let cfg = match load_config(args.config.as_deref()) {
+                Ok(cfg) => cfg,
+                // The agent user may not read the installed config (by design): exec needs
+                // only the listener's address and the CA, so the installed defaults do.
+                Err(e) if args.config.is_none() && unreadable_installed_config() => {
+                    eprintln!(
+                        "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e});                          using the installed defaults (explicit listener 127.0.0.1:15080, CA                          in /opt/agenshield/certs)"
+                    );
+                    Config::installed_defaults()
+                }
+                Err(e) => {
+                    eprintln!("agenshield: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            ExitCode::from(agenshield_proxy::exec::command(&cfg, args.command))
+        }
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {
@@ -119,6 +130,16 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
         return Ok(Config::load(installed)?);
     }
     Ok(Config::defaults_in(&default_state_dir()?))
+}
+
+/// The installed config exists but this user may not read it.
+fn unreadable_installed_config() -> bool {
+    let path = std::path::Path::new(DEFAULT_CONFIG_PATH);
+    path.exists()
+        && matches!(
+            std::fs::File::open(path),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
+        )
 }
 
 fn init_logging() {
