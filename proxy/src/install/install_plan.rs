@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use super::layout::{
-    Layout, Platform, ADMIN_GID, ADMIN_GROUP, BIN_DIR, BIN_PATH, INSTALL_ROOT, LOG_DIR,
+    Layout, Platform, ADMIN_GID, ADMIN_GROUP, AGENT_PROFILE_PATH, BIN_DIR, BIN_PATH, INSTALL_ROOT,
+    LOG_DIR,
 };
 use super::manifest::Created;
 use super::observe::{FirewallSeen, Observed};
@@ -144,6 +145,7 @@ pub fn plan_install(
     }
     if l.platform == Platform::MacOs {
         keychain_steps(&mut b);
+        agent_profile_steps(&mut b)?;
     }
     firewall_step(&mut b);
     service_steps(&mut b, daemon_inputs_changed);
@@ -340,4 +342,36 @@ fn service_steps(b: &mut Builder, daemon_inputs_changed: bool) {
             Created::Service { name: name.into() },
         );
     }
+}
+
+/// macOS: the Seatbelt backstop for the agent's sessions (the agent may not read the CA key,
+/// the vault, the config or the policies, nor reach the admin socket; no UDP, no listeners).
+/// Written where the agent can read it; whatever starts the agent's sessions runs them with
+/// `sandbox-exec -f`. Linux has no equivalent to install: Unix permissions already keep
+/// those files from the agent, and nftables refuses its UDP.
+fn agent_profile_steps(b: &mut Builder) -> Result<(), PlanError> {
+    let l = b.layout;
+    let protected = agenshield_pf::sandbox::seatbelt::Protected {
+        files: vec![l.certs.join("ca-key.pem"), l.config_file.clone()],
+        dirs: vec![l.vault.clone(), l.policies.clone()],
+        sockets: vec![l.admin.clone()],
+    };
+    let profile = agenshield_pf::sandbox::seatbelt::agent_profile(&protected, &[])
+        .map_err(|e| PlanError::Invalid(format!("the agent's sandbox profile: {e}")))?;
+    b.file(
+        "the agent's sandbox profile",
+        Path::new(AGENT_PROFILE_PATH),
+        meta(0o644, "root", l.root_group),
+        Content::Text(profile),
+        true,
+    );
+    b.push(
+        "run the agent's sessions inside the sandbox profile".into(),
+        format!(
+            "start them with: sandbox-exec -f {AGENT_PROFILE_PATH} /bin/zsh -l (or the agent's command)"
+        ),
+        Action::Note,
+        State::Note,
+    );
+    Ok(())
 }

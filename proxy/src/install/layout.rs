@@ -43,6 +43,8 @@ pub const MANIFEST_PATH: &str = "/opt/agenshield/.install-manifest.json";
 pub const BUNDLE_FILE: &str = "agent-ca-bundle.pem";
 /// Where launchd writes the daemon's stdout and stderr (the plist names it).
 pub const LOG_DIR: &str = "/var/log/agenshield";
+/// macOS: the Seatbelt backstop profile for the agent's sessions (readable by all).
+pub const AGENT_PROFILE_PATH: &str = "/opt/agenshield/agent.sb";
 
 /// Default accounts (DESIGN.md). There are no config keys for them yet; see the README.
 pub const AGENT_UID: u32 = 5200;
@@ -95,6 +97,8 @@ pub struct Layout {
     pub audit_dir: Option<PathBuf>,
     /// The admin socket's directory.
     pub run_dir: PathBuf,
+    /// The admin socket.
+    pub admin: PathBuf,
     pub bundle: PathBuf,
     /// The agent's shell start-up files that get the CA variables.
     pub env_files: Vec<PathBuf>,
@@ -187,6 +191,7 @@ impl Layout {
             vault: absolute(&cfg.vault, "paths.vault")?,
             audit_dir: cfg.audit_path.as_deref().map(parent),
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
+            admin: cfg.admin.clone(),
             bundle: cfg.certs.join(BUNDLE_FILE),
             env_files,
             worker,

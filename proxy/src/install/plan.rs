@@ -137,6 +137,8 @@ pub enum PlanError {
     },
     #[error("{0} exists and is not a directory")]
     NotADir(PathBuf),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Inputs besides the machine: the config text to install and whether the operator passed it.
