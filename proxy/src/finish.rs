@@ -113,6 +113,9 @@ pub struct FinishedBody {
     down: u64,
     held: Option<Frame<Bytes>>,
     writing: Option<Writing>,
+    /// The log to drive once this body has yielded after queuing its record.
+    drive: Option<Arc<crate::audit::Audit>>,
+    yielded: bool,
     done: bool,
 }
 
@@ -124,6 +127,8 @@ impl FinishedBody {
             down: 0,
             held: None,
             writing: None,
+            drive: None,
+            yielded: false,
             done: false,
         }
     }
@@ -131,10 +136,13 @@ impl FinishedBody {
     fn start_writing(&mut self) {
         let Some(f) = self.finish.take() else { return };
         let (proxy, entry) = f.account(self.down, false);
-        let submitted = proxy
-            .audit
-            .as_ref()
-            .and_then(|a| a.submit(Entry::Request(Box::new(entry))));
+        let submitted = proxy.audit.as_ref().and_then(|a| {
+            let w = a.submit(Entry::Request(Box::new(entry)));
+            if w.is_some() {
+                self.drive = Some(a.clone());
+            }
+            w
+        });
         self.writing = Some(submitted.unwrap_or_else(|| {
             // Nothing to wait for: a receiver whose sender is already gone.
             tokio::sync::oneshot::channel().1
@@ -152,6 +160,19 @@ impl Body for FinishedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         loop {
+            if this.writing.is_some() {
+                if let Some(audit) = &this.drive {
+                    if !this.yielded {
+                        // Once round the worker's other ready requests, so their records
+                        // share this one's write (see `Audit::submit`).
+                        this.yielded = true;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    audit.drive();
+                    this.drive = None;
+                }
+            }
             if let Some(w) = this.writing.as_mut() {
                 // Written, or the writer is gone: either way the frame goes out now.
                 let _ = ready!(Pin::new(w).poll(cx));

@@ -96,7 +96,7 @@ impl Audit {
     /// Takes the writer role if it is free and drains the queue into the file; gives the
     /// role up and looks again, so a record queued while it was held is not left behind.
     /// (Waiting for the role instead measured no better: bench/observability.sh.)
-    fn drive(&self) {
+    pub fn drive(&self) {
         loop {
             let mut core = match self.core.try_lock() {
                 Ok(core) => core,
@@ -153,12 +153,19 @@ impl Audit {
     /// queue; an allowed request's record is dropped (and counted) if there is none.
     pub async fn write(self: &Arc<Self>, entry: Entry) {
         if let Some(written) = self.submit(entry) {
+            // Let the worker's other ready requests queue their records first: one write
+            // for the lot.
+            tokio::task::yield_now().await;
+            self.drive();
             // An error means the writer is gone (the daemon is stopping).
             let _ = written.await;
         }
     }
 
-    /// Queues `entry`; the receiver resolves once it is in the file. `None`: dropped (an
+    /// Queues `entry`; the receiver resolves once it is in the file, which happens when
+    /// someone drives the queue ([`Audit::drive`]): the submitter, after letting the other
+    /// ready requests of its worker queue theirs (one `write(2)` for all of them), or the
+    /// ticker. `None`: dropped (an
     /// allowed request's record and a full queue, counted) or the writer is gone. A record
     /// that must be kept and finds the queue full is handed to a task that waits for room.
     pub fn submit(self: &Arc<Self>, entry: Entry) -> Option<oneshot::Receiver<()>> {
@@ -170,10 +177,7 @@ impl Audit {
             ack: Some(ack),
         };
         match self.tx.try_send(msg) {
-            Ok(()) => {
-                self.drive();
-                Some(written)
-            }
+            Ok(()) => Some(written),
             Err(mpsc::error::TrySendError::Full(msg)) if keep => {
                 let me = self.clone();
                 tokio::spawn(async move {
@@ -194,6 +198,7 @@ impl Audit {
     /// Queues `entry` without waiting for the write (a request whose client went away).
     pub fn write_detached(self: &Arc<Self>, entry: Entry) {
         drop(self.submit(entry));
+        self.drive();
     }
 
     fn count_drop(&self) {
