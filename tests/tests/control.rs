@@ -359,3 +359,93 @@ async fn ctl_reports_policy_checks_lints_and_a_stopped_daemon_in_one_line() {
     assert_eq!(err.lines().count(), 1, "one clear line: {err}");
     assert!(err.contains("not running"), "{err}");
 }
+
+/// `ctl tail -f` streams decisions as they happen, filtered by decision and host: a denial
+/// for x.test shows; an allowed y.test and a denied z.test (default deny) do not.
+#[tokio::test]
+async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
+    let (up, daemon) = world(&policy("deny", ""), None).await;
+    let mut tail = std::process::Command::new(agenshield_e2e::daemon::binary())
+        .args([
+            "proxy",
+            "ctl",
+            "tail",
+            "-f",
+            "--json",
+            "--decision",
+            "deny",
+            "--host",
+            "x.test",
+            "--socket",
+        ])
+        .arg(daemon.socket())
+        .arg("--config")
+        .arg(daemon.config_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn tail -f");
+    let stdout = tail.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    // Give the follower time to subscribe, then make one request of each kind, twice over
+    // (a request made before the subscription would simply not be streamed).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let port = up.addr.port();
+    let mut c = ProxyClient::connect(&daemon).await;
+    for _ in 0..2 {
+        assert_eq!(
+            c.get(&format!("http://y.test:{port}/"))
+                .await
+                .expect("reply")
+                .status,
+            200
+        );
+        assert_eq!(
+            c.get(&format!("http://z.test:{port}/"))
+                .await
+                .expect("reply")
+                .status,
+            403
+        );
+        assert_eq!(
+            c.get(&format!("http://x.test:{port}/a"))
+                .await
+                .expect("reply")
+                .status,
+            403
+        );
+    }
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while seen.len() < 2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => break,
+        }
+    }
+    // Anything else that was going to arrive has had the time to.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    seen.extend(rx.try_iter());
+    let _ = tail.kill();
+    let _ = tail.wait();
+    assert_eq!(
+        seen.len(),
+        2,
+        "two x.test denials and nothing else: {seen:?}"
+    );
+    for line in &seen {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json line");
+        assert_eq!(v["decision"], "deny", "{line}");
+        assert_eq!(v["host"], "x.test", "{line}");
+    }
+}
