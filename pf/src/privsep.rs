@@ -3,8 +3,7 @@
 //! The proxy crate decides what to hand over and when; this module only touches the OS.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use nix::unistd::{Gid, Uid};
@@ -15,7 +14,7 @@ pub const MAX_FDS: usize = 16;
 pub const MAX_HEADER: usize = 16 * 1024;
 
 /// Sends `header` and `fds` in one message. The receiver gets its own copies of the fds.
-pub fn send_fds(sock: &UnixStream, header: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+pub fn send_fds(sock: &impl AsFd, header: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_FDS || header.len() > MAX_HEADER || header.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -29,8 +28,14 @@ pub fn send_fds(sock: &UnixStream, header: &[u8], fds: &[BorrowedFd<'_>]) -> io:
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
     let iov = [IoSlice::new(header)];
-    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-        .map_err(io::Error::from)?;
+    let sent = sendmsg::<()>(
+        sock.as_fd().as_raw_fd(),
+        &iov,
+        &cmsg,
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(io::Error::from)?;
     if sent != header.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -42,12 +47,12 @@ pub fn send_fds(sock: &UnixStream, header: &[u8], fds: &[BorrowedFd<'_>]) -> io:
 
 /// Receives one hand-off: its header and the fds that came with it (owned from here on,
 /// close-on-exec).
-pub fn recv_fds(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+pub fn recv_fds(sock: &impl AsFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; MAX_HEADER];
     let mut cmsg_buf = nix::cmsg_space!([RawFd; MAX_FDS]);
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
+        sock.as_fd().as_raw_fd(),
         &mut iov,
         Some(&mut cmsg_buf),
         recv_flags(),
@@ -173,10 +178,50 @@ fn init_groups(name: &std::ffi::CStr, gid: Gid) -> io::Result<()> {
     }
 }
 
+/// A connected pair of Unix datagram sockets (message boundaries kept, fds can travel; both
+/// Linux and macOS have them, unlike Unix `SOCK_SEQPACKET`), close-on-exec.
+pub fn datagram_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    #[cfg(target_os = "linux")]
+    let flags = SockFlag::SOCK_CLOEXEC;
+    #[cfg(not(target_os = "linux"))]
+    let flags = SockFlag::empty();
+    let (a, b) = socketpair(AddressFamily::Unix, SockType::Datagram, None, flags)
+        .map_err(io::Error::from)?;
+    #[cfg(not(target_os = "linux"))]
+    for fd in [&a, &b] {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(io::Error::from)?;
+    }
+    Ok((a, b))
+}
+
+/// The local and peer addresses of a connected TCP socket, as the kernel has them.
+pub fn socket_addrs(
+    fd: BorrowedFd<'_>,
+) -> io::Result<(std::net::SocketAddr, std::net::SocketAddr)> {
+    use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
+    let to_std = |s: SockaddrStorage| -> io::Result<std::net::SocketAddr> {
+        if let Some(v4) = s.as_sockaddr_in() {
+            return Ok(std::net::SocketAddr::V4((*v4).into()));
+        }
+        if let Some(v6) = s.as_sockaddr_in6() {
+            return Ok(std::net::SocketAddr::V6((*v6).into()));
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an IP socket",
+        ))
+    };
+    let local = to_std(getsockname::<SockaddrStorage>(fd.as_raw_fd()).map_err(io::Error::from)?)?;
+    let peer = to_std(getpeername::<SockaddrStorage>(fd.as_raw_fd()).map_err(io::Error::from)?)?;
+    Ok((local, peer))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
 
     #[test]
     fn a_listener_handed_over_is_the_same_socket() {

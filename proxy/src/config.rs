@@ -319,6 +319,9 @@ impl Default for TlsConfig {
 pub struct Testing {
     /// Pretend every transparent connection was headed here.
     pub orig_dst_override: Option<SocketAddr>,
+    /// A split daemon's worker asks the supervisor for original destinations even where it
+    /// could look them up itself (always so on macOS): exercises that path on Linux.
+    pub broker_orig_dst: bool,
 }
 
 /// The effective configuration the daemon runs with.

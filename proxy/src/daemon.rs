@@ -55,7 +55,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    serve(cfg, bound, metrics, firewall, None).await
+    serve(cfg, bound, metrics, firewall, None, None).await
 }
 
 /// Start-up work before anything is bound: the state directory on defaults, warnings.
@@ -90,13 +90,15 @@ impl Bound {
 }
 
 /// Serves on `bound` until signalled. `supervisor_gone`: when this is the worker of a split
-/// daemon, resolves if the privileged supervisor goes away, which stops the worker.
+/// daemon, resolves if the privileged supervisor goes away, which stops the worker. `orig`:
+/// how original destinations are found, when not by this process itself.
 pub async fn serve(
     cfg: Config,
     bound: Bound,
     metrics: Arc<Metrics>,
     firewall: Option<firewall::FirewallView>,
     supervisor_gone: Option<tokio::sync::oneshot::Receiver<()>>,
+    orig: Option<Arc<dyn OrigDst>>,
 ) -> anyhow::Result<()> {
     let Bound {
         listeners,
@@ -118,13 +120,18 @@ pub async fn serve(
             }))
             .await;
     }
-    let orig: Arc<dyn OrigDst> = match cfg.testing.orig_dst_override {
-        Some(addr) => {
+    let orig: Arc<dyn OrigDst> = match (orig, cfg.testing.orig_dst_override) {
+        (Some(brokered), _) => brokered,
+        (None, Some(addr)) => {
             tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
             Arc::new(FixedOrigDst(addr))
         }
-        None => Arc::from(platform_orig_dst()),
+        (None, None) => Arc::from(platform_orig_dst()),
     };
+    tracing::info!(
+        lookup = orig.name(),
+        "original destinations of redirected connections"
+    );
     let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
     let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
     let slots = proxy.slots.clone();

@@ -31,6 +31,7 @@ pub mod intercept;
 pub mod listen;
 pub mod metrics;
 pub mod metrics_http;
+pub mod orig_broker;
 pub mod peer_uid;
 pub mod pipeline;
 pub mod policy;

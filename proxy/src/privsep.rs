@@ -13,11 +13,11 @@
 //!   needs nothing from root after that: `SO_ORIGINAL_DST` and the socket-owner lookup
 //!   (`sock_diag`) work unprivileged.
 //!
-//! macOS (designed, not built yet): `DIOCNATLOOK` needs euid 0 on every call, so the worker
-//! would send each accepted socket to the supervisor over the same socket pair; the
-//! supervisor reads the addresses from the socket itself (`getsockname`/`getpeername`, so a
-//! compromised worker cannot choose what is looked up), asks pf, and answers with the
-//! original destination. Only that one question would cross; the `OrigDst` trait is the seam.
+//! macOS: `DIOCNATLOOK` needs euid 0 on every call, so the worker sends each accepted socket
+//! to the supervisor over a datagram pair (`orig_broker`); the supervisor reads the addresses
+//! from the socket itself (`getsockname`/`getpeername`, so a compromised worker cannot choose
+//! what is looked up), asks pf, and answers with the original destination. That is the only
+//! question that crosses. `testing.broker_orig_dst` takes the same path on Linux.
 //!
 //! If the worker dies the supervisor exits with its code (the rules stay: the agent fails
 //! closed) and the service manager restarts both; if the supervisor dies the worker sees its
@@ -51,6 +51,10 @@ pub struct Header {
     pub metrics: Option<SocketAddr>,
     /// The agent uids whose redirect the supervisor keeps; `None`: redirect off.
     pub firewall: Option<Vec<u32>>,
+    /// The worker asks the supervisor for original destinations (`orig_broker`); the last
+    /// socket handed over is its end of that channel.
+    #[serde(default)]
+    pub natlook: bool,
 }
 
 const VERSION: u32 = 1;
@@ -102,6 +106,24 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
             None => None,
         },
         firewall,
+        natlook: cfg!(target_os = "macos") || cfg.testing.broker_orig_dst,
+    };
+    // Where the lookup needs root (pf), the worker asks us: a channel and a thread answering.
+    let natlook = if header.natlook {
+        let (mine, worker_end) = os::datagram_pair().context("creating the lookup channel")?;
+        let lookup: Box<dyn agenshield_pf::OrigDst> = match cfg.testing.orig_dst_override {
+            Some(addr) => Box::new(agenshield_pf::FixedOrigDst(addr)),
+            None => agenshield_pf::platform_orig_dst(),
+        };
+        let listeners = header.transparent.clone();
+        let mine = std::os::unix::net::UnixDatagram::from(mine);
+        std::thread::Builder::new()
+            .name("orig-dst".into())
+            .spawn(move || crate::orig_broker::serve(mine, listeners, lookup))
+            .context("starting the lookup thread")?;
+        Some(worker_end)
+    } else {
+        None
     };
 
     let (ours, theirs) = StdUnixStream::pair().context("creating the worker's socket pair")?;
@@ -128,11 +150,15 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
         fds.push(m.as_fd());
     }
     fds.push(bound.admin.as_fd());
+    if let Some(n) = &natlook {
+        fds.push(n.as_fd());
+    }
     os::send_fds(&ours, &serde_json::to_vec(&header)?, &fds)
         .context("handing the sockets to the worker")?;
     drop(fds);
     // The worker has its own copies; ours would only keep the ports open if it died.
     drop(bound);
+    drop(natlook);
     tracing::info!(
         worker_pid = pid.map_or(0, |p| p.as_raw()),
         user = %who.name,
@@ -192,7 +218,10 @@ pub fn worker_handoff(who: &Identity) -> anyhow::Result<(Header, Vec<OwnedFd>, S
             header.v
         );
     }
-    let want = header.transparent.len() + 2 + usize::from(header.metrics.is_some());
+    let want = header.transparent.len()
+        + 2
+        + usize::from(header.metrics.is_some())
+        + usize::from(header.natlook);
     if fds.len() != want {
         anyhow::bail!(
             "the hand-off carried {} sockets, {want} expected",
@@ -233,6 +262,14 @@ pub async fn worker(
         let l = std::os::unix::net::UnixListener::from(fd);
         l.set_nonblocking(true)?;
         tokio::net::UnixListener::from_std(l)?
+    };
+    let orig: Option<Arc<dyn agenshield_pf::OrigDst>> = if header.natlook {
+        let fd = fds.next().context("no lookup channel")?;
+        let broker =
+            crate::orig_broker::BrokeredOrigDst::new(std::os::unix::net::UnixDatagram::from(fd))?;
+        Some(Arc::new(broker))
+    } else {
+        None
     };
     let bound = Bound {
         listeners: Listeners {
@@ -275,7 +312,7 @@ pub async fn worker(
         }
         let _ = gone_tx.send(());
     });
-    daemon::serve(cfg, bound, metrics, firewall, Some(gone_rx)).await
+    daemon::serve(cfg, bound, metrics, firewall, Some(gone_rx), orig).await
 }
 
 #[cfg(test)]
@@ -290,6 +327,7 @@ mod tests {
             explicit: "127.0.0.1:15080".parse().expect("addr"),
             metrics: None,
             firewall: Some(vec![5200]),
+            natlook: true,
         };
         let text = serde_json::to_vec(&h).expect("json");
         assert_eq!(serde_json::from_slice::<Header>(&text).expect("back"), h);

@@ -33,16 +33,16 @@ fn golden(name: &str, got: &str) {
     );
 }
 
-fn input_for(platform: Platform) -> InstallInput {
+fn input() -> InstallInput {
     InstallInput {
-        config_text: default_config_text(platform),
+        config_text: default_config_text(),
         config_given: false,
         default_policy: DEFAULT_POLICY.into(),
     }
 }
 
 fn layout(platform: Platform) -> Layout {
-    let cfg = config_from_text(&default_config_text(platform)).expect("default config");
+    let cfg = config_from_text(&default_config_text()).expect("default config");
     Layout::new(platform, &cfg).expect("layout")
 }
 
@@ -173,16 +173,16 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
 #[test]
 fn linux_install_plan_on_a_clean_machine() {
     let l = layout(Platform::Linux);
-    let plan = plan_install(&l, &input_for(l.platform), &clean(true)).expect("plan");
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
     golden("install-plan-linux.txt", &plan.render());
-    let bare = plan_install(&l, &input_for(l.platform), &clean(false)).expect("plan");
+    let bare = plan_install(&l, &input(), &clean(false)).expect("plan");
     golden("install-plan-linux-without-systemd.txt", &bare.render());
 }
 
 #[test]
 fn macos_install_plan_on_a_clean_machine() {
     let l = layout(Platform::MacOs);
-    let plan = plan_install(&l, &input_for(l.platform), &clean(true)).expect("plan");
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
     golden("install-plan-macos.txt", &plan.render());
 }
 
@@ -193,7 +193,7 @@ fn uninstall_plans_undo_what_install_recorded_in_reverse() {
         (Platform::MacOs, "uninstall-plan-macos.txt"),
     ] {
         let l = layout(platform);
-        let plan = plan_install(&l, &input_for(l.platform), &clean(true)).expect("plan");
+        let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
         let installed = after(&plan, clean(true), &l);
         let undo = plan_uninstall(&l, &installed);
         golden(name, &undo.render());
@@ -210,9 +210,9 @@ fn uninstall_plans_undo_what_install_recorded_in_reverse() {
 fn a_second_install_has_nothing_to_do_on_either_platform() {
     for platform in [Platform::Linux, Platform::MacOs] {
         let l = layout(platform);
-        let first = plan_install(&l, &input_for(l.platform), &clean(true)).expect("plan");
+        let first = plan_install(&l, &input(), &clean(true)).expect("plan");
         assert!(first.todo() > 20, "{}", first.render());
-        let second = plan_install(&l, &input_for(l.platform), &after(&first, clean(true), &l))
+        let second = plan_install(&l, &input(), &after(&first, clean(true), &l))
             .expect("plan");
         assert_eq!(second.todo(), 0, "second run:\n{}", second.render());
     }
@@ -224,7 +224,7 @@ fn users_that_existed_before_are_neither_recreated_nor_deleted() {
     let mut seen = clean(true);
     seen.users.insert(l.agent.name.clone(), 1234);
     seen.groups.insert(l.agent.name.clone(), 1234);
-    let plan = plan_install(&l, &input_for(l.platform), &seen).expect("plan");
+    let plan = plan_install(&l, &input(), &seen).expect("plan");
     let records = plan.records();
     assert!(!records
         .iter()
@@ -241,14 +241,14 @@ fn a_uid_held_by_another_user_stops_the_plan_with_its_name() {
     let l = layout(Platform::Linux);
     let mut seen = clean(true);
     seen.uid_names.insert(5200, "someone".into());
-    let err = plan_install(&l, &input_for(l.platform), &seen).expect_err("uid taken");
+    let err = plan_install(&l, &input(), &seen).expect_err("uid taken");
     assert!(err.to_string().contains("\"someone\""), "{err}");
 }
 
 #[test]
 fn files_changed_since_install_are_kept_by_uninstall() {
     let l = layout(Platform::Linux);
-    let plan = plan_install(&l, &input_for(l.platform), &clean(true)).expect("plan");
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
     let mut installed = after(&plan, clean(true), &l);
     let mut m: Manifest = installed.manifest.clone().expect("manifest");
     for c in &mut m.created {
@@ -292,7 +292,7 @@ fn the_service_files_written_are_the_shipped_ones() {
         ),
     ] {
         let plan =
-            plan_install(&layout(platform), &input_for(platform), &clean(true)).expect("plan");
+            plan_install(&layout(platform), &input(), &clean(true)).expect("plan");
         let written = plan
             .steps
             .iter()

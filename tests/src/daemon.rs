@@ -40,6 +40,9 @@ pub struct DaemonOptions {
     /// `[daemon] worker_user` (root tests): the daemon splits into a root supervisor and a
     /// worker running as this (name, uid); the state directory is given to that uid.
     pub worker_user: Option<(String, u32)>,
+    /// `[testing] broker_orig_dst`: the worker asks the supervisor for original destinations
+    /// (the macOS path, taken on Linux).
+    pub broker_orig_dst: bool,
 }
 
 pub struct Daemon {
@@ -377,8 +380,14 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     for l in &opts.limits {
         let _ = writeln!(c, "{l}");
     }
+    if opts.orig_dst.is_some() || opts.broker_orig_dst {
+        let _ = writeln!(c, "\n[testing]");
+    }
+    if opts.broker_orig_dst {
+        let _ = writeln!(c, "broker_orig_dst = true");
+    }
     if let Some(dst) = opts.orig_dst {
-        let _ = writeln!(c, "\n[testing]\norig_dst_override = \"{dst}\"");
+        let _ = writeln!(c, "orig_dst_override = \"{dst}\"");
     }
     c
 }

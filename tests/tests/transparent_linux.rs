@@ -118,6 +118,9 @@ impl Lab {
             ipv6: true,
             redirect_uid: Some(user.uid),
             worker_user: worker.as_ref().map(|w| (w.name.clone(), w.uid)),
+            // A split lab takes the macOS path: the worker asks the root supervisor for each
+            // connection's original destination (here from SO_ORIGINAL_DST, there from pf).
+            broker_orig_dst: split,
             ..Default::default()
         });
         let our_ca = share.path().join("agenshield-ca.pem");
@@ -579,14 +582,17 @@ fn proc_status(pid: u32) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
-/// The processes whose parent is `pid`.
+/// The agenshield processes whose parent is `pid` (not the `nft` runs of its reconcile).
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
         let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        if proc_status(child).get("PPid").map(String::as_str) == Some(&pid.to_string()) {
+        let st = proc_status(child);
+        if st.get("PPid").map(String::as_str) == Some(&pid.to_string())
+            && st.get("Name").map(String::as_str) == Some("agenshield")
+        {
             out.push(child);
         }
     }
@@ -601,7 +607,8 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
     let mut lab = Lab::build(serial, true).await;
     let worker_uid = lab.worker.as_ref().expect("worker user").uid;
 
-    // The agent's traffic goes through the split daemon like through a single one.
+    // The agent's traffic goes through the split daemon like through a single one, its
+    // original destination answered by the supervisor.
     let out = lab
         .agent("https://allowed.test/", "allowed.test", lab.net.a4)
         .await;
@@ -609,6 +616,12 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
         (out.exit, out.status),
         (0, 200),
         "{out:?}\n{}",
+        lab.daemon.logs()
+    );
+
+    assert!(
+        lab.daemon.logs().contains("lookup=\"supervisor\""),
+        "the worker did not ask the supervisor: {}",
         lab.daemon.logs()
     );
 

@@ -103,8 +103,8 @@ pub fn plan_install(
         true,
     );
     // The file vault refuses a directory not owned by the uid that serves: the broker when
-    // the daemon is split (`daemon.worker_user`), root otherwise (macOS: pf natlook needs
-    // root in the serving process). The serving uid writes (and rotates) the audit log too.
+    // the daemon is split (`daemon.worker_user`, the default), root otherwise. The serving
+    // uid writes (and rotates) the audit log too.
     let (serving, serving_group) = if l.worker {
         (l.broker.name.as_str(), adm)
     } else {

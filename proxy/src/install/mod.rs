@@ -35,21 +35,17 @@ const EXAMPLE_CONFIG: &str = include_str!("../../../proxy.example.toml");
 pub const DEFAULT_POLICY: &str = include_str!("../../../policies/default.toml");
 
 /// The config install writes when given none: the commented example with the redirect on.
-pub fn default_config_text(platform: Platform) -> String {
+pub fn default_config_text() -> String {
     let header = "# Written by `agenshield proxy install`: the example config, with the firewall\n\
                   # redirect enabled. Restart the service after editing it.\n\n";
     let text = EXAMPLE_CONFIG.replacen("\nenabled = false\n", "\nenabled = true\n", 1);
-    // Linux: serve as the broker, root only keeps the redirect (`privsep`). macOS needs root
-    // for every pf natlook, which the worker cannot ask for yet: one process there.
-    let text = if platform == Platform::Linux {
-        text.replacen(
-            "\n# worker_user = \"ash_default_broker\"\n",
-            "\nworker_user = \"ash_default_broker\"\n",
-            1,
-        )
-    } else {
-        text
-    };
+    // Serve as the broker; root only keeps the redirect (and, on macOS, answers the
+    // worker's pf lookups): `privsep`.
+    let text = text.replacen(
+        "\n# worker_user = \"ash_default_broker\"\n",
+        "\nworker_user = \"ash_default_broker\"\n",
+        1,
+    );
     format!("{header}{text}")
 }
 
@@ -155,7 +151,7 @@ fn install_config(given: Option<&Path>, uninstall: bool) -> Result<(Config, Inst
             Err(e) => return Err(e.to_string()),
         }
     }
-    let text = default_config_text(Platform::current());
+    let text = default_config_text();
     let cfg = config_from_text(&text)?;
     Ok((cfg, input(text, false)))
 }
@@ -254,19 +250,17 @@ mod tests {
 
     #[test]
     fn the_default_config_turns_the_redirect_on_and_keeps_the_installed_layout() {
-        let text = default_config_text(Platform::current());
+        let text = default_config_text();
         let cfg = config_from_text(&text).expect("the default config parses");
         assert!(
             cfg.redirect.enabled,
             "the example's redirect switch was not found"
         );
-        if cfg!(target_os = "linux") {
-            assert_eq!(
-                cfg.worker_user,
-                Some(crate::config::AgentUser::Name("ash_default_broker".into())),
-                "the example's worker_user line was not found"
-            );
-        }
+        assert_eq!(
+            cfg.worker_user,
+            Some(crate::config::AgentUser::Name("ash_default_broker".into())),
+            "the example's worker_user line was not found"
+        );
         assert_eq!(cfg.policies, Path::new("/opt/agenshield/policies"));
         assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
         assert_eq!(cfg.admin, Path::new(crate::config::DEFAULT_ADMIN_SOCKET));
