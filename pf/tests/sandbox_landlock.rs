@@ -219,6 +219,50 @@ fn fast_open_connect_udp_raw_and_io_uring_are_refused_tcp_and_unix_sockets_work(
             None,
         )
         .expect("Unix sockets are untouched");
+        // Other families are refused whole (vsock reaches a VM's host, SMC falls back to a
+        // TCP socket Landlock never checks).
+        assert_eq!(
+            socket(
+                AddressFamily::Vsock,
+                SockType::Stream,
+                SockFlag::empty(),
+                None
+            )
+            .map(|_| ()),
+            Err(nix::errno::Errno::EACCES),
+            "vsock"
+        );
+        assert_eq!(
+            nix::sys::socket::socketpair(
+                AddressFamily::Vsock,
+                SockType::Stream,
+                None,
+                SockFlag::empty()
+            )
+            .map(|_| ()),
+            Err(nix::errno::Errno::EACCES),
+            "socketpair outside AF_UNIX"
+        );
+        nix::sys::socket::socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::empty(),
+        )
+        .expect("Unix socket pairs are untouched");
+        // listen() without bind() would autobind to 0.0.0.0:<ephemeral>: refused.
+        let lfd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )
+        .expect("TCP socket");
+        assert_eq!(
+            nix::sys::socket::listen(&lfd, nix::sys::socket::Backlog::new(1).expect("backlog")),
+            Err(nix::errno::Errno::EACCES),
+            "listen without bind"
+        );
         // io_uring_setup(1, NULL) fails with EFAULT when it reaches the kernel; the filter
         // answers EPERM first.
         assert_eq!(io_uring_setup_null(), nix::errno::Errno::EPERM, "io_uring");

@@ -212,8 +212,7 @@ fn a_second_install_has_nothing_to_do_on_either_platform() {
         let l = layout(platform);
         let first = plan_install(&l, &input(), &clean(true)).expect("plan");
         assert!(first.todo() > 20, "{}", first.render());
-        let second = plan_install(&l, &input(), &after(&first, clean(true), &l))
-            .expect("plan");
+        let second = plan_install(&l, &input(), &after(&first, clean(true), &l)).expect("plan");
         assert_eq!(second.todo(), 0, "second run:\n{}", second.render());
     }
 }
@@ -291,8 +290,7 @@ fn the_service_files_written_are_the_shipped_ones() {
             "install-com.agenshield.proxy.plist",
         ),
     ] {
-        let plan =
-            plan_install(&layout(platform), &input(), &clean(true)).expect("plan");
+        let plan = plan_install(&layout(platform), &input(), &clean(true)).expect("plan");
         let written = plan
             .steps
             .iter()

@@ -474,6 +474,27 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         "the second install changed the machine"
     );
 
+    // The agent owns its home: a start-up file it turns into a link to the CA key must not
+    // make root (re-)installing read, copy or chown the key. Install refuses that step.
+    let key = "/opt/agenshield/certs/ca-key.pem";
+    let key_before = (meta(key), std::fs::read(key).expect("key"));
+    let planted = as_agent(&format!(
+        "mv ~/.bashrc ~/.bashrc.saved && ln -s {key} ~/.bashrc && sed -i '/agenshield/d' ~/.profile"
+    ));
+    assert!(planted.status.success(), "{planted:?}");
+    let (code, third) = run(&["proxy", "install", "--config", config_arg]);
+    assert_ne!(code, 0, "install went through a planted symlink:\n{third}");
+    assert!(third.contains("symbolic link"), "{third}");
+    assert!(std::fs::symlink_metadata(format!("{HOME}/.bashrc"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    assert_eq!((meta(key), std::fs::read(key).expect("key")), key_before);
+    let restored = as_agent("rm ~/.bashrc && mv ~/.bashrc.saved ~/.bashrc");
+    assert!(restored.status.success(), "{restored:?}");
+    let (code, fixed) = run(&["proxy", "install", "--config", config_arg]);
+    assert_eq!(code, 0, "{fixed}");
+
     // The agent's traffic fails closed until the daemon runs...
     net.assert_route(a4);
     let url = format!("https://{a4}/hello");

@@ -11,10 +11,15 @@
 //! - **io_uring**, whose operations seccomp cannot see (a fast-open send could ride on it):
 //!   `io_uring_setup` fails with `EPERM`, and programs fall back to plain syscalls.
 //! - **Everything but TCP.** Landlock governs TCP only, so UDP (QUIC, DNS), SCTP, MPTCP and
-//!   raw or packet sockets would pass it. `socket(2)` for `AF_INET`/`AF_INET6` is allowed
-//!   only as `SOCK_STREAM` with protocol 0 or `IPPROTO_TCP`, and `AF_PACKET` not at all
-//!   (`EACCES`). Unix, netlink and other local families are untouched. The command gets no
-//!   DNS, which it does not need: it hands host names to the proxy.
+//!   raw sockets, and other families (packet, vsock, SMC, RDS, TIPC), would pass it.
+//!   `socket(2)`/`socketpair(2)` are allowed for `AF_UNIX` and `AF_NETLINK`, and for
+//!   `AF_INET`/`AF_INET6` only as `SOCK_STREAM` with protocol 0 or `IPPROTO_TCP`; every other
+//!   family is refused (`EACCES`). The command gets no DNS, which it does not need: it hands
+//!   host names to the proxy.
+//! - **Listening.** `listen(2)` on a socket that was never bound autobinds it to an ephemeral
+//!   port on every address, which Landlock's `BindTcp` does not see; the command would be
+//!   reachable from outside. `listen` is refused (`EACCES`), for Unix sockets too (seccomp
+//!   cannot tell the family of an fd).
 //! - Syscalls of another ABI (`x32` on x86_64, or a foreign architecture) would dodge the
 //!   syscall numbers below: the x32 range is refused and a foreign architecture kills the
 //!   process.
@@ -93,6 +98,10 @@ impl Filter {
             jeq(nr(libc::SYS_sendmmsg), L::FlagsArg3, L::Next),
             jeq(nr(libc::SYS_sendmsg), L::FlagsArg2, L::Next),
             jeq(nr(libc::SYS_io_uring_setup), L::Eperm, L::Next),
+            // listen(2) on a socket never bound autobinds it to 0.0.0.0:<ephemeral>, which
+            // Landlock's BindTcp does not see: the command could be reached from outside.
+            jeq(nr(libc::SYS_listen), L::Eacces, L::Next),
+            jeq(nr(libc::SYS_socketpair), L::Socket, L::Next),
             jeq(nr(libc::SYS_socket), L::Socket, L::Allow),
             // sendto(fd, buf, len, flags, …), sendmmsg(fd, vec, n, flags)
             Op::Label(L::FlagsArg3),
@@ -102,12 +111,15 @@ impl Filter {
             Op::Label(L::FlagsArg2),
             ld(off_arg(2)),
             jset(fastopen, L::Eacces, L::Allow),
-            // socket(domain, type, protocol)
+            // socket(domain, type, protocol), socketpair(domain, type, protocol, sv): only
+            // the families a proxied command needs. Anything else (vsock, SMC, RDS, TIPC,
+            // packet, ...) could reach the network where Landlock's TCP rules do not look.
             Op::Label(L::Socket),
             ld(off_arg(0)),
+            jeq(libc::AF_UNIX as u32, L::Allow, L::Next),
+            jeq(libc::AF_NETLINK as u32, L::Allow, L::Next),
             jeq(libc::AF_INET as u32, L::Inet, L::Next),
-            jeq(libc::AF_INET6 as u32, L::Inet, L::Next),
-            jeq(libc::AF_PACKET as u32, L::Eacces, L::Allow),
+            jeq(libc::AF_INET6 as u32, L::Inet, L::Eacces),
             Op::Label(L::Inet),
             ld(off_arg(1)),
             // The low bits are the type; SOCK_NONBLOCK and SOCK_CLOEXEC sit above them.

@@ -165,22 +165,34 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
                 });
             }
         }
+        // The agent's own files, in the agent's own directory: never followed (`userfile`).
         Action::AddEnvBlock { path, meta, block } => {
-            let existing = read_optional(path)?;
-            let text = envblock::with_block(existing.as_deref().unwrap_or(""), block);
-            write_preserving(path, meta, text.as_bytes())?;
+            let existing =
+                super::userfile::read(path).map_err(io(format!("reading {}", path.display())))?;
+            let (mode, uid, gid) = match &existing {
+                Some(f) => (f.mode, f.uid, f.gid),
+                None => {
+                    let (uid, gid) = ids(&meta.owner, Some(&meta.group))?;
+                    (meta.mode, uid, gid.unwrap_or(uid))
+                }
+            };
+            let text = envblock::with_block(existing.as_ref().map_or("", |f| &f.text), block);
+            super::userfile::write(path, text.as_bytes(), mode, uid, gid)
+                .map_err(io(format!("writing {}", path.display())))?;
         }
         Action::RemoveEnvBlock {
             path,
             delete_if_empty,
         } => {
-            if let Some(existing) = read_optional(path)? {
-                let text = envblock::without_block(&existing);
+            let existing =
+                super::userfile::read(path).map_err(io(format!("reading {}", path.display())))?;
+            if let Some(f) = existing {
+                let text = envblock::without_block(&f.text);
                 if *delete_if_empty && text.trim().is_empty() {
                     remove_file(path)?;
                 } else {
-                    let m = current_meta(path)?;
-                    write_preserving(path, &m, text.as_bytes())?;
+                    super::userfile::write(path, text.as_bytes(), f.mode, f.uid, f.gid)
+                        .map_err(io(format!("writing {}", path.display())))?;
                 }
             }
         }
@@ -282,41 +294,12 @@ fn set_meta(path: &Path, meta: &Meta) -> Result<(), ApplyError> {
         .map_err(io(format!("chmod {}", path.display())))
 }
 
-fn current_meta(path: &Path) -> Result<Meta, ApplyError> {
-    let st = super::observe::path_state(path)
-        .ok_or_else(|| ApplyError::Failed(format!("{} vanished", path.display())))?;
-    Ok(Meta {
-        mode: st.mode,
-        owner: st.owner,
-        group: st.group,
-    })
-}
-
-fn read_optional(path: &Path) -> Result<Option<String>, ApplyError> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io(format!("reading {}", path.display()))(e)),
-    }
-}
-
 fn remove_file(path: &Path) -> Result<(), ApplyError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io(format!("rm {}", path.display()))(e)),
     }
-}
-
-/// Writes `bytes` to `path` atomically with `meta`, or with the file's current owner and mode
-/// when it exists (a start-up file is its user's, not ours).
-fn write_preserving(path: &Path, meta: &Meta, bytes: &[u8]) -> Result<(), ApplyError> {
-    let m = if path.exists() {
-        current_meta(path)?
-    } else {
-        meta.clone()
-    };
-    write_atomic(path, &m, |f| f.write_all(bytes))
 }
 
 fn tmp_path(path: &Path) -> PathBuf {

@@ -20,6 +20,7 @@ pub mod observe;
 pub mod plan;
 mod steps;
 mod uninstall_plan;
+pub mod userfile;
 
 use std::path::Path;
 

@@ -178,7 +178,8 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
         }
     }
     for f in &layout.env_files {
-        if let Ok(t) = std::fs::read_to_string(f) {
+        // The agent's files: read without following what the agent may have planted.
+        if let Ok(Some(super::userfile::Found { text: t, .. })) = super::userfile::read(f) {
             o.texts.insert(f.clone(), t);
         }
     }
