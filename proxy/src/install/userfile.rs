@@ -91,9 +91,12 @@ pub fn read(path: &Path) -> io::Result<Option<Found>> {
     if text.len() as u64 > MAX_BYTES {
         return Err(refused(path, "is larger than a start-up file can be"));
     }
+    // `st_mode` is u32 on Linux, u16 on macOS.
+    #[allow(clippy::useless_conversion)]
+    let mode = u32::from(st.st_mode) & 0o7777;
     Ok(Some(Found {
         text,
-        mode: u32::from(st.st_mode) & 0o7777,
+        mode,
         uid: st.st_uid,
         gid: st.st_gid,
     }))
