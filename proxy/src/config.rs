@@ -315,7 +315,7 @@ impl Default for TlsConfig {
 
 /// Knobs that exist only so the test-suite can run the proxy without a firewall.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Testing {
     /// Pretend every transparent connection was headed here.
     pub orig_dst_override: Option<SocketAddr>,
@@ -596,6 +596,22 @@ pub fn line_col(text: &str, at: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_testing_section_may_set_one_knob() {
+        let cfg = Config::parse(
+            "[testing]\norig_dst_override = \"127.0.0.1:9\"\n",
+            Path::new("/x/proxy.toml"),
+        )
+        .expect("one knob is enough");
+        assert!(!cfg.testing.broker_orig_dst);
+        let cfg = Config::parse(
+            "[testing]\nbroker_orig_dst = true\n",
+            Path::new("/x/p.toml"),
+        )
+        .expect("the other alone too");
+        assert_eq!(cfg.testing.orig_dst_override, None);
+    }
 
     #[test]
     fn installed_defaults_point_at_the_installed_layout() {

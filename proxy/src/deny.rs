@@ -28,6 +28,8 @@ pub enum ErrorCode {
     UpstreamConnect,
     UpstreamTls,
     UpstreamError,
+    /// The audit log could not record the request (a write error): its response is withheld.
+    AuditUnavailable,
 }
 
 impl ErrorCode {
@@ -41,7 +43,7 @@ impl ErrorCode {
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
             | ErrorCode::UpstreamTls
@@ -64,6 +66,7 @@ impl ErrorCode {
             ErrorCode::UpstreamConnect => "upstream_connect",
             ErrorCode::UpstreamTls => "upstream_tls",
             ErrorCode::UpstreamError => "upstream_error",
+            ErrorCode::AuditUnavailable => "audit_unavailable",
         }
     }
 

@@ -74,10 +74,12 @@ impl Finish {
     /// Accounts for a request whose response body need not be held back (none: HEAD, 1xx,
     /// 204, 304, empty; or all `down` bytes of it already here): the record is written
     /// before the response is returned.
-    pub async fn now(self, down: u64) {
+    /// `false`: the audit log could not record it; the response must not go out.
+    pub async fn now(self, down: u64) -> bool {
         let (proxy, entry) = self.account(down, false);
-        if let Some(audit) = &proxy.audit {
-            audit.write(Entry::Request(Box::new(entry))).await;
+        match &proxy.audit {
+            Some(audit) => audit.write(Entry::Request(Box::new(entry))).await,
+            None => true,
         }
     }
 
@@ -116,12 +118,18 @@ pub struct FinishedBody {
     /// The log to drive once this body has yielded after queuing its record.
     drive: Option<Arc<crate::audit::Audit>>,
     yielded: bool,
+    /// The record was queued: its acknowledgement is required before the last frame.
+    must_ack: bool,
+    /// The response's Content-Length: a client that has that many bytes has the whole
+    /// response, end of stream or not, so the frame that completes it is the one held.
+    expected: Option<u64>,
     done: bool,
 }
 
 impl FinishedBody {
-    pub fn new(inner: ProxyBody, finish: Finish) -> FinishedBody {
+    pub fn new(inner: ProxyBody, finish: Finish, expected: Option<u64>) -> FinishedBody {
         FinishedBody {
+            expected,
             inner,
             finish: Some(finish),
             down: 0,
@@ -129,6 +137,7 @@ impl FinishedBody {
             writing: None,
             drive: None,
             yielded: false,
+            must_ack: false,
             done: false,
         }
     }
@@ -143,6 +152,8 @@ impl FinishedBody {
             }
             w
         });
+        // No record to wait for (no audit log, or dropped by design): nothing to confirm.
+        self.must_ack = submitted.is_some();
         self.writing = Some(submitted.unwrap_or_else(|| {
             // Nothing to wait for: a receiver whose sender is already gone.
             tokio::sync::oneshot::channel().1
@@ -174,9 +185,16 @@ impl Body for FinishedBody {
                 }
             }
             if let Some(w) = this.writing.as_mut() {
-                // Written, or the writer is gone: either way the frame goes out now.
-                let _ = ready!(Pin::new(w).poll(cx));
+                let written = ready!(Pin::new(w).poll(cx)).is_ok() || !this.must_ack;
                 this.writing = None;
+                if !written {
+                    // The log could not record it: the response ends short (fail closed).
+                    this.held = None;
+                    this.done = true;
+                    return Poll::Ready(Some(Err(
+                        "the audit log could not record this response".into()
+                    )));
+                }
                 return match this.held.take() {
                     Some(f) => Poll::Ready(Some(Ok(f))),
                     None => {
@@ -194,7 +212,8 @@ impl Body for FinishedBody {
                     if let Some(d) = frame.data_ref() {
                         this.down += d.len() as u64;
                     }
-                    if !this.inner.is_end_stream() {
+                    let complete = this.expected.is_some_and(|n| this.down >= n);
+                    if !this.inner.is_end_stream() && !complete {
                         return Poll::Ready(Some(Ok(frame)));
                     }
                     // The last frame: out only once the record is written.

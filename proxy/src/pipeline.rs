@@ -183,6 +183,17 @@ pub async fn handle(
         started,
         up,
     };
+    let audit_refusal = |request_id: &str| {
+        deny::render(
+            &Refusal::new(
+                ErrorCode::AuditUnavailable,
+                "the audit log could not record this request, so its response is withheld",
+            ),
+            request_id,
+            policy.hash(),
+        )
+    };
+    let rid = request_id.clone();
     proxy.events.publish(DecisionEvent {
         time: now_rfc3339(),
         request_id,
@@ -208,18 +219,30 @@ pub async fn handle(
         || resp.status() == http::StatusCode::NOT_MODIFIED
         || http_body::Body::is_end_stream(resp.body());
     if bodiless {
-        finish.now(0).await;
+        if !finish.now(0).await {
+            return audit_refusal(&rid);
+        }
         return resp;
     }
     let (parts, body) = resp.into_parts();
     match take_ready(body, READY_BODY_LIMIT) {
         // All here: record it, then hand hyper the whole response for one write.
         Ready::Complete(bytes) => {
-            finish.now(bytes.len() as u64).await;
+            if !finish.now(bytes.len() as u64).await {
+                return audit_refusal(&rid);
+            }
             Response::from_parts(parts, crate::body::full(bytes))
         }
         Ready::Streaming(body) => {
-            Response::from_parts(parts, BodyExt::boxed(FinishedBody::new(body, finish)))
+            let expected = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            Response::from_parts(
+                parts,
+                BodyExt::boxed(FinishedBody::new(body, finish, expected)),
+            )
         }
     }
 }

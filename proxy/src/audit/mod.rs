@@ -150,16 +150,19 @@ impl Audit {
     }
 
     /// Queues `entry` and waits until it is in the file. A refusal waits for room in the
-    /// queue; an allowed request's record is dropped (and counted) if there is none.
-    pub async fn write(self: &Arc<Self>, entry: Entry) {
+    /// queue; an allowed request's record is dropped (and counted) if there is none. `false`:
+    /// the log could not take it (a write error): the caller must not let the response out.
+    pub async fn write(self: &Arc<Self>, entry: Entry) -> bool {
         if let Some(written) = self.submit(entry) {
             // Let the worker's other ready requests queue their records first: one write
             // for the lot.
             tokio::task::yield_now().await;
             self.drive();
-            // An error means the writer is gone (the daemon is stopping).
-            let _ = written.await;
+            // No acknowledgement: the write failed (or the daemon is stopping).
+            return written.await.is_ok();
         }
+        // Dropped by design (an allowed request's record, the queue full: counted).
+        true
     }
 
     /// Queues `entry`; the receiver resolves once it is in the file, which happens when

@@ -228,3 +228,31 @@ async fn concurrent_writers_lose_nothing_and_keep_one_chain() {
     assert_eq!((r.records, r.broken, r.last_seq), (1600, None, Some(1600)));
     assert_eq!(audit.head().seq, 1600);
 }
+
+/// A write that fails (a full disk: /dev/full answers ENOSPC) is not acknowledged, so the
+/// request's response is withheld, and it is counted.
+#[tokio::test]
+async fn a_failed_write_is_not_acknowledged() {
+    let full = Path::new("/dev/full");
+    if !full.exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "/dev/full is missing on a CI machine"
+        );
+        eprintln!("SKIP a_failed_write_is_not_acknowledged: no /dev/full here");
+        return;
+    }
+    let metrics = Arc::new(Metrics::new());
+    let audit = Audit::open(full, &cfg(1 << 30, 1), metrics.clone()).expect("open");
+    assert!(
+        !audit.write(request(1, "deny")).await,
+        "a failed write was acknowledged"
+    );
+    assert!(!audit.write(request(2, "allow")).await);
+    assert_eq!(metrics.audit_write_errors.get(), 2);
+    assert_eq!(audit.head().seq, 0, "the chain did not move");
+    // A working log acknowledges.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ok = Audit::open(&dir.path().join("a.jsonl"), &cfg(1 << 30, 1), metrics).expect("open");
+    assert!(ok.write(request(3, "allow")).await);
+}

@@ -156,11 +156,16 @@ impl Writer {
                     }
                 }
                 Err(e) => {
-                    // The chain stays at the last record written: the lost ones are simply
-                    // absent, which `verify` cannot see, so it is loud here and counted.
+                    // Nothing of this batch counts: a part written is cut off again so the
+                    // chain stays whole at the last record written, and the batch's requests
+                    // are not told "written" (their responses fail: fail closed).
                     self.metrics.audit_write_errors.inc();
-                    tracing::error!(path = %self.path.display(), records, "audit log write failed: {e}");
-                    self.size = self.file.metadata().map_or(self.size, |m| m.len());
+                    tracing::error!(path = %self.path.display(), records, "audit log write failed; those requests' responses are refused: {e}");
+                    if let Err(t) = self.file.set_len(self.size) {
+                        tracing::error!(path = %self.path.display(), "audit log: cutting off a partly written batch failed: {t}");
+                        self.size = self.file.metadata().map_or(self.size, |m| m.len());
+                    }
+                    acks.clear();
                 }
             }
         }
