@@ -67,7 +67,15 @@ pub fn recv_fds(sock: &impl AsFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
                 // SAFETY: the kernel just installed `fd` in our table for this message
                 // (SCM_RIGHTS); nothing else refers to it, so taking ownership is sound.
                 #[allow(unsafe_code)]
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                // Linux sets close-on-exec as it receives (MSG_CMSG_CLOEXEC); elsewhere now.
+                #[cfg(not(target_os = "linux"))]
+                {
+                    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+                    fcntl(&owned, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
+                        .map_err(io::Error::from)?;
+                }
+                fds.push(owned);
             }
         }
     }

@@ -122,6 +122,9 @@ fn run(cfg: &Config, command: Vec<OsString>) -> Result<Infallible, ExecError> {
         program = %resolved.display(),
         "exec: starting the command sandboxed"
     );
+    // Descriptors this process inherited (a socket already connected somewhere, say) must
+    // not reach the command: they close at exec.
+    agenshield_pf::sandbox::close_inherited_on_exec();
     sandbox.enter()?;
     let err = cmd.exec();
     Err(match err.kind() {

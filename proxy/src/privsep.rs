@@ -33,7 +33,7 @@ use std::sync::Arc;
 use agenshield_pf::privsep::{self as os, Identity};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Config;
@@ -167,7 +167,7 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
     );
 
     ours.set_nonblocking(true)?;
-    let mut control = tokio::net::UnixStream::from_std(ours)?;
+    let control = tokio::net::UnixStream::from_std(ours)?;
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -189,8 +189,12 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
                 let line = serde_json::json!({ "firewall": *report_rx.borrow_and_update() });
                 let mut text = line.to_string();
                 text.push('\n');
-                // A worker that stopped reading is about to exit; its exit is handled above.
-                let _ = control.write_all(text.as_bytes()).await;
+                // Never wait on the worker: a worker that stopped reading must not stop us
+                // forwarding signals or seeing it exit. A report that does not fit is dropped
+                // (the next one says the same or newer).
+                if control.try_write(text.as_bytes()).map_or(true, |n| n < text.len()) {
+                    tracing::warn!("supervisor: the worker is not reading its reports");
+                }
             }
         }
     };

@@ -344,3 +344,36 @@ fn the_service_files_written_are_the_shipped_ones() {
         );
     }
 }
+
+#[test]
+fn a_config_pointing_into_a_shared_system_directory_is_refused_not_taken_over() {
+    let text = format!("{}\n", default_config_text()).replacen(
+        "audit = \"/var/log/agenshield/proxy-audit.jsonl\"",
+        "audit = \"/var/log/proxy-audit.jsonl\"",
+        1,
+    );
+    let cfg = config_from_text(&text).expect("config");
+    let l = Layout::new(Platform::Linux, &cfg).expect("layout");
+    let mut seen = clean(true);
+    seen.paths.insert(
+        PathBuf::from("/var/log"),
+        PathState {
+            dir: true,
+            mode: 0o755,
+            owner: "root".into(),
+            group: "root".into(),
+            sha256: None,
+        },
+    );
+    let input = InstallInput {
+        config_text: text,
+        config_given: true,
+        default_policy: DEFAULT_POLICY.into(),
+    };
+    let err = plan_install(&l, &input, &seen).expect_err("refused");
+    assert!(
+        err.to_string()
+            .contains("/var/log is a shared system directory"),
+        "{err}"
+    );
+}

@@ -96,6 +96,13 @@ impl Builder<'_> {
                 Action::Note,
                 State::Done("already done".into()),
             ),
+            Some(_) if !self.manifest.owns_path(path) && shared_system_dir(path) => {
+                return Err(PlanError::Invalid(format!(
+                    "{} is a shared system directory: install will not change its owner or \
+                     mode for {what}; give it a directory of its own in the config",
+                    path.display()
+                )));
+            }
             Some(st) => self.fix_meta(what, path, &st.clone(), m),
         }
         Ok(())
@@ -303,4 +310,51 @@ impl Builder<'_> {
             record,
         );
     }
+}
+
+/// Directories other software shares: install may create directories inside them, never take
+/// one of them over (a config naming `/var/log/x.jsonl` as the audit log, say, would otherwise
+/// hand `/var/log` to the worker user).
+pub fn shared_system_dir(path: &Path) -> bool {
+    const SHARED: &[&str] = &[
+        "/",
+        "/Applications",
+        "/Library",
+        "/System",
+        "/Users",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/media",
+        "/mnt",
+        "/opt",
+        "/private",
+        "/private/etc",
+        "/private/tmp",
+        "/private/var",
+        "/private/var/log",
+        "/private/var/run",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/usr/local",
+        "/usr/local/bin",
+        "/var",
+        "/var/lib",
+        "/var/log",
+        "/var/run",
+        "/var/tmp",
+    ];
+    let p = path.to_string_lossy();
+    let p = p.trim_end_matches('/');
+    SHARED.contains(&if p.is_empty() { "/" } else { p })
 }
