@@ -132,9 +132,11 @@ impl Audit {
 
     /// Starts an fsync on the blocking pool if a write has waited `SYNC_EVERY` for one.
     fn sync_if_due(&self) {
-        let due = match self.core.lock() {
+        // Never wait for the role here: a holder is writing, and the next tick comes.
+        let due = match self.core.try_lock() {
             Ok(mut core) => core.writer.due_sync(),
-            Err(p) => p.into_inner().writer.due_sync(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().writer.due_sync(),
         };
         if let Some((file, path)) = due {
             let metrics = self.metrics.clone();

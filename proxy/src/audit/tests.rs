@@ -256,3 +256,25 @@ async fn a_failed_write_is_not_acknowledged() {
     let ok = Audit::open(&dir.path().join("a.jsonl"), &cfg(1 << 30, 1), metrics).expect("open");
     assert!(ok.write(request(3, "allow")).await);
 }
+
+/// `keep = 0`: a rotation deletes the old file once the new one is open; nothing is left
+/// aside and the live file's chain goes on from the deleted one.
+#[tokio::test]
+async fn keeping_no_rotated_files_leaves_only_the_live_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("k0.jsonl");
+    let head = write_n(&path, &cfg(64 * 1024, 0), 1, 400).await;
+    assert_eq!(head.seq, 400);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["k0.jsonl".to_string()], "{names:?}");
+    let r = verify(std::slice::from_ref(&path)).expect("verify");
+    assert_eq!((&r.broken, r.last_seq), (&None, Some(400)));
+    assert!(
+        !r.starts_at_genesis(),
+        "it rotated: the chain starts mid-way"
+    );
+}

@@ -229,10 +229,15 @@ pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     }
 }
 
-/// Shifts the rotated files up by one, moves the live file to `.1` and opens a new one.
+/// Shifts the rotated files up by one, moves the live file to `.1` and opens a new one. If
+/// the new file cannot be opened, the live file is moved back, so writing goes on in it
+/// (never into a file no longer at `path`). `keep` 0: the old file is deleted once the new
+/// one is open.
 fn rotate_files(path: &Path, keep: u32) -> io::Result<File> {
-    if keep == 0 {
-        std::fs::remove_file(path)?;
+    let aside = if keep == 0 {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".rotating");
+        PathBuf::from(name)
     } else {
         let _ = std::fs::remove_file(rotated(path, keep));
         for n in (1..keep).rev() {
@@ -241,11 +246,23 @@ fn rotate_files(path: &Path, keep: u32) -> io::Result<File> {
                 _ => {}
             }
         }
-        std::fs::rename(path, rotated(path, 1))?;
+        rotated(path, 1)
+    };
+    std::fs::rename(path, &aside)?;
+    let file = match open_log(path) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::rename(&aside, path);
+            return Err(e);
+        }
+    };
+    if keep == 0 {
+        let _ = std::fs::remove_file(&aside);
     }
-    let file = open_log(path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)?.sync_all()?;
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(dir = %dir.display(), "audit log rotation: syncing the directory failed: {e}");
+        }
     }
     Ok(file)
 }
