@@ -400,6 +400,14 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
     let (code, out, err) = ctl(&w.daemon, &["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("ok:"), "{out}");
+    // `ctl status` shows where the chain stands: the file's last record.
+    let (code, status, err) = ctl(&w.daemon, &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&status).expect("status json");
+    let last: serde_json::Value =
+        serde_json::from_str(text.lines().last().expect("a record")).expect("json line");
+    assert_eq!(status["audit"]["seq"], last["seq"], "{status}");
+    assert_eq!(status["audit"]["hash"], last["hash"], "{status}");
     // Edit one line: verify names it.
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     let target = lines

@@ -90,6 +90,7 @@ struct Status {
     uptime_secs: u64,
     listeners: Listeners,
     firewall: Firewall,
+    audit: Option<AuditHead>,
     policy: crate::policy_store::PolicyInfo,
     counts: crate::events::CountersSnapshot,
     pending: usize,
@@ -100,6 +101,15 @@ struct Listeners {
     transparent: Vec<String>,
     explicit: String,
     admin: String,
+}
+
+/// Where the audit chain stands: a reviewer who keeps this elsewhere can later show that
+/// nothing up to it was rewritten (`ctl audit verify` ends at the same hash).
+#[derive(Serialize)]
+struct AuditHead {
+    path: String,
+    seq: u64,
+    hash: String,
 }
 
 #[derive(Serialize)]
@@ -135,6 +145,14 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                 admin: info.socket.display().to_string(),
             },
             firewall,
+            audit: admin.proxy.audit.as_ref().map(|a| {
+                let head = a.head();
+                AuditHead {
+                    path: a.path().display().to_string(),
+                    seq: head.seq,
+                    hash: head.hash,
+                }
+            }),
             policy: admin.proxy.policies.info(),
             counts: admin.proxy.events.counters.snapshot(),
             pending: admin.proxy.approvals.len(),

@@ -63,6 +63,15 @@ pub fn status(v: &Value) -> String {
         format!("explicit      {}", s(&v["listeners"]["explicit"])),
         format!("admin socket  {}", s(&v["listeners"]["admin"])),
         format!("firewall      {firewall}"),
+        match v["audit"].as_object() {
+            Some(a) => format!(
+                "audit log     {}  record {}  hash {}",
+                a.get("path").map(s).unwrap_or("-"),
+                a.get("seq").cloned().unwrap_or_default(),
+                a.get("hash").map(s).unwrap_or("-")
+            ),
+            None => "audit log     off".into(),
+        },
         format!(
             "policy        {}  {} rules  {}  loaded {}",
             s(&p["hash"]),
