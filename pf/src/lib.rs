@@ -5,6 +5,7 @@
 //! going?) and [`Redirector`] (put the agent users' traffic into the proxy, or take it out).
 //! Tests swap in [`FixedOrigDst`] so the whole proxy runs on loopback without a firewall.
 
+mod command;
 pub mod nft;
 mod origdst;
 pub mod pf;

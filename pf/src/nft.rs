@@ -123,8 +123,6 @@ pub use backend::Nftables;
 
 #[cfg(target_os = "linux")]
 mod backend {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
     use std::sync::Mutex;
 
     use super::{installed_uids, render, FAMILY, TABLE};
@@ -240,43 +238,9 @@ mod backend {
         }
     }
 
+    /// What `program` printed on stdout (see `crate::command::run`).
     fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, RedirectError> {
-        let command = format!("{program} {}", args.join(" "));
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| RedirectError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes())
-                .map_err(|source| RedirectError::Spawn {
-                    command: command.clone(),
-                    source,
-                })?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|source| RedirectError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(RedirectError::Command {
-                command,
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            })
-        }
+        crate::command::run(program, args, stdin).map(|o| o.stdout)
     }
 }
 
