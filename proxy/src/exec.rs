@@ -215,17 +215,11 @@ pub fn ensure_bundle(ca: &Path, dir: &Path) -> Result<PathBuf, String> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let written = std::fs::create_dir(&tmp)
-        .and_then(|()| {
-            let staged = tmp.join("bundle.pem");
-            trust_env::write_bundle(ca, &staged)?;
-            std::fs::rename(&staged, &out)
-        })
-        .map_err(|e| format!("writing the CA bundle {}: {e}", out.display()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    written.map(|()| out)
+    // `write_bundle` writes through a uniquely named temp file: concurrent execs each
+    // rename a whole bundle into place.
+    trust_env::write_bundle(ca, &out)
+        .map_err(|e| format!("writing the CA bundle {}: {e}", out.display()))?;
+    Ok(out)
 }
 
 /// `program` as `execvp` would find it: a name with a slash as given, else the first
