@@ -105,8 +105,19 @@ pub fn metric_decision(d: &str) -> &'static str {
     }
 }
 
-/// Resolves once the record is in the file (or was dropped: then at once).
+/// Resolves once the record is in the file; an error if the log could not take it.
 type Writing = tokio::sync::oneshot::Receiver<()>;
+
+/// Where a queued record stands.
+enum Waiting {
+    /// Queued: first once round the worker's other ready requests, so their records share
+    /// this one's write (see `Audit::submit`).
+    Queued(Arc<crate::audit::Audit>, Writing),
+    /// Back from that round: drive the log, then wait.
+    Yielded(Arc<crate::audit::Audit>, Writing),
+    /// Waiting for the acknowledgement.
+    Driven(Writing),
+}
 
 /// The response body, counted, with its last frame held until the record is written.
 pub struct FinishedBody {
@@ -114,12 +125,7 @@ pub struct FinishedBody {
     finish: Option<Finish>,
     down: u64,
     held: Option<Frame<Bytes>>,
-    writing: Option<Writing>,
-    /// The log to drive once this body has yielded after queuing its record.
-    drive: Option<Arc<crate::audit::Audit>>,
-    yielded: bool,
-    /// The record was queued: its acknowledgement is required before the last frame.
-    must_ack: bool,
+    waiting: Option<Waiting>,
     /// The response's Content-Length: a client that has that many bytes has the whole
     /// response, end of stream or not, so the frame that completes it is the one held.
     expected: Option<u64>,
@@ -134,30 +140,39 @@ impl FinishedBody {
             finish: Some(finish),
             down: 0,
             held: None,
-            writing: None,
-            drive: None,
-            yielded: false,
-            must_ack: false,
+            waiting: None,
             done: false,
         }
     }
 
-    fn start_writing(&mut self) {
-        let Some(f) = self.finish.take() else { return };
+    /// Accounts for the request and queues its record; `false` when there is nothing to
+    /// wait for (no audit log, or the record dropped by design).
+    fn start_writing(&mut self) -> bool {
+        let Some(f) = self.finish.take() else {
+            return false;
+        };
         let (proxy, entry) = f.account(self.down, false);
-        let submitted = proxy.audit.as_ref().and_then(|a| {
-            let w = a.submit(Entry::Request(Box::new(entry)));
-            if w.is_some() {
-                self.drive = Some(a.clone());
+        let Some(audit) = &proxy.audit else {
+            return false;
+        };
+        match audit.submit(Entry::Request(Box::new(entry))) {
+            Some(w) => {
+                self.waiting = Some(Waiting::Queued(audit.clone(), w));
+                true
             }
-            w
-        });
-        // No record to wait for (no audit log, or dropped by design): nothing to confirm.
-        self.must_ack = submitted.is_some();
-        self.writing = Some(submitted.unwrap_or_else(|| {
-            // Nothing to wait for: a receiver whose sender is already gone.
-            tokio::sync::oneshot::channel().1
-        }));
+            None => false,
+        }
+    }
+
+    /// Lets the held last frame (or the end of the body) out.
+    fn release(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.held.take() {
+            Some(f) => Poll::Ready(Some(Ok(f))),
+            None => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+        }
     }
 }
 
@@ -171,37 +186,33 @@ impl Body for FinishedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         loop {
-            if this.writing.is_some() {
-                if let Some(audit) = &this.drive {
-                    if !this.yielded {
-                        // Once round the worker's other ready requests, so their records
-                        // share this one's write (see `Audit::submit`).
-                        this.yielded = true;
-                        cx.waker().wake_by_ref();
+            match this.waiting.take() {
+                Some(Waiting::Queued(audit, w)) => {
+                    this.waiting = Some(Waiting::Yielded(audit, w));
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Some(Waiting::Yielded(audit, w)) => {
+                    audit.drive();
+                    this.waiting = Some(Waiting::Driven(w));
+                    continue;
+                }
+                Some(Waiting::Driven(mut w)) => match Pin::new(&mut w).poll(cx) {
+                    Poll::Pending => {
+                        this.waiting = Some(Waiting::Driven(w));
                         return Poll::Pending;
                     }
-                    audit.drive();
-                    this.drive = None;
-                }
-            }
-            if let Some(w) = this.writing.as_mut() {
-                let written = ready!(Pin::new(w).poll(cx)).is_ok() || !this.must_ack;
-                this.writing = None;
-                if !written {
-                    // The log could not record it: the response ends short (fail closed).
-                    this.held = None;
-                    this.done = true;
-                    return Poll::Ready(Some(Err(
-                        "the audit log could not record this response".into()
-                    )));
-                }
-                return match this.held.take() {
-                    Some(f) => Poll::Ready(Some(Ok(f))),
-                    None => {
+                    Poll::Ready(Ok(())) => return this.release(),
+                    Poll::Ready(Err(_)) => {
+                        // The log could not record it: the response ends short (fail closed).
+                        this.held = None;
                         this.done = true;
-                        Poll::Ready(None)
+                        return Poll::Ready(Some(Err(
+                            "the audit log could not record this response".into(),
+                        )));
                     }
-                };
+                },
+                None => {}
             }
             if this.done || this.finish.is_none() {
                 this.done = true;
@@ -218,7 +229,9 @@ impl Body for FinishedBody {
                     }
                     // The last frame: out only once the record is written.
                     this.held = Some(frame);
-                    this.start_writing();
+                    if !this.start_writing() {
+                        return this.release();
+                    }
                 }
                 Some(Err(e)) => {
                     if let Some(f) = this.finish.take() {
@@ -227,7 +240,11 @@ impl Body for FinishedBody {
                     this.done = true;
                     return Poll::Ready(Some(Err(e)));
                 }
-                None => this.start_writing(),
+                None => {
+                    if !this.start_writing() {
+                        return this.release();
+                    }
+                }
             }
         }
     }
