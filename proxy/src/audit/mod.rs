@@ -42,7 +42,6 @@ pub struct Audit {
     core: Mutex<Core>,
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
-    head: Arc<Mutex<Head>>,
     path: std::path::PathBuf,
 }
 
@@ -55,17 +54,12 @@ impl Audit {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Arc<Audit>> {
         let dropped = Arc::new(AtomicU64::new(0));
-        let head = Arc::new(Mutex::new(Head {
-            seq: 0,
-            hash: chain::GENESIS.to_string(),
-        }));
         let writer = Writer::open(
             path,
             cfg.max_bytes,
             cfg.keep,
             dropped.clone(),
             metrics.clone(),
-            head.clone(),
         )?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let audit = Arc::new(Audit {
@@ -78,7 +72,6 @@ impl Audit {
             }),
             dropped,
             metrics,
-            head,
             path: path.to_path_buf(),
         });
         let weak = Arc::downgrade(&audit);
@@ -150,10 +143,10 @@ impl Audit {
 
     /// The last record written: its sequence number and hash.
     pub fn head(&self) -> Head {
-        self.head.lock().map(|h| h.clone()).unwrap_or(Head {
-            seq: 0,
-            hash: String::new(),
-        })
+        match self.core.lock() {
+            Ok(core) => core.writer.head().clone(),
+            Err(p) => p.into_inner().writer.head().clone(),
+        }
     }
 
     /// Queues `entry` and waits until it is in the file. A refusal waits for room in the

@@ -59,8 +59,6 @@ pub(crate) struct Writer {
     dirty_since: Instant,
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
-    /// Shared with the daemon (`ctl status`).
-    shown_head: Arc<std::sync::Mutex<Head>>,
 }
 
 impl Writer {
@@ -70,7 +68,6 @@ impl Writer {
         keep: u32,
         dropped: Arc<AtomicU64>,
         metrics: Arc<Metrics>,
-        shown_head: Arc<std::sync::Mutex<Head>>,
     ) -> io::Result<Writer> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()
@@ -99,9 +96,6 @@ impl Writer {
             // a line of its own; `verify` reports the cut line.
             file.write_all(b"\n")?;
         }
-        if let Ok(mut h) = shown_head.lock() {
-            *h = head.clone();
-        }
         Ok(Writer {
             path: path.to_path_buf(),
             size: file.metadata()?.len(),
@@ -113,8 +107,12 @@ impl Writer {
             dirty_since: Instant::now(),
             dropped,
             metrics,
-            shown_head,
         })
+    }
+
+    /// The last record written.
+    pub(crate) fn head(&self) -> &Head {
+        &self.head
     }
 
     /// Writes `batch` (emptied) and acknowledges it.
@@ -151,9 +149,6 @@ impl Writer {
                         self.dirty_since = Instant::now();
                     }
                     self.metrics.audit_records.inc_by(records);
-                    if let Ok(mut h) = self.shown_head.lock() {
-                        *h = self.head.clone();
-                    }
                 }
                 Err(e) => {
                     // Nothing of this batch counts: a part written is cut off again so the
