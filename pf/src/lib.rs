@@ -1,13 +1,16 @@
 //! Redirect backends and original-destination lookup for AgenShield.
 //!
-//! This is the only crate that talks to the operating system's packet filter. The proxy sees
-//! it through two seams: [`OrigDst`] (given an accepted socket, where was the client really
-//! going?) and [`Redirector`] (put the agent users' traffic into the proxy, or take it out).
+//! This is the only crate that talks to the operating system's packet filter and socket
+//! tables. The proxy sees it through a few seams: [`OrigDst`] (given an accepted socket, where
+//! was the client really going?), [`Redirector`] (put the agent users' traffic into the proxy,
+//! or take it out), [`peer_uid::socket_uid`] (which local user opened a connection), the
+//! sandboxes and the privilege split.
 //! Tests swap in [`FixedOrigDst`] so the whole proxy runs on loopback without a firewall.
 
 mod command;
 pub mod nft;
 mod origdst;
+pub mod peer_uid;
 pub mod pf;
 pub mod privsep;
 mod redirect;

@@ -1,51 +1,27 @@
 //! AgenShield's egress proxy: the daemon library behind the `agenshield` binary.
 //!
-//! A connection's path: `listen` (accept, original destination) → `connection` (classify the
-//! first bytes) → `intercept` (TLS with a minted leaf) or plain HTTP → `serve` (hyper) →
-//! `pipeline` (target → policy → forward) → `forward` (pooled, verified upstream client).
-//! Non-HTTP streams go to `tunnel`, decided on their destination alone.
+//! In the order a connection meets them:
+//! - `conn`: accept a connection (original destination, peer uid), classify it, intercept
+//!   TLS, serve HTTP, or relay raw TCP;
+//! - `pipeline`: one request through its phases: target → decide → secrets → limit →
+//!   forward → record (+ the refusal the agent sees);
+//! - `upstream`: resolve, guard, dial, verified TLS, pooled clients, relays;
+//! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
+//! - `control`: admin API, decision feed, approvals, policy store and watcher, metrics;
+//! - `daemon`: `proxy run`, the privilege split, the firewall glue;
+//! - `cmd`: `ctl`, `install`, `firewall`, `exec`.
 
-pub mod admin;
-pub mod approvals;
 pub mod audit;
 pub mod body;
-pub mod check;
-pub mod classify;
 pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod conn;
-pub mod connection;
-pub mod ctl;
+pub mod control;
 pub mod daemon;
-pub mod deny;
-pub mod dial;
-pub mod events;
-pub mod exec;
-pub mod explicit;
-pub mod finish;
-pub mod firewall;
-pub mod forward;
-pub mod guard;
-pub mod install;
-pub mod intercept;
-pub mod listen;
-pub mod metrics;
-pub mod metrics_http;
-pub mod orig_broker;
-pub mod peer_uid;
 pub mod pipeline;
 pub mod policy;
-pub mod policy_store;
-pub mod prefixed;
-pub mod privsep;
+pub mod proxy;
 pub mod ratelimit;
-pub mod ready_body;
-pub mod resolve;
 pub mod secrets;
-pub mod serve;
-pub mod state;
-pub mod target;
-pub mod tls;
-pub mod trust_env;
-pub mod tunnel;
-pub mod watch;
+pub mod upstream;

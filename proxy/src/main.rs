@@ -2,8 +2,8 @@ use std::process::ExitCode;
 
 use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
 use agenshield_proxy::config::{default_state_dir, Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::daemon::privsep;
 use agenshield_proxy::daemon::{self, BadInput};
-use agenshield_proxy::privsep;
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Top::Proxy(ProxyCommand::Firewall(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_proxy::firewall::command(
+            Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::firewall::command(
                 &cfg,
                 args.action,
                 args.json,
@@ -22,17 +22,17 @@ fn main() -> ExitCode {
             }
         },
         Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_proxy::ctl::run(args, &cfg)),
+            Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::ctl::run(args, &cfg)),
             Err(e) => {
                 eprintln!("agenshield: {e}");
                 ExitCode::from(2)
             }
         },
         Top::Proxy(ProxyCommand::Install(args)) => {
-            ExitCode::from(agenshield_proxy::install::command(&args, false))
+            ExitCode::from(agenshield_proxy::cmd::install::command(&args, false))
         }
         Top::Proxy(ProxyCommand::Uninstall(args)) => {
-            ExitCode::from(agenshield_proxy::install::command(&args, true))
+            ExitCode::from(agenshield_proxy::cmd::install::command(&args, true))
         }
         Top::Proxy(ProxyCommand::Exec(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            ExitCode::from(agenshield_proxy::exec::command(&cfg, args.command))
+            ExitCode::from(agenshield_proxy::cmd::exec::command(&cfg, args.command))
         }
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {

@@ -4,15 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
-use agenshield_proxy::install::layout::{
+use agenshield_proxy::cmd::install::layout::{
     Layout, Platform, BIN_PATH, LAUNCHD_PLIST, LAUNCHD_PLIST_PATH, SYSTEMD_UNIT, SYSTEMD_UNIT_PATH,
 };
-use agenshield_proxy::install::manifest::{Created, Manifest};
-use agenshield_proxy::install::observe::{FirewallSeen, Observed, PathState};
-use agenshield_proxy::install::plan::{
+use agenshield_proxy::cmd::install::manifest::{Created, Manifest};
+use agenshield_proxy::cmd::install::observe::{FirewallSeen, Observed, PathState};
+use agenshield_proxy::cmd::install::plan::{
     plan_install, plan_uninstall, Action, Content, InstallInput, Plan, State,
 };
-use agenshield_proxy::install::{config_from_text, default_config_text, DEFAULT_POLICY};
+use agenshield_proxy::cmd::install::{config_from_text, default_config_text, DEFAULT_POLICY};
 
 const EXE: &str = "/usr/local/bin/agenshield";
 
@@ -53,7 +53,7 @@ fn clean(systemd: bool) -> Observed {
 }
 
 fn sha(text: &str) -> String {
-    agenshield_proxy::install::observe::sha256_hex(text.as_bytes())
+    agenshield_proxy::cmd::install::observe::sha256_hex(text.as_bytes())
 }
 
 /// The machine after `plan` ran: what each step would leave behind.
@@ -159,7 +159,7 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
         *g = 5202;
     }
     o.binary_current = true;
-    let manifest_file = PathBuf::from(agenshield_proxy::install::layout::MANIFEST_PATH);
+    let manifest_file = PathBuf::from(agenshield_proxy::cmd::install::layout::MANIFEST_PATH);
     o.paths.insert(
         manifest_file,
         state(false, 0o600, "root", l.root_group, None),

@@ -25,7 +25,7 @@ pub use writer::{rotated, Head};
 use writer::{Msg, Writer};
 
 use crate::config::AuditConfig;
-use crate::metrics::Metrics;
+use crate::control::metrics::Metrics;
 
 /// Records queued at most; a request waits for its own record, so this bounds records in
 /// flight, not requests.
@@ -175,7 +175,7 @@ impl Audit {
         let (ack, written) = oneshot::channel();
         let keep = entry.must_keep();
         let msg = Msg::Entry {
-            time: crate::events::now_rfc3339(),
+            time: crate::control::events::now_rfc3339(),
             entry,
             ack: Some(ack),
         };
@@ -247,4 +247,5 @@ struct Core {
 }
 
 #[cfg(test)]
+#[path = "audit_tests.rs"]
 mod tests;

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use super::chain::{seal, unseal, GENESIS};
 use super::record::Entry;
-use crate::metrics::Metrics;
+use crate::control::metrics::Metrics;
 
 /// A write is fsynced at most this long after it was made.
 pub(crate) const SYNC_EVERY: Duration = Duration::from_millis(100);

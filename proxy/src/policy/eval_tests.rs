@@ -1,5 +1,5 @@
 //! Tests for `decide` and `may_allow`: order, report mode, path tricks. Ask, obligations and
-//! schemes: `features_tests.rs`; the (method, URL) table: `table_tests.rs`; speed:
+//! schemes: `matcher_tests.rs`; the (method, URL) table: `policy_tests.rs`; speed:
 //! `benches/decide.rs`.
 
 use super::super::{PathError, PolicySource, Scheme};

@@ -121,5 +121,5 @@ impl CompiledRule {
 }
 
 #[cfg(test)]
-#[path = "features_tests.rs"]
+#[path = "matcher_tests.rs"]
 mod tests;

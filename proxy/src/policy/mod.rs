@@ -324,5 +324,5 @@ macro_rules! display_as_str {
 display_as_str!(Action, Mode, Scheme);
 
 #[cfg(test)]
-#[path = "table_tests.rs"]
-mod table_tests;
+#[path = "policy_tests.rs"]
+mod tests;

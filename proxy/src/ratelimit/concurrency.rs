@@ -185,3 +185,7 @@ impl Drop for ConcurrencyPermit {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "concurrency_tests.rs"]
+mod tests;

@@ -294,3 +294,7 @@ fn evictable(slot: &Slot, now: Instant, min_idle: Duration) -> bool {
     bucket.refill(now);
     bucket.is_full() && now.saturating_duration_since(bucket.last_used) >= min_idle
 }
+
+#[cfg(test)]
+#[path = "limiter_tests.rs"]
+mod tests;

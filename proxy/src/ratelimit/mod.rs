@@ -28,13 +28,6 @@ mod bucket;
 mod concurrency;
 mod limiter;
 
-#[cfg(test)]
-mod concurrency_tests;
-#[cfg(test)]
-mod eviction_tests;
-#[cfg(test)]
-mod limiter_tests;
-
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

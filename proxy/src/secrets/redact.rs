@@ -142,5 +142,5 @@ impl Body for RedactedBody {
 }
 
 #[cfg(test)]
-#[path = "body_tests.rs"]
-mod body_tests;
+#[path = "redact_tests.rs"]
+mod tests;

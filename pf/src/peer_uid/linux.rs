@@ -1,0 +1,358 @@
+//! The socket owner on Linux: one `NETLINK_SOCK_DIAG` (`inet_diag`) exact lookup by 4-tuple.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_sock_diag::constants::{
+    AF_INET, AF_INET6, IPPROTO_TCP, TCP_LISTEN, TCP_TIME_WAIT,
+};
+use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use netlink_packet_sock_diag::SockDiagMessage;
+use netlink_sys::protocols::NETLINK_SOCK_DIAG;
+use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
+use nix::errno::Errno;
+use nix::sys::socket::{setsockopt, sockopt, MsgFlags};
+use nix::sys::time::TimeVal;
+
+/// Upper bound on waiting for the kernel's reply (1 s). The reply is queued while the
+/// kernel handles our `send`, so in practice `recv` never waits.
+const REPLY_TIMEOUT: TimeVal = TimeVal::new(1, 0);
+
+/// Room for one `inet_diag_msg` plus the few attributes the kernel always adds. The
+/// reply to an exact-match request is a couple of hundred bytes.
+const RECV_BUF_LEN: usize = 8192;
+
+/// `inet_diag_sockid.idiag_cookie` value meaning "any socket cookie"
+/// (`INET_DIAG_NOCOOKIE`, both 32-bit halves all-ones). A zero cookie would make the
+/// kernel compare it with the socket's cookie and answer `ESTALE`.
+const NO_COOKIE: [u8; 8] = [0xff; 8];
+
+/// Arbitrary request sequence number, checked in the reply.
+const SEQ: u32 = 0x6167_7569; // "agui"
+
+pub(super) fn socket_uid(client: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
+    let (src, dst) = (client.ip().to_canonical(), peer.ip().to_canonical());
+    let family = match (src, dst) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => AF_INET,
+        (IpAddr::V6(_), IpAddr::V6(_)) => AF_INET6,
+        // No socket has one IPv4 and one (non-mapped) IPv6 end.
+        _ => return Ok(None),
+    };
+    // A link-local IPv6 client socket is bound to its interface; the lookup must name it.
+    let interface_id = match client {
+        SocketAddr::V6(a) if family == AF_INET6 => a.scope_id(),
+        _ => 0,
+    };
+    let wanted = SocketId {
+        source_port: client.port(),
+        destination_port: peer.port(),
+        source_address: src,
+        destination_address: dst,
+        interface_id,
+        cookie: NO_COOKIE,
+    };
+
+    let mut header = NetlinkHeader::default();
+    // Exact match: no NLM_F_DUMP. No NLM_F_ACK either: the kernel answers with either the
+    // socket's record or an error message, never both.
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = SEQ;
+    let mut request = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: wanted.clone(),
+        })
+        .into(),
+    );
+    request.finalize();
+    let mut out = vec![0u8; request.buffer_len()];
+    request.serialize(&mut out);
+
+    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
+    // Port 0 is the kernel.
+    socket.connect(&NetlinkAddr::new(0, 0))?;
+    let sent = socket.send(&out, 0)?;
+    if sent != out.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short write of sock_diag request",
+        ));
+    }
+
+    let mut reply = Vec::with_capacity(RECV_BUF_LEN);
+    // MSG_TRUNC: return the datagram's real length, so truncation is detected.
+    let n = socket.recv(&mut reply, MsgFlags::MSG_TRUNC.bits())?;
+    if n > reply.len() {
+        return Err(invalid_data(format!(
+            "sock_diag reply truncated ({n} bytes)"
+        )));
+    }
+    parse_reply(&reply, &wanted)
+}
+
+/// Interprets the kernel's answer to the exact-match request for `wanted`.
+fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
+    while !buf.is_empty() {
+        let msg = NetlinkMessage::<SockDiagMessage>::deserialize(buf)
+            .map_err(|e| invalid_data(format!("malformed sock_diag reply: {e}")))?;
+        let len = msg.header.length as usize;
+        if msg.header.sequence_number != SEQ {
+            return Err(invalid_data(format!(
+                "sock_diag reply has sequence number {}, expected {SEQ}",
+                msg.header.sequence_number
+            )));
+        }
+        match msg.payload {
+            NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(resp)) => {
+                let h = &resp.header;
+                // The kernel's exact lookup falls back to a *listening* socket on the
+                // client's address when no connection matches; that is someone else's
+                // socket, not the client. Only a record naming our 4-tuple counts.
+                if h.state == TCP_LISTEN || !same_socket(&h.socket_id, wanted) {
+                    return Ok(None);
+                }
+                // TIME_WAIT sockets no longer know their owner: the kernel reports uid 0.
+                if h.state == TCP_TIME_WAIT {
+                    return Ok(None);
+                }
+                return Ok(Some(h.uid));
+            }
+            // An ACK (not requested): skip it.
+            NetlinkPayload::Error(e) if e.code.is_none() => {}
+            NetlinkPayload::Error(e) => {
+                let err = e.to_io();
+                return if err.raw_os_error() == Some(Errno::ENOENT as i32) {
+                    Ok(None)
+                } else {
+                    Err(err)
+                };
+            }
+            NetlinkPayload::Done(_) => return Ok(None),
+            // Noop / overrun / anything else: skip to the next message.
+            _ => {}
+        }
+        if len == 0 || len >= buf.len() {
+            break;
+        }
+        // Netlink messages are 4-byte aligned.
+        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
+    }
+    Err(invalid_data("sock_diag reply without an answer".to_owned()))
+}
+
+/// Whether the record `got` describes the socket `wanted` (addresses compared with
+/// IPv4-mapped IPv6 folded to IPv4, since an `AF_INET6` socket talking IPv4 is reported
+/// with mapped addresses).
+fn same_socket(got: &SocketId, wanted: &SocketId) -> bool {
+    got.source_port == wanted.source_port
+        && got.destination_port == wanted.destination_port
+        && got.source_address.to_canonical() == wanted.source_address
+        && got.destination_address.to_canonical() == wanted.destination_address
+}
+
+fn invalid_data(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::socket_uid;
+    use std::io::{BufRead, BufReader, Read};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
+
+    fn euid() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    /// Connects to a fresh listener on `ip` and checks the lookup from the proxy's point of
+    /// view: `client` = accepted stream's peer, `peer` = listener's address.
+    fn own_connection_on(ip: &str) {
+        let listener = TcpListener::bind((ip, 0)).expect("bind listener");
+        let listen_addr = listener.local_addr().expect("listener addr");
+        let client = TcpStream::connect(listen_addr).expect("connect");
+        let (accepted, client_addr) = listener.accept().expect("accept");
+        assert_eq!(client_addr, client.local_addr().expect("client addr"));
+        assert_eq!(accepted.local_addr().expect("accepted addr"), listen_addr);
+
+        assert_eq!(
+            socket_uid(client_addr, listen_addr).expect("lookup"),
+            Some(euid())
+        );
+        // The server side of the same connection is a different socket: reversed 4-tuple.
+        assert_eq!(
+            socket_uid(listen_addr, client_addr).expect("lookup"),
+            Some(euid())
+        );
+    }
+
+    #[test]
+    fn own_connection_ipv4() {
+        own_connection_on("127.0.0.1");
+    }
+
+    #[test]
+    fn own_connection_ipv6() {
+        if TcpListener::bind(("::1", 0)).is_err() {
+            eprintln!("skipped: IPv6 loopback unavailable");
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "IPv6 loopback unavailable under CI"
+            );
+            return;
+        }
+        own_connection_on("::1");
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_folded() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind listener");
+        let listen_addr = listener.local_addr().expect("listener addr");
+        let _client = TcpStream::connect(listen_addr).expect("connect");
+        let (_accepted, client_addr) = listener.accept().expect("accept");
+        let mapped = |a: SocketAddr| match a {
+            SocketAddr::V4(v4) => SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port()),
+            v6 => v6,
+        };
+        assert_eq!(
+            socket_uid(mapped(client_addr), mapped(listen_addr)).expect("lookup"),
+            Some(euid())
+        );
+        assert_eq!(
+            socket_uid(mapped(client_addr), listen_addr).expect("lookup"),
+            Some(euid())
+        );
+    }
+
+    #[test]
+    fn unknown_four_tuple_is_none() {
+        // Free ports: bind, note, drop.
+        let free_port = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port()
+        };
+        let a: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let b: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        assert_eq!(socket_uid(a, b).expect("lookup"), None);
+
+        let a6: SocketAddr = (std::net::Ipv6Addr::LOCALHOST, free_port()).into();
+        let b6: SocketAddr = (std::net::Ipv6Addr::LOCALHOST, free_port()).into();
+        assert_eq!(socket_uid(a6, b6).expect("lookup"), None);
+
+        // Mixed families cannot name a socket.
+        assert_eq!(socket_uid(a, b6).expect("lookup"), None);
+    }
+
+    #[test]
+    fn listening_socket_is_not_a_client() {
+        // The kernel's exact lookup falls back to a listener bound to the "client" address;
+        // that must not be reported as the client's owner.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind listener");
+        let listen_addr = listener.local_addr().expect("listener addr");
+        let elsewhere: SocketAddr = ([127, 0, 0, 1], 9).into();
+        assert_eq!(socket_uid(listen_addr, elsewhere).expect("lookup"), None);
+    }
+
+    /// Kills and reaps the child when dropped, so a failing assertion does not leak it.
+    struct KillOnDrop(Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn skip_or_fail(why: &str) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "cannot run under CI: {why}"
+        );
+        eprintln!("skipped: {why}");
+    }
+
+    #[test]
+    fn other_users_connection() {
+        const NOBODY: u32 = 65534;
+        if euid() != 0 {
+            skip_or_fail("needs root to run a client as uid 65534 (setpriv)");
+            return;
+        }
+        // An absolute interpreter path: one under root's home (pyenv) is not executable by
+        // uid 65534.
+        let Some(python) = ["/usr/bin/python3", "/usr/local/bin/python3"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+        else {
+            skip_or_fail("no system python3 to run as uid 65534");
+            return;
+        };
+        let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+        else {
+            skip_or_fail("setpriv (util-linux) not installed");
+            return;
+        };
+
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind listener");
+        let listen_addr = listener.local_addr().expect("listener addr");
+        let script = format!(
+            "import socket,time; s=socket.create_connection(('127.0.0.1',{})); \
+             print(s.getsockname()[1], flush=True); time.sleep(5)",
+            listen_addr.port()
+        );
+        let child = Command::new(setpriv)
+            .args([
+                &format!("--reuid={NOBODY}"),
+                &format!("--regid={NOBODY}"),
+                "--clear-groups",
+                python,
+                "-c",
+                &script,
+            ])
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn setpriv");
+        let mut child = KillOnDrop(child);
+
+        let mut line = String::new();
+        let stdout = child.0.stdout.take().expect("child stdout");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read child's port");
+        if line.trim().is_empty() {
+            let mut err = String::new();
+            if let Some(mut e) = child.0.stderr.take() {
+                let _ = child.0.kill();
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("child printed no port; stderr: {err}");
+        }
+        let port: u16 = line.trim().parse().expect("child's port");
+        let client_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+
+        // The connection completed in the backlog; accepting it is what the proxy does and
+        // confirms the 4-tuple.
+        let (_accepted, accepted_peer) = listener.accept().expect("accept");
+        assert_eq!(accepted_peer, client_addr);
+
+        assert_eq!(
+            socket_uid(client_addr, listen_addr).expect("lookup"),
+            Some(NOBODY)
+        );
+        drop(child);
+    }
+}

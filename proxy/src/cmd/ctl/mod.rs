@@ -1,0 +1,341 @@
+//! `agenshield proxy ctl …`: the operator's client for the admin API, plus the offline
+//! policy commands. Exit codes: 0 ok, 1 the operation failed, 2 bad usage or bad input.
+
+mod client;
+mod render;
+mod secrets;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use http::Method;
+use http_body_util::BodyExt;
+
+pub use client::{Client, CtlError};
+
+use crate::cli::{AuditCommand, CtlArgs, CtlCommand, PendingCommand, PolicyCommand};
+use crate::config::Config;
+use crate::policy::Policy;
+
+pub const OK: u8 = 0;
+pub const FAILED: u8 = 1;
+pub const BAD_INPUT: u8 = 2;
+
+pub fn run(args: CtlArgs, cfg: &Config) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agenshield: {e}");
+            return FAILED;
+        }
+    };
+    let socket = args.socket.clone().unwrap_or_else(|| cfg.admin.clone());
+    runtime.block_on(dispatch(args, cfg, &socket))
+}
+
+async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
+    let json = args.json;
+    let client = Client::new(socket);
+    match args.command {
+        CtlCommand::Policy(PolicyCommand::Lint { files }) => lint(cfg, &files, json),
+        CtlCommand::Audit(AuditCommand::Verify { files }) => audit_verify(cfg, files, json),
+        CtlCommand::Policy(PolicyCommand::Check {
+            method,
+            url,
+            policy: Some(dir),
+        }) => match Policy::load_dir(&dir) {
+            Ok(p) => show_check(crate::control::policy_check::check(&p, &method, &url), json),
+            Err(e) => {
+                eprintln!("agenshield: {e}");
+                BAD_INPUT
+            }
+        },
+        CtlCommand::Policy(PolicyCommand::Check {
+            method,
+            url,
+            policy: None,
+        }) => {
+            let body = serde_json::json!({ "method": method, "url": url });
+            match client
+                .json(Method::POST, "/v1/policy/check", Some(body))
+                .await
+            {
+                Ok(v) => print(&v, json, render::check),
+                Err(CtlError::BadInput(e)) => {
+                    eprintln!("agenshield: {e}");
+                    BAD_INPUT
+                }
+                Err(e) => fail(e),
+            }
+        }
+        CtlCommand::Status => get(&client, "/v1/status", json, render::status).await,
+        CtlCommand::Stats => get(&client, "/v1/stats", json, render::stats).await,
+        CtlCommand::Policy(PolicyCommand::Show) => {
+            get(&client, "/v1/policy", json, render::policy).await
+        }
+        CtlCommand::Reload => match client.json(Method::POST, "/v1/reload", None).await {
+            Ok(v) => print(&v, json, |v| {
+                format!(
+                    "policy reloaded: {} ({} rules)",
+                    v["hash"].as_str().unwrap_or("?"),
+                    v["rules"]
+                )
+            }),
+            Err(e) => fail(e),
+        },
+        CtlCommand::Pending(PendingCommand::List) => {
+            get(&client, "/v1/pending", json, render::pending).await
+        }
+        CtlCommand::Pending(PendingCommand::Approve { id, .. } | PendingCommand::Deny { id })
+            if !id.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            eprintln!("agenshield: {id:?} is not a pending request id (see `ctl pending list`)");
+            BAD_INPUT
+        }
+        CtlCommand::Pending(PendingCommand::Approve { id, remember }) => {
+            let path = format!(
+                "/v1/pending/{id}/approve{}",
+                if remember { "?remember=1" } else { "" }
+            );
+            answer(&client, &path, json, "approved").await
+        }
+        CtlCommand::Pending(PendingCommand::Deny { id }) => {
+            answer(&client, &format!("/v1/pending/{id}/deny"), json, "denied").await
+        }
+        CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
+        CtlCommand::Tail {
+            follow,
+            decision,
+            host,
+        } => tail(&client, follow, decision, host, json).await,
+    }
+}
+
+pub(crate) fn fail(e: CtlError) -> u8 {
+    eprintln!("agenshield: {e}");
+    FAILED
+}
+
+pub(crate) fn print(
+    v: &serde_json::Value,
+    json: bool,
+    human: impl Fn(&serde_json::Value) -> String,
+) -> u8 {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    } else {
+        println!("{}", human(v));
+    }
+    OK
+}
+
+async fn get(
+    client: &Client,
+    path: &str,
+    json: bool,
+    human: fn(&serde_json::Value) -> String,
+) -> u8 {
+    match client.json(Method::GET, path, None).await {
+        Ok(v) => print(&v, json, human),
+        Err(e) => fail(e),
+    }
+}
+
+async fn answer(client: &Client, path: &str, json: bool, verb: &str) -> u8 {
+    match client.json(Method::POST, path, None).await {
+        Ok(v) => print(&v, json, |v| {
+            format!(
+                "{verb} {}: {} {}:{}{}",
+                v["id"].as_str().unwrap_or("?"),
+                v["method"].as_str().unwrap_or(""),
+                v["host"].as_str().unwrap_or(""),
+                v["port"],
+                v["path"].as_str().unwrap_or("")
+            )
+        }),
+        Err(e) => fail(e),
+    }
+}
+
+fn show_check(r: Result<crate::control::policy_check::CheckResult, String>, json: bool) -> u8 {
+    match r {
+        Ok(r) => print(
+            &serde_json::to_value(&r).unwrap_or_default(),
+            json,
+            render::check,
+        ),
+        Err(e) => {
+            eprintln!("agenshield: {e}");
+            BAD_INPUT
+        }
+    }
+}
+
+fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
+    use crate::audit::verify::{rotation_set, verify};
+    let files = if files.is_empty() {
+        match &cfg.audit_path {
+            Some(live) => rotation_set(live, cfg.audit.keep),
+            None => {
+                eprintln!("agenshield: the audit log is off (audit.enabled = false); name a FILE");
+                return BAD_INPUT;
+            }
+        }
+    } else {
+        files
+    };
+    let report = match verify(&files) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agenshield: reading the audit log: {e}");
+            return FAILED;
+        }
+    };
+    let ok = report.broken.is_none();
+    let shown = serde_json::to_value(&report).unwrap_or_default();
+    let status = print(&shown, json, |_| match &report.broken {
+        Some(b) => format!(
+            "BROKEN at {}:{}: {} ({} records verified before it)",
+            b.file.display(),
+            b.line,
+            b.reason,
+            report.records
+        ),
+        None => {
+            let start = if report.starts_at_genesis() {
+                "from the first record".to_string()
+            } else {
+                format!(
+                    "from a record whose predecessor is not here ({})",
+                    report.chain_start.as_deref().unwrap_or("-")
+                )
+            };
+            let dropped = if report.dropped > 0 {
+                format!(
+                    "; {} allowed-request records were dropped (queue full)",
+                    report.dropped
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "ok: {} records in {} file(s), seq {}..{}, chain intact {start}; head {}{dropped}",
+                report.records,
+                report.files.len(),
+                report.first_seq.unwrap_or(0),
+                report.last_seq.unwrap_or(0),
+                report.head.as_deref().unwrap_or("-")
+            )
+        }
+    });
+    if ok {
+        status
+    } else {
+        FAILED
+    }
+}
+
+fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
+    let result = if files.is_empty() {
+        Policy::load_dir(&cfg.policies).map(|p| (cfg.policies.display().to_string(), p))
+    } else {
+        crate::policy::load_files(files).map(|p| (format!("{} file(s)", files.len()), p))
+    };
+    // Secret references are checked against the vault when it can be read from here.
+    let result = result.and_then(|(what, p)| {
+        let note = match secret_names(cfg) {
+            Ok(names) => {
+                p.check_secrets(&|n| names.binary_search_by(|x| x.as_str().cmp(n)).is_ok())?;
+                None
+            }
+            Err(why) if !p.secret_refs().is_empty() => {
+                Some(format!("secret references not checked: {why}"))
+            }
+            Err(_) => None,
+        };
+        Ok((what, p, note))
+    });
+    match result {
+        Ok((what, p, note)) => print(
+            &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count(), "note": note}),
+            json,
+            |_| {
+                let mut line = format!("{what}: ok, {} rules, {}", p.rule_count(), p.hash());
+                if let Some(n) = &note {
+                    line.push_str(&format!(" ({n})"));
+                }
+                line
+            },
+        ),
+        Err(e) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": false, "error": e.to_string()})
+                );
+            }
+            eprintln!("{e}");
+            BAD_INPUT
+        }
+    }
+}
+
+/// The secrets the configured store holds, if this process can see them.
+fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
+    match cfg.secrets.store {
+        crate::config::SecretStoreKind::File => crate::secrets::FileStore::names_in(&cfg.vault)
+            .map_err(|e| format!("cannot read the vault {}: {e}", cfg.vault.display())),
+        crate::config::SecretStoreKind::Keychain => {
+            Err("the keychain is only read by the daemon (see `ctl secrets list`)".into())
+        }
+    }
+}
+
+async fn tail(
+    client: &Client,
+    follow: bool,
+    decision: Option<String>,
+    host: Option<String>,
+    json: bool,
+) -> u8 {
+    let mut path = format!("/v1/tail?follow={}", u8::from(follow));
+    for (k, v) in [("decision", decision), ("host", host)] {
+        if let Some(v) = v {
+            let enc = percent_encoding::utf8_percent_encode(&v, percent_encoding::NON_ALPHANUMERIC);
+            path.push_str(&format!("&{k}={enc}"));
+        }
+    }
+    let (status, mut body) = match client.send(Method::GET, &path, None).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if !status.is_success() {
+        return fail(CtlError::Refused(format!("tail: HTTP {status}")));
+    }
+    let mut pending = Vec::new();
+    let mut out = std::io::stdout().lock();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        pending.extend_from_slice(data);
+        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let text = if json {
+                String::from_utf8_lossy(&line).trim_end().to_string()
+            } else {
+                serde_json::from_slice(&line)
+                    .map(|v| render::event(&v))
+                    .unwrap_or_default()
+            };
+            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+                return OK; // stdout closed (e.g. piped into head)
+            }
+        }
+    }
+    OK
+}

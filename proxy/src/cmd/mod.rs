@@ -1,0 +1,8 @@
+//! The one-shot commands of the `agenshield` binary beside `proxy run`: `ctl`, `install` /
+//! `uninstall`, `firewall`, `exec`, and the CA trust variables they share.
+
+pub mod ctl;
+pub mod exec;
+pub mod firewall;
+pub mod install;
+pub mod trust_env;

@@ -1,0 +1,142 @@
+//! The explicit proxy listener: `CONNECT host:port` tunnels (then treated exactly like a
+//! transparent connection to that destination) and absolute-URI plain HTTP requests.
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use crate::body::{self, ProxyBody};
+use crate::conn::dispatch::handle_stream;
+use crate::conn::{ConnCtx, Dest, DestHost};
+use crate::pipeline;
+use crate::pipeline::refusal::{self, ErrorCode, Refusal};
+use crate::pipeline::target::split_authority;
+use crate::proxy::Proxy;
+
+pub async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
+    let base = Arc::new(base);
+    let limits = proxy.limits.clone();
+    let svc = {
+        let proxy = proxy.clone();
+        service_fn(move |req| {
+            let proxy = proxy.clone();
+            let base = base.clone();
+            async move { Ok::<_, Infallible>(handle(proxy, base, req).await) }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .serve_connection(TokioIo::new(stream), svc)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!("explicit proxy connection ended: {e}");
+    }
+}
+
+async fn handle(
+    proxy: Arc<Proxy>,
+    base: Arc<ConnCtx>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let dest = match destination(&req) {
+        Ok(d) => d,
+        Err(r) => {
+            tracing::info!(
+                error_code = r.code.as_str(),
+                "explicit proxy: {}",
+                proxy.vault.current().redact(&r.message)
+            );
+            return refusal::render(&r, "-", proxy.policy().hash());
+        }
+    };
+    let ctx = ConnCtx {
+        dest,
+        ..(*base).clone()
+    };
+    if req.method() != Method::CONNECT {
+        return pipeline::handle(proxy, Arc::new(ctx), req).await;
+    }
+    tracing::debug!(dest = %proxy.vault.current().redact(&ctx.dest.to_string()), "CONNECT");
+    // The tunnel outlives this HTTP connection's task, so it needs a connection slot of its own.
+    let Ok(permit) = proxy.slots.clone().try_acquire_owned() else {
+        let r = Refusal::new(ErrorCode::Busy, "too many connections; try again");
+        return refusal::render(&r, "-", proxy.policy().hash());
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => handle_stream(proxy, ctx, TokioIo::new(upgraded)).await,
+            Err(e) => tracing::debug!("CONNECT upgrade failed: {e}"),
+        }
+    });
+    let mut ok = Response::new(body::empty());
+    *ok.status_mut() = StatusCode::OK;
+    ok
+}
+
+/// Where a proxy request is headed: the CONNECT authority, or an `http://` absolute URI.
+fn destination<B>(req: &Request<B>) -> Result<Dest, Refusal> {
+    let bad = |m: &str| Refusal::new(ErrorCode::BadRequest, m);
+    let Some(auth) = req.uri().authority() else {
+        return Err(bad(
+            "this is AgenShield's explicit proxy listener: send CONNECT host:port or an absolute http:// URI",
+        ));
+    };
+    let (host, port) = split_authority(auth.as_str())?;
+    let port = if req.method() == Method::CONNECT {
+        port.ok_or_else(|| bad("CONNECT needs host:port"))?
+    } else {
+        match req.uri().scheme_str() {
+            Some("http") => port.unwrap_or(80),
+            _ => {
+                return Err(bad(
+                    "only http:// absolute URIs are proxied; use CONNECT for https",
+                ))
+            }
+        }
+    };
+    let host = match host.parse::<IpAddr>() {
+        Ok(ip) => DestHost::Ip(ip),
+        Err(_) => DestHost::Name(host),
+    };
+    Ok(Dest { host, port })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, uri: &str) -> Request<()> {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())
+            .expect("req")
+    }
+
+    #[test]
+    fn connect_needs_a_port_and_keeps_names() {
+        let d = destination(&req("CONNECT", "Api.Test:443")).expect("dest");
+        assert_eq!(d.host, DestHost::Name("api.test".into()));
+        assert_eq!(d.port, 443);
+        assert!(destination(&req("CONNECT", "api.test")).is_err());
+        let ip = destination(&req("CONNECT", "[::1]:8443")).expect("dest");
+        assert_eq!(ip.host, DestHost::Ip("::1".parse().expect("ip")));
+    }
+
+    #[test]
+    fn absolute_http_uri_defaults_to_port_80() {
+        let d = destination(&req("GET", "http://a.test/x")).expect("dest");
+        assert_eq!((d.host, d.port), (DestHost::Name("a.test".into()), 80));
+        assert!(destination(&req("GET", "https://a.test/x")).is_err());
+        assert!(destination(&req("GET", "/x")).is_err());
+    }
+}

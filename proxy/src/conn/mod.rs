@@ -1,0 +1,17 @@
+//! One client connection, from accept to the protocol that serves it:
+//! `accept` (original destination, peer uid, one tracing span) → `dispatch` (classify the
+//! first bytes) → `intercept` (TLS with a minted leaf, `server_tls`) → `http` (hyper) into the
+//! request pipeline; or `opaque` (raw TCP); `explicit` is the CONNECT / absolute-URI listener.
+
+pub mod accept;
+mod classify;
+mod ctx;
+mod dispatch;
+mod explicit;
+mod http;
+mod intercept;
+mod opaque;
+mod prefixed;
+pub mod server_tls;
+
+pub use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};

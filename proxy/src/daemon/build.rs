@@ -1,0 +1,138 @@
+//! Building the data path's shared state from the config: audit log, secrets, policy, CA and
+//! leaf cache, upstream trust, resolver, guard, dialer and pooled clients.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
+use anyhow::Context;
+
+use super::BadInput;
+use crate::audit::Audit;
+use crate::config::Config;
+use crate::control::admin::{self, AdminAuth};
+use crate::control::approvals::Approvals;
+use crate::control::metrics::Metrics;
+use crate::control::policy_store::PolicyStore;
+use crate::daemon::firewall;
+use crate::proxy::{Proxy, ProxyParts};
+use crate::secrets::Vault;
+use crate::upstream::client::Forwarder;
+use crate::upstream::dial::Dialer;
+use crate::upstream::guard::AddressGuard;
+use crate::upstream::resolve::Resolver;
+use crate::upstream::trust::UpstreamTrust;
+
+/// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
+pub(super) async fn build_proxy(
+    cfg: &Config,
+    own: Vec<SocketAddr>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Proxy> {
+    let audit = match &cfg.audit_path {
+        Some(path) => Some(
+            Audit::open(path, &cfg.audit, metrics.clone())
+                .with_context(|| format!("opening the audit log {}", path.display()))?,
+        ),
+        None => {
+            tracing::warn!("audit log is off (audit.enabled = false)");
+            None
+        }
+    };
+    let store = crate::secrets::open_store(cfg).map_err(|e| BadInput(format!("secrets: {e}")))?;
+    let vault = Arc::new(
+        Vault::open(store)
+            .await
+            .map_err(|e| BadInput(format!("secrets: {e}")))?,
+    );
+    tracing::info!(
+        store = %vault.describe(),
+        secrets = vault.current().len(),
+        "secrets loaded"
+    );
+    let known = vault.clone();
+    let policies = PolicyStore::load(&cfg.policies, Arc::new(move |n: &str| known.contains(n)))
+        .map_err(|e| BadInput(format!("policy: {e}")))?;
+    let policy = policies.current();
+    tracing::info!(
+        dir = %cfg.policies.display(),
+        hash = policy.hash(),
+        rules = policy.rule_count(),
+        "policy loaded"
+    );
+    let (ca, origin) = Ca::load_or_create(&cfg.certs).map_err(|e| BadInput(format!("CA: {e}")))?;
+    let verb = match origin {
+        CaOrigin::Created => "created",
+        CaOrigin::Loaded => "loaded",
+    };
+    println!(
+        "agenshield: CA {verb}: {} (SHA-256 {})",
+        cfg.certs.join("ca.pem").display(),
+        ca.fingerprint_sha256()
+    );
+    let leaves = LeafCache::new(
+        Arc::new(ca),
+        LeafConfig {
+            validity: cfg.tls.leaf_validity,
+            cache_capacity: cfg.tls.leaf_cache_capacity,
+            cache_ttl: cfg.tls.leaf_cache_ttl,
+        },
+    );
+    let trust = UpstreamTrust::load(&cfg.upstream.extra_ca).map_err(|e| BadInput(e.to_string()))?;
+    tracing::info!(
+        system = trust.system_roots,
+        extra = trust.extra_roots,
+        "upstream trust roots loaded"
+    );
+    let resolver = Resolver::new(&cfg.resolver)?;
+    let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own);
+    let dialer = Arc::new(Dialer::new(
+        resolver,
+        guard,
+        cfg.limits.upstream_connect_timeout,
+        metrics.upstream_connect.clone(),
+    ));
+    let forwarder = Forwarder::new(
+        dialer.clone(),
+        trust.client_config()?,
+        &cfg.limits,
+        metrics.clone(),
+    );
+    Ok(Proxy::new(ProxyParts {
+        vault,
+        metrics,
+        audit,
+        audit_query_values: cfg.audit.query_values == crate::config::QueryValues::Keep,
+        scan_body_bytes: cfg.secrets.scan_body_bytes,
+        policies,
+        leaves,
+        dialer,
+        forwarder,
+        limits: cfg.limits.clone(),
+        approvals: Approvals::new(cfg.approvals.timeout),
+    }))
+}
+
+/// Who may use the admin socket: root, our own uid, the admin group; never an agent.
+pub(super) fn admin_auth(cfg: &Config) -> AdminAuth {
+    let agent_uids = cfg
+        .redirect
+        .agent_users
+        .iter()
+        .filter_map(|u| match firewall::resolve_uids(std::slice::from_ref(u)) {
+            Ok(uids) => uids.first().copied(),
+            Err(e) => {
+                tracing::debug!("admin socket: agent user {u} not refused by uid: {e}");
+                None
+            }
+        })
+        .collect();
+    AdminAuth {
+        own_uid: nix::unistd::geteuid().as_raw(),
+        admin_gid: nix::unistd::Group::from_name(admin::ADMIN_GROUP)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+        agent_uids,
+    }
+}

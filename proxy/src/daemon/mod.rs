@@ -1,0 +1,240 @@
+//! `agenshield proxy run`: bind, build the data path from the config, serve until signalled.
+//! The parts: `listeners` (what is bound), `build` (the shared state), `firewall` (the
+//! redirect and its reconcile loop), `privsep` + `orig_broker` (the root supervisor and its
+//! unprivileged worker).
+
+mod build;
+pub mod firewall;
+mod listeners;
+pub mod orig_broker;
+pub mod privsep;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use agenshield_pf::{platform_orig_dst, FixedOrigDst, OrigDst};
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+
+pub use firewall::install_firewall;
+pub use listeners::{Bound, Listeners};
+
+use crate::audit::{Entry, LifecycleEntry, ReloadEntry};
+use crate::config::Config;
+use crate::conn::accept;
+use crate::control::admin::{self, Admin, DaemonInfo};
+use crate::control::metrics::Metrics;
+use crate::control::policy_watch::watch_policies;
+use build::{admin_auth, build_proxy};
+
+/// The policy shipped with the product, seeded into a fresh state directory.
+const DEFAULT_POLICY: &str = include_str!("../../../policies/default.toml");
+
+/// A start-up failure caused by bad input (config or policy): exit code 2, not 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    prepare(&cfg)?;
+    let bound = Bound::bind(&cfg).await?;
+    let metrics = Arc::new(Metrics::new());
+    // Redirect first: from here on the agent fails closed even if the rest of start-up fails
+    // (a bad policy, say), because the rules outlive this process.
+    let firewall = if cfg.redirect.enabled {
+        let (backend, spec) = install_firewall(
+            &cfg,
+            &bound.listeners.transparent_addrs,
+            metrics.clone(),
+            None,
+        )?;
+        Some(firewall::FirewallView::Owned(backend, spec))
+    } else {
+        None
+    };
+    serve(cfg, bound, metrics, firewall, None, None).await
+}
+
+/// Start-up work before anything is bound: the state directory on defaults, warnings.
+pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
+    if let Some(dir) = &cfg.state_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating state directory {}", dir.display()))?;
+        println!(
+            "agenshield: no config file; running on built-in defaults with state in {}",
+            dir.display()
+        );
+        seed_default_policy(&cfg.policies)?;
+    }
+    for key in &cfg.not_yet_effective {
+        tracing::warn!("config key {key} is set but has no effect in this build yet");
+    }
+    Ok(())
+}
+
+/// Serves on `bound` until signalled. `supervisor_gone`: when this is the worker of a split
+/// daemon, resolves if the privileged supervisor goes away, which stops the worker. `orig`:
+/// how original destinations are found, when not by this process itself.
+pub async fn serve(
+    cfg: Config,
+    bound: Bound,
+    metrics: Arc<Metrics>,
+    firewall: Option<firewall::FirewallView>,
+    supervisor_gone: Option<tokio::sync::oneshot::Receiver<()>>,
+    orig: Option<Arc<dyn OrigDst>>,
+) -> anyhow::Result<()> {
+    let Bound {
+        listeners,
+        admin: admin_listener,
+    } = bound;
+    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
+    proxy.metrics.set_policy(proxy.policy().hash());
+    proxy.metrics.reloads.with_label_values(&["ok"]).inc();
+    if let Some(audit) = &proxy.audit {
+        let policy = proxy.policy();
+        audit.write(Entry::Start(lifecycle(policy.hash()))).await;
+        audit
+            .write(Entry::Reload(ReloadEntry {
+                result: "ok",
+                trigger: "start".into(),
+                policy: policy.hash().to_string(),
+                rules: Some(policy.rule_count()),
+                error: None,
+            }))
+            .await;
+    }
+    let orig: Arc<dyn OrigDst> = match (orig, cfg.testing.orig_dst_override) {
+        (Some(brokered), _) => brokered,
+        (None, Some(addr)) => {
+            tracing::warn!("TESTING: every transparent connection is treated as headed to {addr}");
+            Arc::new(FixedOrigDst(addr))
+        }
+        (None, None) => Arc::from(platform_orig_dst()),
+    };
+    tracing::info!(
+        lookup = orig.name(),
+        "original destinations of redirected connections"
+    );
+    let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
+    let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
+    let slots = proxy.slots.clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    for l in transparent {
+        tasks.spawn(accept::transparent(
+            proxy.clone(),
+            l,
+            orig.clone(),
+            slots.clone(),
+        ));
+    }
+    tasks.spawn(accept::explicit(proxy.clone(), explicit, slots.clone()));
+    let metrics_addr = match listeners.metrics {
+        Some(l) => {
+            let addr = l.local_addr()?;
+            tasks.spawn(crate::control::metrics_http::serve(l, proxy.clone()));
+            addr.to_string()
+        }
+        None => "off".to_string(),
+    };
+
+    let admin = Arc::new(Admin::new(
+        proxy.clone(),
+        DaemonInfo {
+            started: std::time::Instant::now(),
+            transparent: transparent_addrs.clone(),
+            explicit: explicit_addr,
+            socket: cfg.admin.clone(),
+            firewall,
+        },
+        admin_auth(&cfg),
+    ));
+    tasks.spawn(admin::serve(admin_listener, admin));
+    // Kept alive for the daemon's lifetime; dropping it stops hot reload.
+    let _watcher = match watch_policies(proxy.clone()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work", cfg.policies.display());
+            None
+        }
+    };
+
+    // One stable line on stdout that scripts and tests wait for.
+    println!(
+        "agenshield: ready transparent={} explicit={explicit_addr} admin={} policy={} metrics={metrics_addr} audit={}",
+        transparent_addrs
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        cfg.admin.display(),
+        proxy.policy().hash(),
+        cfg.audit_path
+            .as_deref()
+            .map_or("off".to_string(), |p| p.display().to_string()),
+    );
+    let _ = std::io::stdout().flush();
+
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let supervised = supervisor_gone.is_some();
+    let mut supervisor_gone = std::pin::pin!(async move {
+        match supervisor_gone {
+            Some(gone) => {
+                let _ = gone.await;
+            }
+            None => std::future::pending().await,
+        }
+    });
+    loop {
+        tokio::select! {
+            _ = hup.recv() => { let _ = proxy.reload("SIGHUP"); }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            () = &mut supervisor_gone => {
+                tracing::error!("the privileged supervisor is gone; stopping");
+                break;
+            }
+            done = tasks.join_next() => {
+                if let Some(Err(e)) = done {
+                    anyhow::bail!("a listener stopped: {e}");
+                }
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    if !supervised {
+        // A worker cannot remove it (the supervisor's directory); the supervisor does.
+        let _ = std::fs::remove_file(&cfg.admin);
+    }
+    if let Some(audit) = &proxy.audit {
+        audit
+            .write(Entry::Stop(lifecycle(proxy.policy().hash())))
+            .await;
+        audit.sync().await;
+        let head = audit.head();
+        tracing::info!(seq = head.seq, hash = %head.hash, "audit log closed");
+    }
+    Ok(())
+}
+
+fn lifecycle(policy: &str) -> LifecycleEntry {
+    LifecycleEntry {
+        version: env!("CARGO_PKG_VERSION"),
+        pid: std::process::id(),
+        policy: policy.to_string(),
+    }
+}
+
+/// On a first run with built-in defaults, give the operator the shipped policy to edit.
+fn seed_default_policy(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("default.toml");
+    std::fs::write(&file, DEFAULT_POLICY).with_context(|| format!("writing {}", file.display()))?;
+    println!("agenshield: wrote the default policy to {}", file.display());
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Which upstream a request is for, and the check that every name the client gave for it
+//! agrees: SNI, Host / :authority, and the destination it connected or CONNECTed to.
+
+use http::{header, Request};
+
+use crate::conn::{ConnCtx, DestHost};
+use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::policy::{normalize_host, Scheme};
+
+/// The upstream a request will be forwarded to, as policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub scheme: Scheme,
+    /// Normalized: lowercase, no trailing dot, IPv6 without brackets.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Target {
+    /// `host[:port]` for a URI, the port omitted when it is the scheme's default.
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == default_port(self.scheme) {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+
+    pub fn scheme_str(&self) -> &'static str {
+        match self.scheme {
+            Scheme::Https => "https",
+            _ => "http",
+        }
+    }
+}
+
+pub fn default_port(scheme: Scheme) -> u16 {
+    match scheme {
+        Scheme::Https => 443,
+        _ => 80,
+    }
+}
+
+fn mismatch(msg: String) -> Refusal {
+    Refusal::new(ErrorCode::HostMismatch, msg)
+}
+
+/// Splits `host[:port]` (IPv6 in brackets) and normalizes the host.
+pub fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refusal> {
+    // The raw value is not echoed: a malformed authority may carry credentials.
+    let bad = || Refusal::new(ErrorCode::BadRequest, "invalid request authority (Host)");
+    let parsed: http::uri::Authority = auth.parse().map_err(|_| bad())?;
+    if auth.contains('@') {
+        return Err(Refusal::new(
+            ErrorCode::BadRequest,
+            "userinfo in the request authority is not allowed",
+        ));
+    }
+    let host = normalize_host(parsed.host()).map_err(|_| bad())?;
+    Ok((host, parsed.port_u16()))
+}
+
+/// The target of a request received on `ctx` (an intercepted TLS connection, a plain HTTP
+/// connection, or an absolute-URI request whose destination the caller put in `ctx.dest`).
+pub fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, Refusal> {
+    let (scheme, identity) = match &ctx.tls {
+        Some(tls) => (Scheme::Https, Some(tls.identity.clone().map_err(mismatch)?)),
+        None => (Scheme::Http, None),
+    };
+    let host_header = match req.headers().get_all(header::HOST).iter().count() {
+        0 => None,
+        1 => req.headers().get(header::HOST).map(|v| {
+            v.to_str()
+                .map_err(|_| Refusal::new(ErrorCode::BadRequest, "Host header is not ASCII"))
+        }),
+        _ => {
+            return Err(Refusal::new(
+                ErrorCode::BadRequest,
+                "more than one Host header",
+            ))
+        }
+    }
+    .transpose()?;
+    let uri_auth = req.uri().authority().map(|a| a.as_str());
+    let named = match (uri_auth, host_header) {
+        (Some(u), Some(h)) => {
+            let (uh, up) = split_authority(u)?;
+            let (hh, hp) = split_authority(h)?;
+            if uh != hh || (up.is_some() && hp.is_some() && up != hp) {
+                return Err(mismatch(format!(
+                    "request URI names {u} but Host names {h}"
+                )));
+            }
+            Some((uh, up.or(hp)))
+        }
+        (Some(a), None) | (None, Some(a)) => Some(split_authority(a)?),
+        (None, None) => None,
+    };
+    let named_port = named.as_ref().and_then(|(_, p)| *p);
+    let host = match (identity, named) {
+        (Some(id), Some((h, _))) if h != id => {
+            return Err(mismatch(format!(
+                "TLS server name {id} does not match request host {h}"
+            )))
+        }
+        (Some(id), _) => id,
+        (None, Some((h, _))) => h,
+        (None, None) => match &ctx.dest.host {
+            DestHost::Ip(ip) => ip.to_string(),
+            DestHost::Name(n) => n.clone(),
+        },
+    };
+    if let Some(p) = named_port {
+        if p != ctx.dest.port {
+            return Err(mismatch(format!(
+                "request names port {p} but the connection is to port {}",
+                ctx.dest.port
+            )));
+        }
+    }
+    Ok(Target {
+        scheme,
+        host,
+        port: ctx.dest.port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{Dest, ListenerKind, TlsSide};
+
+    fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
+        ConnCtx {
+            id: 1,
+            client: "127.0.0.1:5000".parse().expect("addr"),
+            listener: ListenerKind::Transparent,
+            dest: Dest::from_addr(dest.parse().expect("addr")),
+            tls: tls.map(|(sni, id)| TlsSide {
+                sni: Some(sni.into()),
+                identity: id.map(str::to_string).map_err(str::to_string),
+                alpn: None,
+            }),
+            agent_uid: None,
+        }
+    }
+
+    fn req(uri: &str, host: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        b.body(()).expect("request")
+    }
+
+    #[test]
+    fn sni_and_host_agree_case_and_dot_insensitively() {
+        let c = ctx("10.0.0.1:443", Some(("api.test", Ok("api.test"))));
+        let t = for_request(&c, &req("/", Some("API.Test.:443"))).expect("agree");
+        assert_eq!(t.host, "api.test");
+        assert_eq!(t.port, 443);
+        assert_eq!(t.authority(), "api.test");
+    }
+
+    #[test]
+    fn sni_and_host_disagreeing_is_host_mismatch() {
+        let c = ctx("10.0.0.1:443", Some(("a.test", Ok("a.test"))));
+        let r = for_request(&c, &req("/", Some("b.test"))).expect_err("mismatch");
+        assert_eq!(r.code, ErrorCode::HostMismatch);
+    }
+
+    #[test]
+    fn h2_authority_is_checked_like_host() {
+        let c = ctx("10.0.0.1:443", Some(("a.test", Ok("a.test"))));
+        assert!(for_request(&c, &req("https://b.test/", None)).is_err());
+        assert!(for_request(&c, &req("https://a.test/", None)).is_ok());
+    }
+
+    #[test]
+    fn port_in_host_must_match_the_connection() {
+        let c = ctx("10.0.0.1:8443", None);
+        assert!(for_request(&c, &req("/", Some("a.test:8443"))).is_ok());
+        let r = for_request(&c, &req("/", Some("a.test:9999"))).expect_err("port");
+        assert_eq!(r.code, ErrorCode::HostMismatch);
+        let t = for_request(&c, &req("/", Some("a.test"))).expect("no port named");
+        assert_eq!((t.host.as_str(), t.port), ("a.test", 8443));
+        assert_eq!(t.authority(), "a.test:8443");
+    }
+
+    #[test]
+    fn no_host_falls_back_to_destination() {
+        let c = ctx("[::1]:80", None);
+        let t = for_request(&c, &req("/", None)).expect("dest");
+        assert_eq!(t.host, "::1");
+        assert_eq!(t.authority(), "[::1]");
+    }
+
+    #[test]
+    fn userinfo_and_duplicate_host_are_refused() {
+        let c = ctx("10.0.0.1:80", None);
+        assert!(for_request(&c, &req("/", Some("user@a.test"))).is_err());
+        let mut r = req("/", Some("a.test"));
+        r.headers_mut()
+            .append("host", http::HeaderValue::from_static("b.test"));
+        assert_eq!(
+            for_request(&c, &r).expect_err("dup").code,
+            ErrorCode::BadRequest
+        );
+    }
+
+    #[test]
+    fn refused_identity_refuses_every_request() {
+        let c = ctx(
+            "10.0.0.1:443",
+            Some(("a.test", Err("SNI a.test vs CONNECT b.test"))),
+        );
+        let r = for_request(&c, &req("/", Some("a.test"))).expect_err("refused");
+        assert_eq!(r.code, ErrorCode::HostMismatch);
+    }
+}

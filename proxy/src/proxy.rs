@@ -1,0 +1,138 @@
+//! Everything the data path shares, built once at start-up.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use agenshield_certs::LeafCache;
+
+use crate::audit::{Audit, Entry, ReloadEntry};
+use crate::config::Limits;
+use crate::conn::server_tls::InterceptTls;
+use crate::control::approvals::Approvals;
+use crate::control::events::Events;
+use crate::control::metrics::Metrics;
+use crate::control::policy_store::PolicyStore;
+use crate::policy::Policy;
+use crate::ratelimit::{ConcurrencyCaps, Limiter};
+use crate::secrets::Vault;
+use crate::upstream::client::Forwarder;
+use crate::upstream::dial::Dialer;
+
+pub struct Proxy {
+    pub policies: PolicyStore,
+    pub leaves: LeafCache,
+    pub tls: InterceptTls,
+    pub dialer: Arc<Dialer>,
+    pub forwarder: Forwarder,
+    pub limits: Limits,
+    pub events: Events,
+    pub approvals: Approvals,
+    pub limiter: Limiter,
+    pub caps: ConcurrencyCaps,
+    pub vault: Arc<Vault>,
+    /// Bytes of each request body the leak guard reads.
+    pub scan_body_bytes: usize,
+    pub metrics: Arc<Metrics>,
+    /// `None` when `audit.enabled = false`.
+    pub audit: Option<Arc<Audit>>,
+    /// Record query values in the audit log as sent (else `[redacted]`).
+    pub audit_query_values: bool,
+    /// Connections served at once, over all listeners and the tunnels they spawn.
+    pub slots: Arc<tokio::sync::Semaphore>,
+    next_conn: AtomicU64,
+}
+
+/// The parts `Proxy::new` assembles.
+pub struct ProxyParts {
+    pub vault: Arc<Vault>,
+    pub metrics: Arc<Metrics>,
+    pub audit: Option<Arc<Audit>>,
+    pub audit_query_values: bool,
+    pub scan_body_bytes: usize,
+    pub policies: PolicyStore,
+    pub leaves: LeafCache,
+    pub dialer: Arc<Dialer>,
+    pub forwarder: Forwarder,
+    pub limits: Limits,
+    pub approvals: Approvals,
+}
+
+impl Proxy {
+    pub fn new(p: ProxyParts) -> Proxy {
+        Proxy {
+            policies: p.policies,
+            leaves: p.leaves,
+            tls: InterceptTls::new(),
+            dialer: p.dialer,
+            forwarder: p.forwarder,
+            limits: p.limits.clone(),
+            events: Events::default(),
+            approvals: p.approvals,
+            limiter: Limiter::new(),
+            caps: ConcurrencyCaps::new(),
+            vault: p.vault,
+            scan_body_bytes: p.scan_body_bytes,
+            metrics: p.metrics,
+            audit: p.audit,
+            audit_query_values: p.audit_query_values,
+            slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    /// The policy in force now. A request keeps the one it started with.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policies.current()
+    }
+
+    /// Reloads the policy directory, logging and counting the outcome.
+    pub fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
+        let counters = &self.events.counters;
+        let result = self.policies.reload();
+        let (label, error) = match &result {
+            Ok(_) => ("ok", None),
+            Err(e) => ("error", Some(e.clone())),
+        };
+        self.metrics.reloads.with_label_values(&[label]).inc();
+        let now = self.policy();
+        if result.is_ok() {
+            self.metrics.set_policy(now.hash());
+        }
+        if let Some(audit) = &self.audit {
+            audit.write_detached(Entry::Reload(ReloadEntry {
+                result: label,
+                trigger: why.to_string(),
+                policy: now.hash().to_string(),
+                rules: result.as_ref().ok().map(|p| p.rule_count()),
+                error,
+            }));
+        }
+        match result {
+            Ok(p) => {
+                counters.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    hash = p.hash(),
+                    rules = p.rule_count(),
+                    "policy reloaded ({why})"
+                );
+                Ok(p)
+            }
+            Err(e) => {
+                counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    "policy reload ({why}) failed, keeping {}: {e}",
+                    self.policy().hash()
+                );
+                Err(e)
+            }
+        }
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.events
+            .counters
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,289 @@
+//! Forwarding an allowed request upstream: a pooled hyper-util client over verified rustls,
+//! connecting only through our dialer, streaming bodies both ways.
+
+use std::sync::Arc;
+
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::body::{self, ProxyBody};
+use crate::config::Limits;
+use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::target::Target;
+use crate::upstream::dial::{DialConnector, DialError, Dialer};
+
+type Upstream = Client<HttpsConnector<DialConnector>, ProxyBody>;
+
+/// HTTP/2 flow-control windows towards upstreams: enough for ~100 MB/s at 10 ms RTT.
+const STREAM_WINDOW: u32 = 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+
+pub struct Forwarder {
+    /// h2 or http/1.1, whichever the upstream's ALPN picks.
+    any: Upstream,
+    /// http/1.1 only: protocol upgrades (WebSocket) need it end to end.
+    h1: Upstream,
+    /// An upgraded connection with no traffic either way for this long is closed.
+    tunnel_idle: std::time::Duration,
+    metrics: Arc<crate::control::metrics::Metrics>,
+}
+
+impl Forwarder {
+    pub fn new(
+        dialer: Arc<Dialer>,
+        tls: rustls::ClientConfig,
+        limits: &Limits,
+        metrics: Arc<crate::control::metrics::Metrics>,
+    ) -> Forwarder {
+        let build = |h2: bool| {
+            let b = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_or_http();
+            let connector = if h2 {
+                b.enable_http1()
+                    .enable_http2()
+                    .wrap_connector(DialConnector(dialer.clone()))
+            } else {
+                b.enable_http1()
+                    .wrap_connector(DialConnector(dialer.clone()))
+            };
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(limits.upstream_idle_timeout)
+                // Fixed windows bound what one slow reader can make us buffer (the adaptive
+                // window grows to 16 MiB per stream).
+                .http2_initial_stream_window_size(STREAM_WINDOW)
+                .http2_initial_connection_window_size(CONNECTION_WINDOW)
+                .set_host(true)
+                .build(connector)
+        };
+        Forwarder {
+            any: build(true),
+            h1: build(false),
+            tunnel_idle: limits.tunnel_idle_timeout,
+            metrics,
+        }
+    }
+
+    /// Sends `req` to `target` with `path_and_query` as its request target.
+    pub async fn forward(
+        &self,
+        target: &Target,
+        path_and_query: &str,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, Refusal> {
+        let upgrade = wants_upgrade(&req);
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let uri: http::Uri = format!(
+            "{}://{}{}",
+            target.scheme_str(),
+            target.authority(),
+            path_and_query
+        )
+        .parse()
+        .map_err(|e| {
+            Refusal::new(
+                ErrorCode::BadRequest,
+                format!("invalid request target: {e}"),
+            )
+        })?;
+
+        let (mut parts, req_body) = req.into_parts();
+        let upgrade_proto = parts.headers.get(header::UPGRADE).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        // hyper writes Host (HTTP/1) or :authority (HTTP/2) from the URI we checked.
+        parts.headers.remove(header::HOST);
+        if let Some(proto) = &upgrade_proto {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, proto.clone());
+        }
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let out = Request::from_parts(parts, req_body);
+
+        let client = if upgrade { &self.h1 } else { &self.any };
+        let mut resp = client
+            .request(out)
+            .await
+            .map_err(|e| refusal_for(target, &e))?;
+
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let Some(client_upgrade) = client_upgrade else {
+                return Err(Refusal::new(
+                    ErrorCode::UpstreamError,
+                    "upstream switched protocols without being asked",
+                ));
+            };
+            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            let idle = self.tunnel_idle;
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                    Ok((c, u)) => {
+                        let _open = metrics.connection(crate::control::metrics::Protocol::Ws);
+                        let relayed =
+                            crate::upstream::relay::relay(TokioIo::new(c), TokioIo::new(u), idle);
+                        if let Err(e) = relayed.await {
+                            tracing::debug!("upgraded connection ended: {e}");
+                        }
+                    }
+                    Err(e) => tracing::debug!("protocol upgrade failed: {e}"),
+                }
+            });
+            let (parts, _) = resp.into_parts();
+            return Ok(Response::from_parts(parts, body::empty()));
+        }
+
+        let (mut parts, incoming) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body::stream(incoming)))
+    }
+}
+
+pub(crate) fn wants_upgrade<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
+    h.get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Removes the headers that describe one hop (RFC 9110 §7.6.1), including any the
+/// Connection header names.
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // `te: trailers` is the one TE value that must pass (gRPC needs it end to end).
+    let te_trailers = h
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    let named: Vec<HeaderName> = connection_tokens(h)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        h.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        h.remove(name);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+    if te_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Turns a client error into what the agent is told. The cause is found by walking the
+/// error chain (io::Error hides its payload from `source()`, so look inside it too).
+fn refusal_for(target: &Target, err: &hyper_util::client::legacy::Error) -> Refusal {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(r) = classify_cause(target, e) {
+            return r;
+        }
+        cur = e.source();
+    }
+    Refusal::new(
+        ErrorCode::UpstreamError,
+        format!("upstream {} failed: {}", target.authority(), chain(err)),
+    )
+}
+
+fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
+    if let Some(d) = e.downcast_ref::<DialError>() {
+        let code = match d {
+            DialError::Forbidden { .. } => ErrorCode::DestinationForbidden,
+            DialError::Resolve(_) => ErrorCode::UpstreamDns,
+            _ => ErrorCode::UpstreamConnect,
+        };
+        return Some(Refusal::new(code, d.to_string()));
+    }
+    if let Some(t) = e.downcast_ref::<rustls::Error>() {
+        return Some(Refusal::new(
+            ErrorCode::UpstreamTls,
+            format!(
+                "TLS to upstream {} failed verification: {t}",
+                target.authority()
+            ),
+        ));
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        if let Some(inner) = io.get_ref() {
+            return classify_cause(target, inner);
+        }
+    }
+    None
+}
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::ACCEPT));
+        let mut grpc = HeaderMap::new();
+        grpc.insert(header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut grpc);
+        assert_eq!(
+            grpc.get(header::TE).map(|v| v.as_bytes()),
+            Some(&b"trailers"[..])
+        );
+    }
+
+    #[test]
+    fn websocket_request_wants_upgrade() {
+        let req = Request::builder()
+            .header("connection", "keep-alive, Upgrade")
+            .header("upgrade", "websocket")
+            .body(())
+            .expect("req");
+        assert!(wants_upgrade(&req));
+        let plain = Request::builder().body(()).expect("req");
+        assert!(!wants_upgrade(&plain));
+    }
+}
