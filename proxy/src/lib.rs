@@ -11,17 +11,21 @@
 //! - `daemon`: `proxy run`, the privilege split, the firewall glue;
 //! - `cmd`: `ctl`, `install`, `firewall`, `exec`.
 
-pub mod audit;
-pub mod body;
+#![warn(unreachable_pub)]
+
+// Public: what `main.rs`, the integration tests and the benches use.
 pub mod cli;
 pub mod cmd;
 pub mod config;
-pub mod conn;
-pub mod control;
 pub mod daemon;
-pub mod pipeline;
 pub mod policy;
-pub mod proxy;
-pub mod ratelimit;
-pub mod secrets;
-pub mod upstream;
+
+mod audit;
+mod body;
+mod conn;
+mod control;
+mod pipeline;
+mod proxy;
+mod ratelimit;
+mod secrets;
+mod upstream;

@@ -18,7 +18,7 @@ use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
 
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub policies: PolicyStore,
     pub leaves: LeafCache,
     pub tls: InterceptTls,
@@ -43,7 +43,7 @@ pub struct Proxy {
 }
 
 /// The parts `Proxy::new` assembles.
-pub struct ProxyParts {
+pub(crate) struct ProxyParts {
     pub vault: Arc<Vault>,
     pub metrics: Arc<Metrics>,
     pub audit: Option<Arc<Audit>>,
@@ -58,7 +58,7 @@ pub struct ProxyParts {
 }
 
 impl Proxy {
-    pub fn new(p: ProxyParts) -> Proxy {
+    pub(crate) fn new(p: ProxyParts) -> Proxy {
         Proxy {
             policies: p.policies,
             leaves: p.leaves,
@@ -81,12 +81,12 @@ impl Proxy {
     }
 
     /// The policy in force now. A request keeps the one it started with.
-    pub fn policy(&self) -> Arc<Policy> {
+    pub(crate) fn policy(&self) -> Arc<Policy> {
         self.policies.current()
     }
 
     /// Reloads the policy directory, logging and counting the outcome.
-    pub fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
+    pub(crate) fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
         let counters = &self.events.counters;
         let result = self.policies.reload();
         let (label, error) = match &result {
@@ -128,7 +128,7 @@ impl Proxy {
         }
     }
 
-    pub fn next_conn_id(&self) -> u64 {
+    pub(crate) fn next_conn_id(&self) -> u64 {
         self.events
             .counters
             .connections

@@ -7,12 +7,12 @@
 use sha2::{Digest, Sha256};
 
 /// `prev` of the first record ever written (no earlier line).
-pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 const HASH_KEY: &str = ",\"hash\":\"";
 const HEX_LEN: usize = 64;
 
-pub fn hex_sha256(bytes: &[u8]) -> String {
+pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(HEX_LEN);
     for b in digest {
@@ -24,7 +24,7 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
 
 /// Appends `,"prev":"P","hash":"H"}` and a newline to `open`, a JSON object without its
 /// closing brace. Returns `H`.
-pub fn seal(open: &mut Vec<u8>, prev: &str) -> String {
+pub(crate) fn seal(open: &mut Vec<u8>, prev: &str) -> String {
     open.extend_from_slice(b",\"prev\":\"");
     open.extend_from_slice(prev.as_bytes());
     open.push(b'"');
@@ -37,13 +37,13 @@ pub fn seal(open: &mut Vec<u8>, prev: &str) -> String {
 
 /// A line's stated hash and whether its content matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sealed<'a> {
+pub(crate) struct Sealed<'a> {
     pub hash: &'a str,
     pub intact: bool,
 }
 
 /// Reads the seal of `line` (without its newline); `None` if it has none.
-pub fn unseal(line: &str) -> Option<Sealed<'_>> {
+pub(crate) fn unseal(line: &str) -> Option<Sealed<'_>> {
     let body_end = line.len().checked_sub(HASH_KEY.len() + HEX_LEN + 2)?;
     let (body, tail) = (line.get(..body_end)?, line.get(body_end..)?);
     let hash = tail.strip_prefix(HASH_KEY)?.strip_suffix("\"}")?;

@@ -9,9 +9,9 @@
 //! A full queue never drops a refusal (its request waits); an allowed request's record may
 //! be dropped then, which is counted and written into the next record (`dropped_before`).
 
-pub mod chain;
-pub mod record;
-pub mod verify;
+pub(crate) mod chain;
+pub(crate) mod record;
+pub(crate) mod verify;
 mod writer;
 
 use std::path::Path;
@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
-pub use record::{Entry, LifecycleEntry, ReloadEntry, RequestEntry};
-pub use writer::{rotated, Head};
+pub(crate) use record::{Entry, LifecycleEntry, ReloadEntry, RequestEntry};
+pub(crate) use writer::Head;
 use writer::{Msg, Writer};
 
 use crate::config::AuditConfig;
@@ -36,7 +36,7 @@ const BATCH: usize = 1024;
 /// Times one `drive` goes back to the queue at most.
 const DRIVE_ROUNDS: usize = 4;
 
-pub struct Audit {
+pub(crate) struct Audit {
     tx: mpsc::Sender<Msg>,
     /// The writer role: whoever holds it drains the queue into the file.
     core: Mutex<Core>,
@@ -48,7 +48,7 @@ pub struct Audit {
 impl Audit {
     /// Opens (or creates) the log and starts its ticker (periodic fsync, and a backstop
     /// drain of the queue); call within the runtime.
-    pub fn open(
+    pub(crate) fn open(
         path: &Path,
         cfg: &AuditConfig,
         metrics: Arc<Metrics>,
@@ -91,7 +91,7 @@ impl Audit {
     /// Takes the writer role if it is free and drains the queue into the file; gives the
     /// role up and looks again, so a record queued while it was held is not left behind.
     /// (Waiting for the role instead measured no better: bench/observability.sh.)
-    pub fn drive(&self) {
+    pub(crate) fn drive(&self) {
         // Bounded: under steady load one request must not write everyone's records for ever
         // while its own response waits; what is left goes to the next submitter (or the
         // ticker).
@@ -137,12 +137,12 @@ impl Audit {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The last record written: its sequence number and hash.
-    pub fn head(&self) -> Head {
+    pub(crate) fn head(&self) -> Head {
         match self.core.lock() {
             Ok(core) => core.writer.head().clone(),
             Err(p) => p.into_inner().writer.head().clone(),
@@ -152,7 +152,7 @@ impl Audit {
     /// Queues `entry` and waits until it is in the file. A refusal waits for room in the
     /// queue; an allowed request's record is dropped (and counted) if there is none. `false`:
     /// the log could not take it (a write error): the caller must not let the response out.
-    pub async fn write(self: &Arc<Self>, entry: Entry) -> bool {
+    pub(crate) async fn write(self: &Arc<Self>, entry: Entry) -> bool {
         if let Some(written) = self.submit(entry) {
             // Let the worker's other ready requests queue their records first: one write
             // for the lot.
@@ -171,7 +171,7 @@ impl Audit {
     /// ticker. `None`: dropped (an
     /// allowed request's record and a full queue, counted) or the writer is gone. A record
     /// that must be kept and finds the queue full is handed to a task that waits for room.
-    pub fn submit(self: &Arc<Self>, entry: Entry) -> Option<oneshot::Receiver<()>> {
+    pub(crate) fn submit(self: &Arc<Self>, entry: Entry) -> Option<oneshot::Receiver<()>> {
         let (ack, written) = oneshot::channel();
         let keep = entry.must_keep();
         let msg = Msg::Entry {
@@ -199,7 +199,7 @@ impl Audit {
     }
 
     /// Queues `entry` without waiting for the write (a request whose client went away).
-    pub fn write_detached(self: &Arc<Self>, entry: Entry) {
+    pub(crate) fn write_detached(self: &Arc<Self>, entry: Entry) {
         drop(self.submit(entry));
         self.drive();
     }
@@ -210,7 +210,7 @@ impl Audit {
     }
 
     /// Everything queued before this call is written and fsynced when it returns.
-    pub async fn sync(&self) {
+    pub(crate) async fn sync(&self) {
         let (done, synced) = oneshot::channel();
         if self.tx.send(Msg::Sync(done)).await.is_ok() {
             self.drive();
@@ -221,7 +221,7 @@ impl Audit {
 
 /// `path?query` as the audit log records it: query parameter values replaced by
 /// `[redacted]` (names kept) unless `keep_values`.
-pub fn shown_path(path: &str, query: Option<&str>, keep_values: bool) -> String {
+pub(crate) fn shown_path(path: &str, query: Option<&str>, keep_values: bool) -> String {
     let Some(q) = query.filter(|q| !q.is_empty()) else {
         return path.to_string();
     };

@@ -6,7 +6,7 @@ use serde::Serialize;
 /// One line of the audit log, before the writer seals it.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Entry {
+pub(crate) enum Entry {
     Request(Box<RequestEntry>),
     Reload(ReloadEntry),
     Start(LifecycleEntry),
@@ -16,7 +16,7 @@ pub enum Entry {
 impl Entry {
     /// Denials (and every other refusal) must never be dropped; allowed requests may be, if
     /// the queue is full (counted, and the gap is recorded in the next line).
-    pub fn must_keep(&self) -> bool {
+    pub(crate) fn must_keep(&self) -> bool {
         match self {
             Entry::Request(r) => r.decision != "allow",
             _ => true,
@@ -26,7 +26,7 @@ impl Entry {
 
 /// One HTTP request (or refused connection): what was asked, what was decided, what happened.
 #[derive(Debug, Clone, Serialize)]
-pub struct RequestEntry {
+pub(crate) struct RequestEntry {
     /// When the request's head arrived (RFC 3339, UTC, milliseconds).
     pub started: String,
     pub request_id: String,
@@ -61,7 +61,7 @@ pub struct RequestEntry {
 
 /// A policy load or reload.
 #[derive(Debug, Clone, Serialize)]
-pub struct ReloadEntry {
+pub(crate) struct ReloadEntry {
     /// `ok` or `error`.
     pub result: &'static str,
     /// What triggered it (`start`, `file change`, `ctl reload`, `SIGHUP`…).
@@ -74,7 +74,7 @@ pub struct ReloadEntry {
 
 /// The daemon starting or stopping.
 #[derive(Debug, Clone, Serialize)]
-pub struct LifecycleEntry {
+pub(crate) struct LifecycleEntry {
     pub version: &'static str,
     pub pid: u32,
     pub policy: String,

@@ -10,7 +10,7 @@ use super::chain::{unseal, GENESIS};
 use super::writer::rotated;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     pub files: Vec<PathBuf>,
     pub records: u64,
     pub first_seq: Option<u64>,
@@ -25,7 +25,7 @@ pub struct Report {
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Broken {
+pub(crate) struct Broken {
     pub file: PathBuf,
     /// 1-based.
     pub line: u64,
@@ -33,13 +33,13 @@ pub struct Broken {
 }
 
 impl Report {
-    pub fn starts_at_genesis(&self) -> bool {
+    pub(crate) fn starts_at_genesis(&self) -> bool {
         self.chain_start.as_deref() == Some(GENESIS)
     }
 }
 
 /// The live log and its rotated files, oldest first (those that exist).
-pub fn rotation_set(live: &Path, max_rotated: u32) -> Vec<PathBuf> {
+pub(crate) fn rotation_set(live: &Path, max_rotated: u32) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = (1..=max_rotated)
         .rev()
         .map(|n| rotated(live, n))
@@ -50,7 +50,7 @@ pub fn rotation_set(live: &Path, max_rotated: u32) -> Vec<PathBuf> {
 }
 
 /// Verifies `files` as one chain, in the order given.
-pub fn verify(files: &[PathBuf]) -> io::Result<Report> {
+pub(crate) fn verify(files: &[PathBuf]) -> io::Result<Report> {
     let mut r = Report {
         files: files.to_vec(),
         records: 0,

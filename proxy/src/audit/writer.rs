@@ -41,7 +41,7 @@ pub(crate) enum Msg {
 
 /// Where the chain stands: the last record's sequence number and hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Head {
+pub(crate) struct Head {
     pub seq: u64,
     pub hash: String,
 }
@@ -263,7 +263,7 @@ fn rotate_files(path: &Path, keep: u32) -> io::Result<File> {
 }
 
 /// `path.N`.
-pub fn rotated(path: &Path, n: u32) -> PathBuf {
+pub(crate) fn rotated(path: &Path, n: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".{n}"));
     PathBuf::from(name)

@@ -11,13 +11,13 @@ use http_body::{Body, Frame, SizeHint};
 use crate::body::{BodyError, ProxyBody};
 
 /// A request body that counts the bytes it yields (what went upstream).
-pub struct CountedBody {
+pub(crate) struct CountedBody {
     inner: ProxyBody,
     count: Arc<AtomicU64>,
 }
 
 impl CountedBody {
-    pub fn new(inner: ProxyBody, count: Arc<AtomicU64>) -> CountedBody {
+    pub(crate) fn new(inner: ProxyBody, count: Arc<AtomicU64>) -> CountedBody {
         CountedBody { inner, count }
     }
 }

@@ -1,25 +1,25 @@
 //! The one body type every response and request the proxy handles is converted into, and the
 //! wrappers around it: `counted` (bytes up), `ready` (a response body already all here).
 
-pub mod counted;
-pub mod ready;
+pub(crate) mod counted;
+pub(crate) mod ready;
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
-pub type ProxyBody = BoxBody<Bytes, BodyError>;
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type ProxyBody = BoxBody<Bytes, BodyError>;
 
-pub fn full(bytes: Bytes) -> ProxyBody {
+pub(crate) fn full(bytes: Bytes) -> ProxyBody {
     Full::new(bytes).map_err(|never| match never {}).boxed()
 }
 
-pub fn empty() -> ProxyBody {
+pub(crate) fn empty() -> ProxyBody {
     full(Bytes::new())
 }
 
 /// Wraps any streaming body (an upstream response, a client request) without buffering it.
-pub fn stream<B>(body: B) -> ProxyBody
+pub(crate) fn stream<B>(body: B) -> ProxyBody
 where
     B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BodyError>,
@@ -29,7 +29,7 @@ where
 
 /// `body`, keeping `guard` alive until the body is finished or dropped (an in-flight slot,
 /// say, that must cover the whole response, not just its headers).
-pub fn guarded<G: Send + Sync + Unpin + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
+pub(crate) fn guarded<G: Send + Sync + Unpin + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
     Guarded {
         body,
         _guard: guard,

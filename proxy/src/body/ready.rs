@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use crate::body::{BodyError, ProxyBody};
 
 /// What [`take_ready`] found.
-pub enum Ready {
+pub(crate) enum Ready {
     /// The whole body, which had already arrived.
     Complete(Bytes),
     /// Not all there yet (or too large, or with trailers): the body as it was, frames
@@ -29,7 +29,7 @@ pub enum Ready {
 
 /// The body whole if every frame up to its end is available now and the data is at most
 /// `limit` bytes.
-pub fn take_ready(mut body: ProxyBody, limit: usize) -> Ready {
+pub(crate) fn take_ready(mut body: ProxyBody, limit: usize) -> Ready {
     if body.size_hint().lower() > limit as u64 {
         return Ready::Streaming(body);
     }

@@ -36,7 +36,7 @@ where
     }
 }
 
-pub async fn transparent(
+pub(crate) async fn transparent(
     proxy: Arc<Proxy>,
     listener: TcpListener,
     orig: Arc<dyn OrigDst>,
@@ -88,7 +88,7 @@ pub async fn transparent(
     .await;
 }
 
-pub async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semaphore>) {
+pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semaphore>) {
     accept_loop(listener, slots, move |sock, peer, permit| {
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);

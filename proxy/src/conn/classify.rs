@@ -9,14 +9,14 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// What a connection turned out to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(super) enum Protocol {
     Tls,
     Http,
     Other,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClassifyError {
+pub(super) enum ClassifyError {
     #[error("client sent {} bytes and then nothing for {after:?}", got.len())]
     Timeout { got: BytesMut, after: Duration },
     #[error("client closed after {got} bytes, before it could be classified")]
@@ -29,7 +29,7 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Reads until the protocol is known; returns it with every byte read so far.
-pub async fn classify<S: AsyncRead + Unpin>(
+pub(super) async fn classify<S: AsyncRead + Unpin>(
     stream: &mut S,
     timeout: Duration,
     max_bytes: usize,
@@ -56,7 +56,7 @@ pub async fn classify<S: AsyncRead + Unpin>(
 }
 
 /// `None` while more bytes are needed to decide.
-pub fn judge(buf: &[u8], max_bytes: usize) -> Option<Protocol> {
+pub(super) fn judge(buf: &[u8], max_bytes: usize) -> Option<Protocol> {
     let first = *buf.first()?;
     if first == TLS_HANDSHAKE_RECORD {
         return Some(Protocol::Tls);

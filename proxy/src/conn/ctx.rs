@@ -5,13 +5,14 @@ use std::net::{IpAddr, SocketAddr};
 
 /// Which listener accepted the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListenerKind {
+pub(crate) enum ListenerKind {
     Transparent,
     Explicit,
 }
 
+#[allow(dead_code)] // read by the decision record, which comes with the next change
 impl ListenerKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ListenerKind::Transparent => "transparent",
             ListenerKind::Explicit => "explicit",
@@ -22,7 +23,7 @@ impl ListenerKind {
 /// Where the client was headed before we looked inside: the original destination of a
 /// redirected connection (an address), or the authority of a CONNECT / absolute-URI request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DestHost {
+pub(crate) enum DestHost {
     Ip(IpAddr),
     /// Already normalized (lowercase, no trailing dot).
     Name(String),
@@ -38,13 +39,13 @@ impl fmt::Display for DestHost {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dest {
+pub(crate) struct Dest {
     pub host: DestHost,
     pub port: u16,
 }
 
 impl Dest {
-    pub fn from_addr(addr: SocketAddr) -> Dest {
+    pub(crate) fn from_addr(addr: SocketAddr) -> Dest {
         Dest {
             host: DestHost::Ip(addr.ip()),
             port: addr.port(),
@@ -63,18 +64,18 @@ impl fmt::Display for Dest {
 
 /// The TLS side of an intercepted connection.
 #[derive(Debug, Clone)]
-pub struct TlsSide {
+pub(crate) struct TlsSide {
     pub sni: Option<String>,
     /// The host this connection may talk to: the SNI, else the destination. `Err` holds why
     /// the SNI and the destination disagree; every request on it is then refused.
     pub identity: Result<String, String>,
-    pub alpn: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone)]
-pub struct ConnCtx {
+pub(crate) struct ConnCtx {
     pub id: u64,
     pub client: SocketAddr,
+    #[allow(dead_code)] // read by the decision record, which comes with the next change
     pub listener: ListenerKind,
     pub dest: Dest,
     pub tls: Option<TlsSide>,

@@ -13,7 +13,7 @@ use crate::conn::prefixed::Prefixed;
 use crate::conn::ConnCtx;
 use crate::proxy::Proxy;
 
-pub async fn handle_stream<S>(proxy: Arc<Proxy>, ctx: ConnCtx, mut stream: S)
+pub(super) async fn handle_stream<S>(proxy: Arc<Proxy>, ctx: ConnCtx, mut stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

@@ -19,7 +19,7 @@ use crate::pipeline::refusal::{self, ErrorCode, Refusal};
 use crate::pipeline::target::split_authority;
 use crate::proxy::Proxy;
 
-pub async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
+pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
     let base = Arc::new(base);
     let limits = proxy.limits.clone();
     let svc = {

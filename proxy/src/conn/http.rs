@@ -15,7 +15,7 @@ use crate::proxy::Proxy;
 
 /// Which HTTP versions the client may speak on this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HttpVersions {
+pub(super) enum HttpVersions {
     /// ALPN said http/1.1 (or said nothing over TLS).
     Http1,
     /// ALPN said h2.
@@ -24,8 +24,12 @@ pub enum HttpVersions {
     Any,
 }
 
-pub async fn serve_http<S>(proxy: Arc<Proxy>, ctx: Arc<ConnCtx>, io: S, versions: HttpVersions)
-where
+pub(super) async fn serve_http<S>(
+    proxy: Arc<Proxy>,
+    ctx: Arc<ConnCtx>,
+    io: S,
+    versions: HttpVersions,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let limits = proxy.limits.clone();

@@ -15,7 +15,7 @@ use crate::conn::{ConnCtx, Dest, DestHost, TlsSide};
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
 
-pub async fn intercept<S>(proxy: Arc<Proxy>, mut ctx: ConnCtx, stream: S)
+pub(super) async fn intercept<S>(proxy: Arc<Proxy>, mut ctx: ConnCtx, stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -81,17 +81,12 @@ where
             return;
         }
     };
-    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-    let versions = if alpn.as_deref() == Some(ALPN_H2) {
+    let versions = if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
         HttpVersions::Http2
     } else {
         HttpVersions::Http1
     };
-    ctx.tls = Some(TlsSide {
-        sni,
-        identity,
-        alpn,
-    });
+    ctx.tls = Some(TlsSide { sni, identity });
     serve_http(proxy, Arc::new(ctx), tls, versions).await;
 }
 

@@ -3,7 +3,7 @@
 //! first bytes) → `intercept` (TLS with a minted leaf, `server_tls`) → `http` (hyper) into the
 //! request pipeline; or `opaque` (raw TCP); `explicit` is the CONNECT / absolute-URI listener.
 
-pub mod accept;
+pub(crate) mod accept;
 mod classify;
 mod ctx;
 mod dispatch;
@@ -12,6 +12,6 @@ mod http;
 mod intercept;
 mod opaque;
 mod prefixed;
-pub mod server_tls;
+pub(crate) mod server_tls;
 
-pub use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};
+pub(crate) use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};

@@ -9,7 +9,7 @@ use crate::conn::ConnCtx;
 use crate::policy::{Action, RequestFacts, Scheme};
 use crate::proxy::Proxy;
 
-pub async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, client: S)
+pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, client: S)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {

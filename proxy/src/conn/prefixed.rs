@@ -8,13 +8,13 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub struct Prefixed<S> {
+pub(super) struct Prefixed<S> {
     prefix: Bytes,
     inner: S,
 }
 
 impl<S> Prefixed<S> {
-    pub fn new(prefix: Bytes, inner: S) -> Prefixed<S> {
+    pub(super) fn new(prefix: Bytes, inner: S) -> Prefixed<S> {
         Prefixed { prefix, inner }
     }
 }

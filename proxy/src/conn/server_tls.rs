@@ -12,12 +12,12 @@ use rustls::ServerConfig;
 
 use crate::upstream::trust::provider;
 
-pub const ALPN_H2: &[u8] = b"h2";
-pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+pub(crate) const ALPN_H2: &[u8] = b"h2";
+pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
 
 /// Builds the per-connection server config around a minted leaf. Session storage is shared
 /// so agents that resume TLS sessions skip the full handshake on their next connection.
-pub struct InterceptTls {
+pub(crate) struct InterceptTls {
     provider: Arc<CryptoProvider>,
     sessions: Arc<dyn StoresServerSessions>,
 }
@@ -32,7 +32,7 @@ impl ResolvesServerCert for FixedLeaf {
 }
 
 impl InterceptTls {
-    pub fn new() -> InterceptTls {
+    pub(crate) fn new() -> InterceptTls {
         InterceptTls {
             provider: provider(),
             sessions: ServerSessionMemoryCache::new(16 * 1024),
@@ -41,7 +41,7 @@ impl InterceptTls {
 
     /// A server config presenting `leaf`, offering h2 and http/1.1 (rustls picks what the
     /// client offered; a client offering neither gets a handshake failure, not a guess).
-    pub fn server_config(
+    pub(crate) fn server_config(
         &self,
         leaf: Arc<CertifiedKey>,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use crate::control::events::now_rfc3339;
 
 #[derive(Debug, Clone, Serialize)]
-pub struct PendingRequest {
+pub(crate) struct PendingRequest {
     pub id: String,
     pub since: String,
     pub client: String,
@@ -27,10 +27,10 @@ pub struct PendingRequest {
 
 /// Requests that may wait at once; more are refused at once (an agent must not be able to
 /// park unbounded work in the daemon).
-pub const MAX_PENDING: usize = 256;
+pub(crate) const MAX_PENDING: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AskOutcome {
+pub(crate) enum AskOutcome {
     /// Too many requests already wait for an answer.
     Full,
     Approved,
@@ -48,7 +48,7 @@ struct Verdict {
 
 type SessionKey = (String, String, u16);
 
-pub struct Approvals {
+pub(crate) struct Approvals {
     timeout: Duration,
     next: AtomicU64,
     waiting: Mutex<HashMap<String, (PendingRequest, oneshot::Sender<Verdict>)>>,
@@ -57,10 +57,10 @@ pub struct Approvals {
 
 #[derive(Debug, thiserror::Error)]
 #[error("no pending request with id {0}")]
-pub struct NotPending(pub String);
+pub(crate) struct NotPending(pub String);
 
 impl Approvals {
-    pub fn new(timeout: Duration) -> Approvals {
+    pub(crate) fn new(timeout: Duration) -> Approvals {
         Approvals {
             timeout,
             next: AtomicU64::new(1),
@@ -70,7 +70,7 @@ impl Approvals {
     }
 
     /// Holds the caller until a verdict or the timeout. `req.id` is assigned here.
-    pub async fn ask(&self, mut req: PendingRequest) -> AskOutcome {
+    pub(crate) async fn ask(&self, mut req: PendingRequest) -> AskOutcome {
         let key = (req.rule_id.clone(), req.host.clone(), req.port);
         if self.remembered.lock().is_ok_and(|r| r.contains(&key)) {
             return AskOutcome::Remembered;
@@ -106,15 +106,11 @@ impl Approvals {
     }
 
     /// How many requests wait now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.waiting.lock().map(|w| w.len()).unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn list(&self) -> Vec<PendingRequest> {
+    pub(crate) fn list(&self) -> Vec<PendingRequest> {
         let mut v: Vec<PendingRequest> = self
             .waiting
             .lock()
@@ -125,7 +121,7 @@ impl Approvals {
     }
 
     /// Answers a pending request.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         id: &str,
         approve: bool,
@@ -140,7 +136,7 @@ impl Approvals {
         Ok(req)
     }
 
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 }

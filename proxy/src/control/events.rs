@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 /// One decision, as operators see it. Never carries a secret: no headers, no query values.
 #[derive(Debug, Clone, Serialize)]
-pub struct DecisionEvent {
+pub(crate) struct DecisionEvent {
     /// RFC 3339, UTC.
     pub time: String,
     pub request_id: String,
@@ -35,7 +35,7 @@ pub struct DecisionEvent {
 
 /// Counters for `ctl stats` and `ctl status`.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub connections: AtomicU64,
     pub allowed: AtomicU64,
     pub denied: AtomicU64,
@@ -53,7 +53,7 @@ pub struct Counters {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct CountersSnapshot {
+pub(crate) struct CountersSnapshot {
     pub connections: u64,
     pub allowed: u64,
     pub denied: u64,
@@ -68,7 +68,7 @@ pub struct CountersSnapshot {
 }
 
 impl Counters {
-    pub fn snapshot(&self) -> CountersSnapshot {
+    pub(crate) fn snapshot(&self) -> CountersSnapshot {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CountersSnapshot {
             connections: g(&self.connections),
@@ -89,9 +89,9 @@ impl Counters {
 const RECENT: usize = 200;
 
 /// Events are shared, not copied, between the feed and the ring of recent ones.
-pub type SharedEvent = Arc<DecisionEvent>;
+pub(crate) type SharedEvent = Arc<DecisionEvent>;
 
-pub struct Events {
+pub(crate) struct Events {
     live: broadcast::Sender<SharedEvent>,
     recent: Mutex<VecDeque<SharedEvent>>,
     pub counters: Counters,
@@ -108,7 +108,7 @@ impl Default for Events {
 }
 
 impl Events {
-    pub fn publish(&self, ev: DecisionEvent) {
+    pub(crate) fn publish(&self, ev: DecisionEvent) {
         let c = &self.counters;
         match ev.decision {
             "allow" | "ask-approved" => &c.allowed,
@@ -134,11 +134,11 @@ impl Events {
         let _ = self.live.send(ev);
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<SharedEvent> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<SharedEvent> {
         self.live.subscribe()
     }
 
-    pub fn recent(&self) -> Vec<SharedEvent> {
+    pub(crate) fn recent(&self) -> Vec<SharedEvent> {
         self.recent
             .lock()
             .map(|r| r.iter().cloned().collect())
@@ -147,7 +147,7 @@ impl Events {
 }
 
 /// Now, as RFC 3339 UTC with milliseconds.
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     let now = time::OffsetDateTime::now_utc();
     now.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| now.unix_timestamp().to_string())

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::proxy::Proxy;
 
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+pub(crate) async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,

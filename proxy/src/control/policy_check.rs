@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::policy::{normalize_host, normalize_path, Action, Policy, RequestFacts, Scheme};
 
 #[derive(Debug, Clone, Serialize)]
-pub struct CheckResult {
+pub(crate) struct CheckResult {
     pub method: String,
     pub scheme: &'static str,
     pub host: String,
@@ -20,7 +20,7 @@ pub struct CheckResult {
     pub policy_hash: String,
 }
 
-pub fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckResult, String> {
+pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckResult, String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("invalid URL {url:?}: {e}"))?;

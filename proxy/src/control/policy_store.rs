@@ -12,13 +12,13 @@ use crate::control::events::now_rfc3339;
 use crate::policy::{Policy, PolicyError};
 
 #[derive(Debug, Clone, Serialize)]
-pub struct ReloadFailure {
+pub(crate) struct ReloadFailure {
     pub at: String,
     pub message: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct PolicyInfo {
+pub(crate) struct PolicyInfo {
     pub dir: PathBuf,
     pub hash: String,
     pub rules: usize,
@@ -29,9 +29,9 @@ pub struct PolicyInfo {
 }
 
 /// Whether the secret store holds a secret: a policy binding a missing one is refused.
-pub type SecretCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub(crate) type SecretCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
-pub struct PolicyStore {
+pub(crate) struct PolicyStore {
     dir: PathBuf,
     secrets: SecretCheck,
     current: ArcSwap<Policy>,
@@ -39,7 +39,7 @@ pub struct PolicyStore {
 }
 
 impl PolicyStore {
-    pub fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
+    pub(crate) fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
         let policy = Policy::load_dir(dir)?;
         policy.check_secrets(&*secrets)?;
         Ok(PolicyStore {
@@ -51,13 +51,13 @@ impl PolicyStore {
     }
 
     /// The policy in force now.
-    pub fn current(&self) -> Arc<Policy> {
+    pub(crate) fn current(&self) -> Arc<Policy> {
         self.current.load_full()
     }
 
     /// Re-reads the directory. On success the new policy is in force for every request that
     /// starts after this returns; on failure nothing changes but the recorded error.
-    pub fn reload(&self) -> Result<Arc<Policy>, String> {
+    pub(crate) fn reload(&self) -> Result<Arc<Policy>, String> {
         let loaded =
             Policy::load_dir(&self.dir).and_then(|p| p.check_secrets(&*self.secrets).map(|()| p));
         match loaded {
@@ -82,11 +82,11 @@ impl PolicyStore {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
-    pub fn info(&self) -> PolicyInfo {
+    pub(crate) fn info(&self) -> PolicyInfo {
         let p = self.current();
         let (loaded_at, last_error) = self
             .state

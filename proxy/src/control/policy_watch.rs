@@ -15,7 +15,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 
 /// Starts watching; the returned watcher must be kept alive for as long as reloads should
 /// happen.
-pub fn watch_policies(proxy: Arc<Proxy>) -> notify::Result<notify::RecommendedWatcher> {
+pub(crate) fn watch_policies(proxy: Arc<Proxy>) -> notify::Result<notify::RecommendedWatcher> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let mut watcher =
         notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {

@@ -1,9 +1,9 @@
 //! The request pipeline: classify (done by the connection) → policy → limit → inject →
 //! forward → audit. Plain async functions, one per phase, over a per-request context.
 
-pub mod record;
-pub mod refusal;
-pub mod target;
+pub(crate) mod record;
+pub(crate) mod refusal;
+pub(crate) mod target;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl Outcome {
 }
 
 /// Handles one HTTP request from the agent. Never fails: refusals become responses.
-pub async fn handle(
+pub(crate) async fn handle(
     proxy: Arc<Proxy>,
     ctx: Arc<ConnCtx>,
     req: Request<Incoming>,
@@ -461,7 +461,7 @@ async fn run(
 }
 
 /// The agent's view of a leak-guard refusal.
-pub fn secret_refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
+pub(crate) fn secret_refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
     let code = match e.violation {
         Violation::Scope => ErrorCode::SecretScope,
         Violation::Leak => ErrorCode::SecretLeak,

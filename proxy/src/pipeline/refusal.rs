@@ -10,7 +10,7 @@ use crate::body::{full, ProxyBody};
 /// Machine-readable reasons, stable for clients and dashboards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
+pub(crate) enum ErrorCode {
     PolicyDenied,
     RateLimited,
     /// The proxy is at its connection limit.
@@ -33,7 +33,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorCode::PolicyDenied
             | ErrorCode::HostMismatch
@@ -51,7 +51,7 @@ impl ErrorCode {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::RateLimited => "rate_limited",
@@ -71,7 +71,7 @@ impl ErrorCode {
     }
 
     /// A refusal by the leak guard (the request was the agent's doing, not a failure).
-    pub fn is_secret_guard(self) -> bool {
+    pub(crate) fn is_secret_guard(self) -> bool {
         matches!(self, ErrorCode::SecretScope | ErrorCode::SecretLeak)
     }
 
@@ -90,7 +90,7 @@ impl ErrorCode {
 
 /// A refusal, before it is rendered.
 #[derive(Debug, Clone)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub code: ErrorCode,
     pub message: String,
     pub rule_id: Option<String>,
@@ -100,7 +100,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
         let message = message.into();
         Refusal {
             code,
@@ -124,7 +124,7 @@ struct Body<'a> {
 }
 
 /// Renders a refusal as the response the agent receives.
-pub fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Response<ProxyBody> {
+pub(crate) fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Response<ProxyBody> {
     let body = Body {
         error_code: r.code,
         message: &r.message,

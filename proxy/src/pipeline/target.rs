@@ -9,7 +9,7 @@ use crate::policy::{normalize_host, Scheme};
 
 /// The upstream a request will be forwarded to, as policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     pub scheme: Scheme,
     /// Normalized: lowercase, no trailing dot, IPv6 without brackets.
     pub host: String,
@@ -18,7 +18,7 @@ pub struct Target {
 
 impl Target {
     /// `host[:port]` for a URI, the port omitted when it is the scheme's default.
-    pub fn authority(&self) -> String {
+    pub(crate) fn authority(&self) -> String {
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
@@ -31,7 +31,7 @@ impl Target {
         }
     }
 
-    pub fn scheme_str(&self) -> &'static str {
+    pub(crate) fn scheme_str(&self) -> &'static str {
         match self.scheme {
             Scheme::Https => "https",
             _ => "http",
@@ -39,7 +39,7 @@ impl Target {
     }
 }
 
-pub fn default_port(scheme: Scheme) -> u16 {
+pub(crate) fn default_port(scheme: Scheme) -> u16 {
     match scheme {
         Scheme::Https => 443,
         _ => 80,
@@ -51,7 +51,7 @@ fn mismatch(msg: String) -> Refusal {
 }
 
 /// Splits `host[:port]` (IPv6 in brackets) and normalizes the host.
-pub fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refusal> {
+pub(crate) fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refusal> {
     // The raw value is not echoed: a malformed authority may carry credentials.
     let bad = || Refusal::new(ErrorCode::BadRequest, "invalid request authority (Host)");
     let parsed: http::uri::Authority = auth.parse().map_err(|_| bad())?;
@@ -67,7 +67,7 @@ pub fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refusal> {
 
 /// The target of a request received on `ctx` (an intercepted TLS connection, a plain HTTP
 /// connection, or an absolute-URI request whose destination the caller put in `ctx.dest`).
-pub fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, Refusal> {
+pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, Refusal> {
     let (scheme, identity) = match &ctx.tls {
         Some(tls) => (Scheme::Https, Some(tls.identity.clone().map_err(mismatch)?)),
         None => (Scheme::Http, None),
@@ -144,7 +144,6 @@ mod tests {
             tls: tls.map(|(sni, id)| TlsSide {
                 sni: Some(sni.into()),
                 identity: id.map(str::to_string).map_err(str::to_string),
-                alpn: None,
             }),
             agent_uid: None,
         }

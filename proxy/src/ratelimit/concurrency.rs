@@ -21,7 +21,7 @@ type Shard = RwLock<HashMap<Box<str>, Arc<Slot>>>;
 
 /// Per-host concurrency caps. Cloning is cheap and shares the state.
 #[derive(Clone)]
-pub struct ConcurrencyCaps {
+pub(crate) struct ConcurrencyCaps {
     inner: Arc<Inner>,
 }
 
@@ -40,7 +40,7 @@ struct Slot {
 /// One request in flight to a host; dropping it (including by cancelling the future that
 /// owns it) frees the slot.
 #[must_use = "the slot is released as soon as the permit is dropped"]
-pub struct ConcurrencyPermit {
+pub(crate) struct ConcurrencyPermit {
     inner: Arc<Inner>,
     /// `Some` until `drop`, which must hand the `Arc` to `release` by value.
     slot: Option<Arc<Slot>>,
@@ -66,7 +66,7 @@ impl fmt::Debug for ConcurrencyCaps {
 }
 
 impl ConcurrencyCaps {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ConcurrencyCaps {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
@@ -78,7 +78,7 @@ impl ConcurrencyCaps {
 
     /// Take a slot for `host` without waiting; refuses if `max` are already in flight
     /// (`max == 0` refuses everything).
-    pub fn acquire(&self, host: &str, max: u32) -> Result<ConcurrencyPermit, AtCapacity> {
+    pub(crate) fn acquire(&self, host: &str, max: u32) -> Result<ConcurrencyPermit, AtCapacity> {
         let slot = self.inner.slot(host);
         let admitted = slot
             .in_flight
@@ -101,7 +101,8 @@ impl ConcurrencyCaps {
     }
 
     /// Requests currently in flight to `host`.
-    pub fn in_flight(&self, host: &str) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self, host: &str) -> u32 {
         let shard = &self.inner.shards[self.inner.shard_of(host)];
         let map = shard.read().unwrap_or_else(PoisonError::into_inner);
         map.get(host)
@@ -109,17 +110,18 @@ impl ConcurrencyCaps {
     }
 
     /// Hosts with an entry (requests in flight or an acquire in progress).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let len = |s: &Shard| s.read().unwrap_or_else(PoisonError::into_inner).len();
         self.inner.shards.iter().map(len).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Acquires refused so far.
-    pub fn refusals(&self) -> u64 {
+    pub(crate) fn refusals(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
     }
 }
@@ -164,7 +166,7 @@ impl Inner {
 }
 
 impl ConcurrencyPermit {
-    pub fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         self.slot.as_deref().map_or("", |s| &s.host)
     }
 }

@@ -17,11 +17,11 @@ use super::bucket::{debit_all, Bucket};
 use super::{KeyKind, LimitKey, Limited, RateLimit};
 
 /// Hard cap on live buckets (each is ~200 bytes plus its key, so ~25 MB at most).
-pub const DEFAULT_MAX_BUCKETS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_BUCKETS: usize = 100_000;
 /// A full bucket untouched this long is evicted by the idle sweep.
-pub const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
+pub(crate) const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10 * 60);
 /// `check` runs the idle sweep inline at most this often.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// At `max_buckets`, an O(n) pressure sweep runs at most this often (anti CPU-DoS).
 const PRESSURE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// `retry_after` when a new bucket cannot be created because the table is full.
@@ -33,7 +33,7 @@ type Slot = Arc<Mutex<Bucket>>;
 type Shard = RwLock<HashMap<LimitKey, Slot>>;
 
 /// Token-bucket rate limiter. Share it behind an `Arc`; all methods are synchronous.
-pub struct Limiter {
+pub(crate) struct Limiter {
     shards: Box<[Shard]>,
     /// Keyed SipHash: host names come from the agent, so shard choice must not be steerable.
     hasher: RandomState,
@@ -44,16 +44,15 @@ pub struct Limiter {
     /// Nanoseconds since `epoch` of the last idle / pressure sweep.
     last_sweep: AtomicU64,
     last_pressure_sweep: AtomicU64,
-    refused: [AtomicU64; 3],
+    refused: [AtomicU64; 2],
     refused_table_full: AtomicU64,
 }
 
 /// Counters for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LimiterStats {
+pub(crate) struct LimiterStats {
     pub buckets: usize,
     pub refused_rule: u64,
-    pub refused_host: u64,
     pub refused_secret: u64,
     /// Refusals because the table was at `max_buckets` (also counted under the key's kind).
     pub refused_table_full: u64,
@@ -75,8 +74,7 @@ fn lock(m: &Mutex<Bucket>) -> MutexGuard<'_, Bucket> {
 fn kind_index(kind: KeyKind) -> usize {
     match kind {
         KeyKind::Rule => 0,
-        KeyKind::Host => 1,
-        KeyKind::Secret => 2,
+        KeyKind::Secret => 1,
     }
 }
 
@@ -95,11 +93,11 @@ impl fmt::Debug for Limiter {
 }
 
 impl Limiter {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_limits(DEFAULT_MAX_BUCKETS, DEFAULT_IDLE_TTL)
     }
 
-    pub fn with_limits(max_buckets: usize, idle_ttl: Duration) -> Self {
+    pub(crate) fn with_limits(max_buckets: usize, idle_ttl: Duration) -> Self {
         Limiter {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
@@ -117,7 +115,7 @@ impl Limiter {
     /// Take one token from every listed bucket, or from none. Buckets are created full on
     /// first use; a changed config is adopted (clamped, no free refill). A key listed twice
     /// is debited once, with its first listed config.
-    pub fn check(&self, keys: &[(LimitKey, RateLimit)]) -> Result<(), Limited> {
+    pub(crate) fn check(&self, keys: &[(LimitKey, RateLimit)]) -> Result<(), Limited> {
         // Sorting fixes the global lock order; dedup avoids locking one mutex twice.
         let mut wanted: Vec<&(LimitKey, RateLimit)> = keys.iter().collect();
         wanted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -144,28 +142,24 @@ impl Limiter {
     }
 
     /// Live buckets.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.live.load(Ordering::Acquire)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn stats(&self) -> LimiterStats {
+    pub(crate) fn stats(&self) -> LimiterStats {
         let r = |k: KeyKind| self.refused[kind_index(k)].load(Ordering::Relaxed);
         LimiterStats {
             buckets: self.len(),
             refused_rule: r(KeyKind::Rule),
-            refused_host: r(KeyKind::Host),
             refused_secret: r(KeyKind::Secret),
             refused_table_full: self.refused_table_full.load(Ordering::Relaxed),
         }
     }
 
     /// Evict buckets that are full and idle for `idle_ttl`; returns how many. `check` does
-    /// this by itself every `SWEEP_INTERVAL`; calling it from a timer is optional.
-    pub fn sweep(&self) -> usize {
+    /// this by itself every `SWEEP_INTERVAL`.
+    #[cfg(test)]
+    pub(crate) fn sweep(&self) -> usize {
         let now = Instant::now();
         self.last_sweep
             .store(self.since_epoch(now), Ordering::Release);

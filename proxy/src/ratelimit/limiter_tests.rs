@@ -20,7 +20,7 @@ fn rule(id: &str) -> LimitKey {
 }
 
 fn host(h: &str) -> LimitKey {
-    LimitKey::Host(h.to_owned())
+    LimitKey::Secret(h.to_owned())
 }
 
 fn one(key: &LimitKey, cfg: RateLimit) -> Vec<(LimitKey, RateLimit)> {
@@ -124,7 +124,7 @@ async fn multi_key_check_is_all_or_nothing() {
     }
     assert!(l.check(&[h]).is_err());
     let s = l.stats();
-    assert_eq!((s.refused_rule, s.refused_host, s.buckets), (1, 1, 2));
+    assert_eq!((s.refused_rule, s.refused_secret, s.buckets), (1, 1, 2));
 }
 
 #[tokio::test(start_paused = true)]
@@ -274,7 +274,7 @@ mod eviction {
     }
 
     fn host_with(i: usize, cfg: RateLimit) -> Vec<(LimitKey, RateLimit)> {
-        vec![(LimitKey::Host(format!("h{i}.example")), cfg)]
+        vec![(LimitKey::Secret(format!("h{i}.example")), cfg)]
     }
 
     #[tokio::test(start_paused = true)]
@@ -289,7 +289,7 @@ mod eviction {
         advance(Duration::from_secs(60 + 1)).await;
         assert_eq!(l.sweep(), 5000);
         assert_eq!(l.len(), 0);
-        assert!(l.is_empty());
+        assert_eq!(l.len(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -338,11 +338,14 @@ mod eviction {
         }
         // Table full of non-full buckets: a new key is refused; nothing is evicted.
         let e = l.check(&host_with(3, slow)).expect_err("table full");
-        assert_eq!(e.key, LimitKey::Host("h3.example".into()));
+        assert_eq!(e.key, LimitKey::Secret("h3.example".into()));
         assert_eq!(e.retry_after_secs(), 1);
         assert!(l.check(&host_with(4, slow)).is_err()); // no second sweep in the same second
         let s = l.stats();
-        assert_eq!((s.buckets, s.refused_table_full, s.refused_host), (3, 2, 2));
+        assert_eq!(
+            (s.buckets, s.refused_table_full, s.refused_secret),
+            (3, 2, 2)
+        );
         // Existing keys are unaffected by the cap.
         assert_eq!(
             l.check(&host_with(0, slow)).err().map(|e| e.retry_after),

@@ -32,8 +32,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use concurrency::{ConcurrencyCaps, ConcurrencyPermit};
-pub use limiter::{Limiter, LimiterStats, DEFAULT_IDLE_TTL, DEFAULT_MAX_BUCKETS, SWEEP_INTERVAL};
+pub(crate) use concurrency::ConcurrencyCaps;
+pub(crate) use limiter::Limiter;
 
 /// `requests` tokens per `per`, holding at most `burst`. Identical to the policy's struct.
 ///
@@ -41,7 +41,7 @@ pub use limiter::{Limiter, LimiterStats, DEFAULT_IDLE_TTL, DEFAULT_MAX_BUCKETS, 
 /// one-off quota of `burst` that never refills, and `per` is clamped to
 /// `[1 ns, u64::MAX ns]` (so `per == 0` means "refill instantly").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RateLimit {
+pub(crate) struct RateLimit {
     pub requests: u32,
     pub per: Duration,
     pub burst: u32,
@@ -49,25 +49,22 @@ pub struct RateLimit {
 
 /// Scope of a bucket. Keys compare byte-exact: callers pass normalised host names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LimitKey {
+pub(crate) enum LimitKey {
     Rule(Arc<str>),
-    Host(String),
     Secret(String),
 }
 
 /// Which [`LimitKey`] variant, for per-kind counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KeyKind {
+pub(crate) enum KeyKind {
     Rule,
-    Host,
     Secret,
 }
 
 impl LimitKey {
-    pub fn kind(&self) -> KeyKind {
+    pub(crate) fn kind(&self) -> KeyKind {
         match self {
             LimitKey::Rule(_) => KeyKind::Rule,
-            LimitKey::Host(_) => KeyKind::Host,
             LimitKey::Secret(_) => KeyKind::Secret,
         }
     }
@@ -77,7 +74,6 @@ impl fmt::Display for LimitKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LimitKey::Rule(id) => write!(f, "rule:{id}"),
-            LimitKey::Host(h) => write!(f, "host:{h}"),
             LimitKey::Secret(s) => write!(f, "secret:{s}"),
         }
     }
@@ -90,14 +86,14 @@ impl fmt::Display for LimitKey {
 /// (`burst == 0`, or an exhausted `requests == 0` quota).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("rate limit exceeded for {key}; retry after {retry_after:?}")]
-pub struct Limited {
+pub(crate) struct Limited {
     pub key: LimitKey,
     pub retry_after: Duration,
 }
 
 impl Limited {
     /// Whole seconds for a `Retry-After` header: rounded up, at least 1, saturating.
-    pub fn retry_after_secs(&self) -> u64 {
+    pub(crate) fn retry_after_secs(&self) -> u64 {
         let d = self.retry_after;
         let up = u64::from(d.subsec_nanos() > 0);
         d.as_secs().saturating_add(up).max(1)
@@ -107,7 +103,7 @@ impl Limited {
 /// The host already has `max` requests in flight.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("host {host} already has {max} requests in flight")]
-pub struct AtCapacity {
+pub(crate) struct AtCapacity {
     pub host: String,
     pub max: u32,
 }

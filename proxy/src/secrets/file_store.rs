@@ -18,14 +18,14 @@ use super::value::{SecretName, SecretValue, MAX_VALUE_LEN};
 
 const SUFFIX: &str = ".secret";
 
-pub struct FileStore {
+pub(crate) struct FileStore {
     dir: PathBuf,
     uid: u32,
 }
 
 impl FileStore {
     /// Opens the vault at `dir`, creating it (0700) if missing.
-    pub fn open(dir: &Path) -> Result<FileStore, StoreError> {
+    pub(crate) fn open(dir: &Path) -> Result<FileStore, StoreError> {
         let uid = nix::unistd::geteuid().as_raw();
         match fs::symlink_metadata(dir) {
             Ok(_) => {}
@@ -59,7 +59,7 @@ impl FileStore {
 
     /// The names in a vault directory, read-only and without checks (for `policy lint`,
     /// which may run as a user who cannot open the vault at all).
-    pub fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
+    pub(crate) fn names_in(dir: &Path) -> std::io::Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in fs::read_dir(dir)? {
             let file = entry?.file_name();

@@ -13,7 +13,7 @@ use crate::policy::{InjectTarget, SecretBindings, TemplatePart};
 
 /// Sets `headers` and returns the new query (`None`: unchanged). The scan checked that every
 /// secret named here exists in `set`; one missing now is skipped rather than half-injected.
-pub fn apply(
+pub(crate) fn apply(
     set: &SecretSet,
     bindings: &SecretBindings,
     headers: &mut HeaderMap,

@@ -17,7 +17,7 @@ use super::store::{SecretStore, StoreError, StoreResult, StoredSecret};
 use super::value::{SecretName, SecretValue};
 
 /// The keychain `KeychainStore::open` uses.
-pub const SYSTEM_KEYCHAIN: &str = "/Library/Keychains/System.keychain";
+pub(crate) const SYSTEM_KEYCHAIN: &str = "/Library/Keychains/System.keychain";
 
 // OSStatus codes (Security/SecBase.h).
 const ERR_SEC_WR_PERM: i32 = -61;
@@ -32,19 +32,19 @@ const ERR_SEC_INTERACTION_NOT_ALLOWED: i32 = -25308;
 const ATTR_ACCOUNT: &str = "acct";
 const ATTR_MODIFIED: &str = "mdat";
 
-pub struct KeychainStore {
+pub(crate) struct KeychainStore {
     service: String,
     keychain_path: PathBuf,
 }
 
 impl KeychainStore {
     /// The System keychain, items of generic-password service `service`.
-    pub fn open(service: &str) -> Result<KeychainStore, StoreError> {
+    pub(crate) fn open(service: &str) -> Result<KeychainStore, StoreError> {
         KeychainStore::open_at(Path::new(SYSTEM_KEYCHAIN), service)
     }
 
     /// Another keychain file (tests, or an operator's dedicated keychain).
-    pub fn open_at(path: &Path, service: &str) -> Result<KeychainStore, StoreError> {
+    pub(crate) fn open_at(path: &Path, service: &str) -> Result<KeychainStore, StoreError> {
         // Opening a keychain succeeds even when the file is missing; fail here instead of
         // on the first lookup.
         std::fs::metadata(path).map_err(StoreError::io(path))?;

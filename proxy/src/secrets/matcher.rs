@@ -10,7 +10,7 @@ use super::value::{SecretName, SecretValue};
 
 /// What a match is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HitKind {
+pub(crate) enum HitKind {
     /// The real value (or an encoding of it).
     Value,
     /// The secret's placeholder.
@@ -19,12 +19,12 @@ pub enum HitKind {
 
 /// A match: which secret (an index into the set it was built from) and what form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tag {
+pub(crate) struct Tag {
     pub secret: usize,
     pub kind: HitKind,
 }
 
-pub struct Matcher {
+pub(crate) struct Matcher {
     ac: AhoCorasick,
     /// Pattern id → tag.
     tags: Vec<Tag>,
@@ -39,7 +39,7 @@ pub struct Matcher {
 impl Matcher {
     /// `secrets` in the order their indices refer to. `Ok(None)` when there is nothing to
     /// match; an error (never a silently disabled guard) if the automaton cannot be built.
-    pub fn build(secrets: &[(SecretName, &SecretValue)]) -> Result<Option<Matcher>, String> {
+    pub(crate) fn build(secrets: &[(SecretName, &SecretValue)]) -> Result<Option<Matcher>, String> {
         let mut patterns: Vec<Zeroizing<Vec<u8>>> = Vec::new();
         let mut tags = Vec::new();
         for (i, (name, value)) in secrets.iter().enumerate() {
@@ -92,7 +92,7 @@ impl Matcher {
     }
 
     /// Non-overlapping matches in a complete haystack, leftmost-longest.
-    pub fn find_iter<'a>(
+    pub(crate) fn find_iter<'a>(
         &'a self,
         haystack: &'a [u8],
     ) -> impl Iterator<Item = (Tag, std::ops::Range<usize>)> + 'a {
@@ -101,12 +101,12 @@ impl Matcher {
             .map(|m| (self.tags[m.pattern().as_usize()], m.range()))
     }
 
-    pub fn max_len(&self) -> usize {
+    pub(crate) fn max_len(&self) -> usize {
         self.max_len
     }
 
     /// Whether `tail` is a proper prefix of some pattern (more bytes could complete a match).
-    pub fn is_proper_prefix(&self, tail: &[u8]) -> bool {
+    pub(crate) fn is_proper_prefix(&self, tail: &[u8]) -> bool {
         if tail.is_empty() || !self.first[usize::from(tail[0])] {
             return false;
         }

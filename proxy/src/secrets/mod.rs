@@ -6,31 +6,30 @@
 //! * `matcher`, `stream`: one automaton over every value and placeholder, applied to whole
 //!   texts and across body chunks.
 
-pub mod file_store;
-pub mod inject;
+pub(crate) mod file_store;
+pub(crate) mod inject;
 #[cfg(target_os = "macos")]
-pub mod keychain;
-pub mod matcher;
-pub mod phase;
-pub mod placeholder;
-pub mod redact;
-pub mod scan;
-pub mod scan_body;
-pub mod set;
-pub mod store;
-pub mod stream;
-pub mod value;
-pub mod vault;
+pub(crate) mod keychain;
+pub(crate) mod matcher;
+pub(crate) mod phase;
+pub(crate) mod placeholder;
+pub(crate) mod redact;
+pub(crate) mod scan;
+pub(crate) mod scan_body;
+pub(crate) mod set;
+pub(crate) mod store;
+pub(crate) mod stream;
+pub(crate) mod value;
+pub(crate) mod vault;
 
-pub use file_store::FileStore;
-pub use scan::{SecretRefusal, Violation};
-pub use set::SecretSet;
-pub use store::{SecretStore, StoreError, StoredSecret};
-pub use value::{SecretName, SecretValue};
-pub use vault::{SecretStatus, Vault};
+pub(crate) use file_store::FileStore;
+pub(crate) use scan::{SecretRefusal, Violation};
+pub(crate) use store::{SecretStore, StoreError};
+pub(crate) use value::{SecretName, SecretValue};
+pub(crate) use vault::Vault;
 
 /// The store the configuration names.
-pub fn open_store(
+pub(crate) fn open_store(
     cfg: &crate::config::Config,
 ) -> Result<std::sync::Arc<dyn SecretStore>, StoreError> {
     use crate::config::SecretStoreKind;

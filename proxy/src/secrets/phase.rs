@@ -20,7 +20,7 @@ const PREFETCH_BYTES: usize = 64 * 1024;
 const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What the head check looks at.
-pub struct Head<'a> {
+pub(crate) struct Head<'a> {
     pub method: &'a str,
     pub host: &'a str,
     pub headers: &'a http::HeaderMap,
@@ -32,7 +32,7 @@ pub struct Head<'a> {
     pub upgrade: bool,
 }
 
-pub struct SecretPhase {
+pub(crate) struct SecretPhase {
     set: Arc<SecretSet>,
     bindings: Option<Arc<SecretBindings>>,
     /// Bound secrets the request carries upstream (injected or swapped), sorted.
@@ -44,7 +44,7 @@ pub struct SecretPhase {
 impl SecretPhase {
     /// Checks the request head; `Ok(None)` when there is nothing to guard (no secrets held,
     /// none bound), which keeps the data path free of any secret work.
-    pub fn inspect(
+    pub(crate) fn inspect(
         vault: &Vault,
         bindings: Option<Arc<SecretBindings>>,
         head: &Head<'_>,
@@ -97,7 +97,7 @@ impl SecretPhase {
 
     /// Injects (headers, query) and puts the leak guard on the body. Returns the request and
     /// the query to send (`None`: unchanged).
-    pub async fn apply(
+    pub(crate) async fn apply(
         &self,
         req: Request<ProxyBody>,
         scan_body_bytes: usize,
@@ -134,7 +134,7 @@ impl SecretPhase {
 
     /// Redacts what the upstream sent back; a compressed body (which cannot be searched) is
     /// refused with the reason.
-    pub fn response(
+    pub(crate) fn response(
         &self,
         resp: Response<ProxyBody>,
         head_only: bool,
@@ -170,12 +170,7 @@ impl SecretPhase {
     }
 
     /// Why the body guard refused the request body, if it did.
-    pub fn body_refusal(&self) -> Option<&SecretRefusal> {
+    pub(crate) fn body_refusal(&self) -> Option<&SecretRefusal> {
         self.body_verdict.get()
-    }
-
-    /// Text derived from the request, safe to log or show.
-    pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
-        self.set.redact(text)
     }
 }

@@ -4,22 +4,22 @@
 
 use super::value::{is_name_byte, SecretName};
 
-pub const PREFIX: &str = "agenshield:secret:";
+pub(crate) const PREFIX: &str = "agenshield:secret:";
 
-pub fn placeholder(name: &SecretName) -> String {
+pub(crate) fn placeholder(name: &SecretName) -> String {
     format!("{PREFIX}{name}")
 }
 
 /// A placeholder found in a complete text: where, and the name it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     pub range: std::ops::Range<usize>,
     /// As written; not necessarily a valid or known name.
     pub name: String,
 }
 
 /// Every placeholder in `text`, any name (a name runs while bytes are name bytes).
-pub fn find_all(text: &[u8]) -> Vec<Found> {
+pub(crate) fn find_all(text: &[u8]) -> Vec<Found> {
     let finder = memchr::memmem::Finder::new(PREFIX);
     let mut out = Vec::new();
     let mut at = 0;

@@ -16,7 +16,7 @@ use super::stream::{ChunkScanner, Piece};
 use crate::body::{BodyError, ProxyBody};
 
 /// Replaces secret values in every header value; returns how many values changed.
-pub fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize {
+pub(crate) fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize {
     let mut changed = 0;
     for value in headers.values_mut() {
         if let Some(r) = set.redact_bytes(value.as_bytes()) {
@@ -29,7 +29,7 @@ pub fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize {
     changed
 }
 
-pub struct RedactedBody {
+pub(crate) struct RedactedBody {
     inner: ProxyBody,
     set: Arc<SecretSet>,
     scanner: ChunkScanner,
@@ -40,7 +40,7 @@ pub struct RedactedBody {
 }
 
 impl RedactedBody {
-    pub fn new(inner: ProxyBody, set: Arc<SecretSet>) -> RedactedBody {
+    pub(crate) fn new(inner: ProxyBody, set: Arc<SecretSet>) -> RedactedBody {
         RedactedBody {
             inner,
             set,

@@ -14,7 +14,7 @@ use super::set::SecretSet;
 use crate::policy::{SecretBindings, TemplatePart};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Violation {
+pub(crate) enum Violation {
     /// A placeholder headed somewhere its secret is not bound.
     Scope,
     /// A real secret value headed somewhere it is not bound.
@@ -28,7 +28,7 @@ pub enum Violation {
 
 /// Why a request was refused. Names the secret and the place, never the value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretRefusal {
+pub(crate) struct SecretRefusal {
     pub violation: Violation,
     pub secret: String,
     /// `header authorization`, `URL`, `host`, `body`.
@@ -36,7 +36,7 @@ pub struct SecretRefusal {
 }
 
 impl SecretRefusal {
-    pub fn message(&self, rule: Option<&str>) -> String {
+    pub(crate) fn message(&self, rule: Option<&str>) -> String {
         let rule = match rule {
             Some(id) => format!("rule {id}"),
             None => "the policy default".to_string(),
@@ -65,12 +65,12 @@ impl SecretRefusal {
 /// What the head showed: the bound secrets this request uses (placeholders to swap in
 /// headers, and every secret the rule injects), sorted.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HeadScan {
+pub(crate) struct HeadScan {
     pub used: Vec<Arc<str>>,
 }
 
 /// Checks method, host, headers and URL (`path_and_query` as received).
-pub fn inspect_head(
+pub(crate) fn inspect_head(
     set: &SecretSet,
     bindings: Option<&SecretBindings>,
     method: &str,
@@ -110,7 +110,7 @@ pub fn inspect_head(
 }
 
 /// The decoded `user:password` of `Authorization: Basic …`, if that is what `value` is.
-pub fn basic_credentials(name: &http::HeaderName, value: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn basic_credentials(name: &http::HeaderName, value: &[u8]) -> Option<Vec<u8>> {
     if name != http::header::AUTHORIZATION {
         return None;
     }

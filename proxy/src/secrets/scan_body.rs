@@ -22,9 +22,9 @@ use crate::policy::SecretBindings;
 /// upstream connection reports only that the stream was reset.
 #[derive(Debug, thiserror::Error)]
 #[error("request body refused by the leak guard (secret {})", .0.secret)]
-pub struct BodyRefused(pub SecretRefusal);
+pub(crate) struct BodyRefused(pub SecretRefusal);
 
-pub struct ScannedBody {
+pub(crate) struct ScannedBody {
     inner: ProxyBody,
     set: Arc<SecretSet>,
     bindings: Option<Arc<SecretBindings>>,
@@ -40,7 +40,7 @@ pub struct ScannedBody {
 
 impl ScannedBody {
     /// A refusal is also written to `verdict`, for whoever sees the request fail.
-    pub fn new(
+    pub(crate) fn new(
         inner: ProxyBody,
         set: Arc<SecretSet>,
         bindings: Option<Arc<SecretBindings>>,
@@ -64,7 +64,7 @@ impl ScannedBody {
     /// before anything is sent, waiting at most `wait`: a typical API body that carries a
     /// secret is refused before the upstream sees even the request head. Bounded, so a
     /// client that waits for the response before sending its body still goes on.
-    pub async fn prefetch(
+    pub(crate) async fn prefetch(
         &mut self,
         max: usize,
         wait: std::time::Duration,

@@ -8,7 +8,7 @@ use super::matcher::{HitKind, Matcher};
 use super::placeholder::placeholder;
 use super::value::{SecretName, SecretValue};
 
-pub struct Secret {
+pub(crate) struct Secret {
     pub name: SecretName,
     pub value: Arc<SecretValue>,
     /// `agenshield:secret:NAME`.
@@ -16,7 +16,7 @@ pub struct Secret {
 }
 
 #[derive(Default)]
-pub struct SecretSet {
+pub(crate) struct SecretSet {
     /// Sorted by name.
     secrets: Vec<Secret>,
     matcher: Option<Matcher>,
@@ -24,7 +24,9 @@ pub struct SecretSet {
 
 impl SecretSet {
     /// Fails only if the automaton cannot be built; the caller keeps the set it had.
-    pub fn new(mut entries: Vec<(SecretName, Arc<SecretValue>)>) -> Result<SecretSet, String> {
+    pub(crate) fn new(
+        mut entries: Vec<(SecretName, Arc<SecretValue>)>,
+    ) -> Result<SecretSet, String> {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
         let refs: Vec<(SecretName, &SecretValue)> =
@@ -42,14 +44,18 @@ impl SecretSet {
     }
 
     /// This set with `name` set to `value` (added or replaced).
-    pub fn with(&self, name: &SecretName, value: Arc<SecretValue>) -> Result<SecretSet, String> {
+    pub(crate) fn with(
+        &self,
+        name: &SecretName,
+        value: Arc<SecretValue>,
+    ) -> Result<SecretSet, String> {
         let mut entries = self.entries_but(name);
         entries.push((name.clone(), value));
         SecretSet::new(entries)
     }
 
     /// This set without `name`.
-    pub fn without(&self, name: &SecretName) -> Result<SecretSet, String> {
+    pub(crate) fn without(&self, name: &SecretName) -> Result<SecretSet, String> {
         SecretSet::new(self.entries_but(name))
     }
 
@@ -61,15 +67,15 @@ impl SecretSet {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.secrets.is_empty()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.secrets.len()
     }
 
-    pub fn get(&self, name: &str) -> Option<&Secret> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Secret> {
         self.secrets
             .binary_search_by(|s| s.name.as_str().cmp(name))
             .ok()
@@ -77,20 +83,20 @@ impl SecretSet {
     }
 
     /// The secret a matcher tag refers to.
-    pub fn at(&self, index: usize) -> &Secret {
+    pub(crate) fn at(&self, index: usize) -> &Secret {
         &self.secrets[index]
     }
 
-    pub fn matcher(&self) -> Option<&Matcher> {
+    pub(crate) fn matcher(&self) -> Option<&Matcher> {
         self.matcher.as_ref()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Secret> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Secret> {
         self.secrets.iter()
     }
 
     /// `bytes` with every secret value replaced by its placeholder; `None` if it has none.
-    pub fn redact_bytes(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn redact_bytes(&self, bytes: &[u8]) -> Option<Vec<u8>> {
         let m = self.matcher.as_ref()?;
         let mut out: Option<Vec<u8>> = None;
         let mut pos = 0;
@@ -112,7 +118,7 @@ impl SecretSet {
     /// from a request that is about to be logged, recorded or shown.
     /// Text the agent percent-encoded in its own way (`%73k-…`, which no fixed encoded form
     /// matches) is shown decoded when its decoded form holds a value, so it can be redacted.
-    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+    pub(crate) fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         if text.contains('%') {
             let decoded = percent_encoding::percent_decode_str(text).collect::<Vec<u8>>();
             if let Some(b) = self.redact_bytes(&decoded) {

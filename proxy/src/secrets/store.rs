@@ -12,17 +12,17 @@ use futures_util::future::BoxFuture;
 
 use super::value::{SecretName, SecretValue};
 
-pub type StoreResult<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+pub(crate) type StoreResult<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
 /// A stored secret, without its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredSecret {
+pub(crate) struct StoredSecret {
     pub name: SecretName,
     /// When the value was last written (RFC 3339), if the backend knows.
     pub updated: Option<String>,
 }
 
-pub trait SecretStore: Send + Sync {
+pub(crate) trait SecretStore: Send + Sync {
     /// One line for logs and `ctl status`: the backend and where it keeps values.
     fn describe(&self) -> String;
 
@@ -40,7 +40,7 @@ pub trait SecretStore: Send + Sync {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -14,7 +14,7 @@ use super::matcher::{Matcher, Tag};
 
 /// A piece of the stream, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     /// Bytes that are no part of any match.
     Plain(Bytes),
     /// A match and the bytes it covers.
@@ -22,13 +22,13 @@ pub enum Piece {
 }
 
 #[derive(Default)]
-pub struct ChunkScanner {
+pub(crate) struct ChunkScanner {
     carry: BytesMut,
 }
 
 impl ChunkScanner {
     /// Scans `chunk` after whatever was held back; returns what can be released.
-    pub fn push(&mut self, m: &Matcher, chunk: Bytes) -> Vec<Piece> {
+    pub(crate) fn push(&mut self, m: &Matcher, chunk: Bytes) -> Vec<Piece> {
         let buf = if self.carry.is_empty() {
             chunk
         } else {
@@ -44,7 +44,7 @@ impl ChunkScanner {
     }
 
     /// The end of the stream: everything held back is decided and released.
-    pub fn finish(&mut self, m: &Matcher) -> Vec<Piece> {
+    pub(crate) fn finish(&mut self, m: &Matcher) -> Vec<Piece> {
         let buf = self.carry.split().freeze();
         let mut out = Vec::new();
         scan(m, &buf, true, &mut out);
@@ -52,7 +52,8 @@ impl ChunkScanner {
     }
 
     /// Bytes held back, waiting for the next chunk.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
         self.carry.len()
     }
 }

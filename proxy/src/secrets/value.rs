@@ -7,19 +7,19 @@ use std::sync::Arc;
 use zeroize::Zeroizing;
 
 /// Shortest value accepted: shorter ones would make the leak guard match ordinary text.
-pub const MIN_VALUE_LEN: usize = 8;
+pub(crate) const MIN_VALUE_LEN: usize = 8;
 /// Longest value accepted (it must fit in a request header).
-pub const MAX_VALUE_LEN: usize = 8 * 1024;
+pub(crate) const MAX_VALUE_LEN: usize = 8 * 1024;
 /// Longest name.
-pub const MAX_NAME_LEN: usize = 64;
+pub(crate) const MAX_NAME_LEN: usize = 64;
 
 /// A secret's name: 1..=64 of `A-Z a-z 0-9 _ -`, starting with a letter or digit. Names are
 /// not secret: they appear in policy, placeholders, logs and `ctl secrets list`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SecretName(Arc<str>);
+pub(crate) struct SecretName(Arc<str>);
 
 impl SecretName {
-    pub fn new(name: &str) -> Result<SecretName, String> {
+    pub(crate) fn new(name: &str) -> Result<SecretName, String> {
         if is_valid_name(name) {
             Ok(SecretName(Arc::from(name)))
         } else {
@@ -30,11 +30,11 @@ impl SecretName {
         }
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
-    pub fn shared(&self) -> Arc<str> {
+    pub(crate) fn shared(&self) -> Arc<str> {
         self.0.clone()
     }
 }
@@ -46,11 +46,11 @@ impl fmt::Display for SecretName {
 }
 
 /// Whether `b` may appear in a secret name (and so continues a placeholder).
-pub fn is_name_byte(b: u8) -> bool {
+pub(crate) fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
-pub fn is_valid_name(name: &str) -> bool {
+pub(crate) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name.as_bytes()[0].is_ascii_alphanumeric()
@@ -58,13 +58,13 @@ pub fn is_valid_name(name: &str) -> bool {
 }
 
 /// A secret value. Not `Clone`: share it behind an `Arc`, so there is one copy to zeroize.
-pub struct SecretValue(Zeroizing<Vec<u8>>);
+pub(crate) struct SecretValue(Zeroizing<Vec<u8>>);
 
 impl SecretValue {
     /// Checks that `bytes` can be injected into a header and is long enough to be recognised
     /// reliably: printable ASCII (space allowed inside), no leading or trailing space,
     /// `MIN_VALUE_LEN..=MAX_VALUE_LEN` bytes. The error never quotes the value.
-    pub fn new(bytes: Vec<u8>) -> Result<SecretValue, String> {
+    pub(crate) fn new(bytes: Vec<u8>) -> Result<SecretValue, String> {
         let bytes = Zeroizing::new(bytes);
         let len = bytes.len();
         if len < MIN_VALUE_LEN {
@@ -92,16 +92,8 @@ impl SecretValue {
     }
 
     /// The bytes, for injection and matching only. Never format or log them.
-    pub fn expose(&self) -> &[u8] {
+    pub(crate) fn expose(&self) -> &[u8] {
         &self.0
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 

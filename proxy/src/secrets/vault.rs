@@ -14,7 +14,7 @@ use super::value::{SecretName, SecretValue};
 
 /// One secret as `ctl secrets list` shows it. Never a value.
 #[derive(Debug, Clone, Serialize)]
-pub struct SecretStatus {
+pub(crate) struct SecretStatus {
     pub name: String,
     pub placeholder: String,
     pub updated: Option<String>,
@@ -29,7 +29,7 @@ struct Usage {
     uses: u64,
 }
 
-pub struct Vault {
+pub(crate) struct Vault {
     store: Arc<dyn SecretStore>,
     set: ArcSwap<SecretSet>,
     updated: Mutex<HashMap<String, Option<String>>>,
@@ -41,7 +41,7 @@ pub struct Vault {
 impl Vault {
     /// Loads every secret. A value the store holds but cannot vouch for (bad mode, invalid
     /// bytes) fails the whole load: better not to start than to run without a secret.
-    pub async fn open(store: Arc<dyn SecretStore>) -> Result<Vault, StoreError> {
+    pub(crate) async fn open(store: Arc<dyn SecretStore>) -> Result<Vault, StoreError> {
         let vault = Vault {
             store,
             set: ArcSwap::from_pointee(SecretSet::default()),
@@ -54,7 +54,7 @@ impl Vault {
     }
 
     /// Re-reads the store and swaps the set in.
-    pub async fn reload(&self) -> Result<usize, StoreError> {
+    pub(crate) async fn reload(&self) -> Result<usize, StoreError> {
         let listed = self.store.list().await?;
         let mut entries = Vec::with_capacity(listed.len());
         let mut updated = HashMap::new();
@@ -73,23 +73,27 @@ impl Vault {
         Ok(n)
     }
 
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         self.store.describe()
     }
 
     /// The secrets in force now; a request keeps the set it started with.
-    pub fn current(&self) -> Arc<SecretSet> {
+    pub(crate) fn current(&self) -> Arc<SecretSet> {
         self.set.load_full()
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.set.load().get(name).is_some()
     }
 
     /// Creates or replaces a secret: durable in the store, then in force. Only this entry of
     /// the set in force changes (the others are not read again), so what was stored is what
     /// is used, even if another entry of the store has become unreadable.
-    pub async fn put(&self, name: &SecretName, value: SecretValue) -> Result<(), StoreError> {
+    pub(crate) async fn put(
+        &self,
+        name: &SecretName,
+        value: SecretValue,
+    ) -> Result<(), StoreError> {
         let _one = self.writes.lock().await;
         // Built first: a set that cannot be built leaves store and memory as they were.
         let next = self
@@ -109,7 +113,7 @@ impl Vault {
     }
 
     /// Removes a secret; `false` if there was none.
-    pub async fn remove(&self, name: &SecretName) -> Result<bool, StoreError> {
+    pub(crate) async fn remove(&self, name: &SecretName) -> Result<bool, StoreError> {
         let _one = self.writes.lock().await;
         let next = self.current().without(name).map_err(StoreError::Backend)?;
         let removed = self.store.remove(name).await?;
@@ -124,7 +128,7 @@ impl Vault {
     }
 
     /// Notes that a request carried these secrets upstream.
-    pub fn record_use(&self, names: &[Arc<str>]) {
+    pub(crate) fn record_use(&self, names: &[Arc<str>]) {
         if names.is_empty() {
             return;
         }
@@ -138,7 +142,7 @@ impl Vault {
         }
     }
 
-    pub fn list(&self) -> Vec<SecretStatus> {
+    pub(crate) fn list(&self) -> Vec<SecretStatus> {
         let set = self.current();
         let updated = self.updated.lock().map(|u| u.clone()).unwrap_or_default();
         let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();

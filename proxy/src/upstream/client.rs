@@ -20,7 +20,7 @@ type Upstream = Client<HttpsConnector<DialConnector>, ProxyBody>;
 const STREAM_WINDOW: u32 = 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
 
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     /// h2 or http/1.1, whichever the upstream's ALPN picks.
     any: Upstream,
     /// http/1.1 only: protocol upgrades (WebSocket) need it end to end.
@@ -31,7 +31,7 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(
+    pub(crate) fn new(
         dialer: Arc<Dialer>,
         tls: rustls::ClientConfig,
         limits: &Limits,
@@ -69,7 +69,7 @@ impl Forwarder {
     }
 
     /// Sends `req` to `target` with `path_and_query` as its request target.
-    pub async fn forward(
+    pub(crate) async fn forward(
         &self,
         target: &Target,
         path_and_query: &str,

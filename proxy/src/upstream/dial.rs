@@ -15,7 +15,7 @@ use crate::upstream::guard::{AddressGuard, Forbidden};
 use crate::upstream::resolve::{ResolveError, Resolver};
 
 #[derive(Debug, thiserror::Error)]
-pub enum DialError {
+pub(crate) enum DialError {
     #[error(transparent)]
     Resolve(#[from] ResolveError),
     #[error("{host} resolves to {addr}, a {reason}; not allowed (see upstream.allow_private)")]
@@ -41,7 +41,7 @@ pub enum DialError {
     NoHost(String),
 }
 
-pub struct Dialer {
+pub(crate) struct Dialer {
     resolver: Resolver,
     guard: AddressGuard,
     connect_timeout: Duration,
@@ -50,7 +50,7 @@ pub struct Dialer {
 
 impl Dialer {
     /// `connect_time` observes each successful dial (resolution included), in seconds.
-    pub fn new(
+    pub(crate) fn new(
         resolver: Resolver,
         guard: AddressGuard,
         connect_timeout: Duration,
@@ -65,7 +65,11 @@ impl Dialer {
     }
 
     /// Connects to `host:port`, trying each permitted address in resolver order.
-    pub async fn dial(&self, host: &str, port: u16) -> Result<(TcpStream, SocketAddr), DialError> {
+    pub(crate) async fn dial(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
         let started = std::time::Instant::now();
         let dialed = self.dial_untimed(host, port).await;
         if dialed.is_ok() {
@@ -127,7 +131,7 @@ impl Dialer {
 
 /// The dialer as a hyper-util connector, so the pooled client connects only through it.
 #[derive(Clone)]
-pub struct DialConnector(pub Arc<Dialer>);
+pub(crate) struct DialConnector(pub Arc<Dialer>);
 
 impl tower_service::Service<http::Uri> for DialConnector {
     type Response = TokioIo<TcpStream>;

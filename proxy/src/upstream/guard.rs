@@ -7,7 +7,7 @@ use ipnet::IpNet;
 
 /// Why an address is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Forbidden {
+pub(crate) enum Forbidden {
     /// Loopback, private, link-local (incl. metadata), CGNAT, multicast, reserved...
     NonPublic(&'static str),
     /// One of the proxy's own listeners: forwarding there would loop.
@@ -24,13 +24,13 @@ impl std::fmt::Display for Forbidden {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct AddressGuard {
+pub(crate) struct AddressGuard {
     allow: Vec<IpNet>,
     own: Vec<SocketAddr>,
 }
 
 impl AddressGuard {
-    pub fn new(allow: Vec<IpNet>, own_listeners: Vec<SocketAddr>) -> AddressGuard {
+    pub(crate) fn new(allow: Vec<IpNet>, own_listeners: Vec<SocketAddr>) -> AddressGuard {
         AddressGuard {
             allow,
             own: own_listeners,
@@ -38,7 +38,7 @@ impl AddressGuard {
     }
 
     /// `Ok` when the proxy may connect to `addr`.
-    pub fn check(&self, addr: SocketAddr) -> Result<(), Forbidden> {
+    pub(crate) fn check(&self, addr: SocketAddr) -> Result<(), Forbidden> {
         let ip = canonical(addr.ip());
         if self.own.iter().any(|l| {
             l.port() == addr.port()

@@ -2,9 +2,9 @@
 //! guard), `dial` (connect to exactly an address that passed), `trust` (verified rustls),
 //! `client` (the pooled hyper clients that forward requests) and `relay` (tunnels).
 
-pub mod client;
-pub mod dial;
-pub mod guard;
-pub mod relay;
-pub mod resolve;
-pub mod trust;
+pub(crate) mod client;
+pub(crate) mod dial;
+pub(crate) mod guard;
+pub(crate) mod relay;
+pub(crate) mod resolve;
+pub(crate) mod trust;

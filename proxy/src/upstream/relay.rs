@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 /// Copies both ways until either side closes, or nothing moves for `idle`.
-pub async fn relay<A, B>(a: A, b: B, idle: Duration) -> io::Result<(u64, u64)>
+pub(crate) async fn relay<A, B>(a: A, b: B, idle: Duration) -> io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,

@@ -14,7 +14,7 @@ use hickory_resolver::TokioResolver;
 use crate::config::{parse_nameserver, ResolverConfig as Settings};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ResolveError {
+pub(crate) enum ResolveError {
     #[error("{host}: no such host")]
     NotFound { host: String },
     #[error("{host}: DNS lookup failed: {reason}")]
@@ -23,13 +23,13 @@ pub enum ResolveError {
     Setup(String),
 }
 
-pub struct Resolver {
+pub(crate) struct Resolver {
     hosts: HashMap<String, Vec<IpAddr>>,
     dns: TokioResolver,
 }
 
 impl Resolver {
-    pub fn new(settings: &Settings) -> Result<Resolver, ResolveError> {
+    pub(crate) fn new(settings: &Settings) -> Result<Resolver, ResolveError> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if settings.nameservers.is_empty() {
             TokioResolver::builder(provider).map_err(|e| {
@@ -64,7 +64,7 @@ impl Resolver {
     }
 
     /// Addresses for `host` (a name or an IP literal, IPv6 with or without brackets).
-    pub async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
+    pub(crate) async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, ResolveError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(vec![ip]);

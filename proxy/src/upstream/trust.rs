@@ -10,12 +10,12 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
 /// The one crypto provider, on both sides of the proxy.
-pub fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TrustError {
+pub(crate) enum TrustError {
     #[error("extra CA file {path}: {reason}")]
     ExtraCa { path: String, reason: String },
     #[error("no trusted roots: the system store is empty and upstream.extra_ca is not set")]
@@ -25,14 +25,14 @@ pub enum TrustError {
 }
 
 /// What the upstream side trusts: the system roots plus the operator's extra CA files.
-pub struct UpstreamTrust {
+pub(crate) struct UpstreamTrust {
     pub roots: RootCertStore,
     pub system_roots: usize,
     pub extra_roots: usize,
 }
 
 impl UpstreamTrust {
-    pub fn load(extra_ca: &[impl AsRef<Path>]) -> Result<UpstreamTrust, TrustError> {
+    pub(crate) fn load(extra_ca: &[impl AsRef<Path>]) -> Result<UpstreamTrust, TrustError> {
         let mut roots = RootCertStore::empty();
         let native = rustls_native_certs::load_native_certs();
         for err in &native.errors {
@@ -72,7 +72,7 @@ impl UpstreamTrust {
 
     /// Client config verifying every upstream against these roots. ALPN is set by the
     /// connector, independently of what the agent negotiated with us.
-    pub fn client_config(&self) -> Result<ClientConfig, TrustError> {
+    pub(crate) fn client_config(&self) -> Result<ClientConfig, TrustError> {
         Ok(ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_root_certificates(self.roots.clone())

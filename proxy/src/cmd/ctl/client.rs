@@ -108,7 +108,10 @@ impl Client {
 }
 
 /// A JSON answer; a non-2xx answer becomes `Err` with the daemon's message.
-pub async fn read_json(status: StatusCode, body: Incoming) -> Result<serde_json::Value, CtlError> {
+pub(super) async fn read_json(
+    status: StatusCode,
+    body: Incoming,
+) -> Result<serde_json::Value, CtlError> {
     let bytes = body
         .collect()
         .await

@@ -31,7 +31,7 @@ fn duration(secs: u64) -> String {
     }
 }
 
-pub fn status(v: &Value) -> String {
+pub(super) fn status(v: &Value) -> String {
     let p = &v["policy"];
     let c = &v["counts"];
     let fw = &v["firewall"];
@@ -93,7 +93,7 @@ pub fn status(v: &Value) -> String {
     .join("\n")
 }
 
-pub fn stats(v: &Value) -> String {
+pub(super) fn stats(v: &Value) -> String {
     let c = &v["counts"];
     let l = &v["leaf_certificates"];
     [
@@ -119,7 +119,7 @@ pub fn stats(v: &Value) -> String {
     .join("\n")
 }
 
-pub fn policy(v: &Value) -> String {
+pub(super) fn policy(v: &Value) -> String {
     let mut out = vec![
         format!("policy dir    {}", s(&v["dir"])),
         format!("hash          {}", s(&v["hash"])),
@@ -152,7 +152,7 @@ pub fn policy(v: &Value) -> String {
     out.join("\n")
 }
 
-pub fn check(v: &Value) -> String {
+pub(super) fn check(v: &Value) -> String {
     let mut out = vec![
         format!(
             "{} {}://{}:{}{}",
@@ -191,7 +191,7 @@ pub fn check(v: &Value) -> String {
     out.join("\n")
 }
 
-pub fn pending(v: &Value) -> String {
+pub(super) fn pending(v: &Value) -> String {
     let Some(items) = v.as_array().filter(|a| !a.is_empty()) else {
         return "no requests are waiting for approval".into();
     };
@@ -213,7 +213,7 @@ pub fn pending(v: &Value) -> String {
     out.join("\n")
 }
 
-pub fn event(v: &Value) -> String {
+pub(super) fn event(v: &Value) -> String {
     let time = s(&v["time"]);
     format!(
         "{} {:<12} {:>3} {:<6} {}://{}:{}{}  rule={}{}{}",
@@ -237,7 +237,7 @@ pub fn event(v: &Value) -> String {
     )
 }
 
-pub fn secrets(v: &Value) -> String {
+pub(super) fn secrets(v: &Value) -> String {
     let Some(items) = v["secrets"].as_array().filter(|a| !a.is_empty()) else {
         return format!("no secrets in {}", s(&v["store"]));
     };

@@ -13,7 +13,7 @@ use crate::cli::SecretsCommand;
 use crate::secrets::value::MAX_VALUE_LEN;
 use crate::secrets::{SecretName, SecretValue};
 
-pub async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 {
+pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 {
     match cmd {
         SecretsCommand::List => match client.json(Method::GET, "/v1/secrets", None).await {
             Ok(v) => print(&v, json, super::render::secrets),

@@ -17,7 +17,7 @@ pub(super) struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    pub fn push(&mut self, summary: String, detail: String, action: Action, state: State) {
+    pub(super) fn push(&mut self, summary: String, detail: String, action: Action, state: State) {
         self.steps.push(Step {
             summary,
             detail,
@@ -28,7 +28,7 @@ impl Builder<'_> {
         });
     }
 
-    pub fn push_recorded(
+    pub(super) fn push_recorded(
         &mut self,
         summary: String,
         detail: String,
@@ -44,7 +44,7 @@ impl Builder<'_> {
 
     /// Sets mode and owner of something that exists; uninstall restores the old ones unless
     /// install created the thing.
-    pub fn fix_meta(&mut self, what: &str, path: &Path, st: &PathState, m: Meta) {
+    pub(super) fn fix_meta(&mut self, what: &str, path: &Path, st: &PathState, m: Meta) {
         let summary = format!(
             "set mode and owner of {what} (now {:04o} {}:{})",
             st.mode, st.owner, st.group
@@ -73,7 +73,13 @@ impl Builder<'_> {
         }
     }
 
-    pub fn dir(&mut self, what: &str, path: &Path, m: Meta, purge: bool) -> Result<(), PlanError> {
+    pub(super) fn dir(
+        &mut self,
+        what: &str,
+        path: &Path,
+        m: Meta,
+        purge: bool,
+    ) -> Result<(), PlanError> {
         let detail = format!("mkdir {} ({m})", path.display());
         match self.seen.path(path) {
             None => self.push_recorded(
@@ -110,7 +116,14 @@ impl Builder<'_> {
 
     /// A file install writes. `replace`: rewrite it when its content differs; otherwise a
     /// differing file is the operator's and is kept.
-    pub fn file(&mut self, what: &str, path: &Path, m: Meta, content: Content, replace: bool) {
+    pub(super) fn file(
+        &mut self,
+        what: &str,
+        path: &Path,
+        m: Meta,
+        content: Content,
+        replace: bool,
+    ) {
         let (detail, want_sha, current) = match &content {
             Content::Text(t) => (
                 format!("write {} ({m})", path.display()),
@@ -185,7 +198,7 @@ impl Builder<'_> {
         }
     }
 
-    pub fn group(&mut self, name: &str, gid: u32) -> Result<(), PlanError> {
+    pub(super) fn group(&mut self, name: &str, gid: u32) -> Result<(), PlanError> {
         let summary = format!("create group {name} (gid {gid})");
         let commands = match self.layout.platform {
             Platform::Linux => linux::create_group(name, gid),
@@ -222,7 +235,7 @@ impl Builder<'_> {
         Ok(())
     }
 
-    pub fn user(&mut self, a: &Account) -> Result<(), PlanError> {
+    pub(super) fn user(&mut self, a: &Account) -> Result<(), PlanError> {
         let summary = format!(
             "create user {} (uid {}, home {})",
             a.name,
@@ -266,7 +279,7 @@ impl Builder<'_> {
         Ok(())
     }
 
-    pub fn env_block(&mut self, path: &Path) {
+    pub(super) fn env_block(&mut self, path: &Path) {
         let l = self.layout;
         let block = l.env_block();
         let m = meta(0o644, &l.agent.name, &l.agent.name);
@@ -315,7 +328,7 @@ impl Builder<'_> {
 /// Directories other software shares: install may create directories inside them, never take
 /// one of them over (a config naming `/var/log/x.jsonl` as the audit log, say, would otherwise
 /// hand `/var/log` to the worker user).
-pub fn shared_system_dir(path: &Path) -> bool {
+pub(super) fn shared_system_dir(path: &Path) -> bool {
     const SHARED: &[&str] = &[
         "/",
         "/Applications",

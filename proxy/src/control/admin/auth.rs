@@ -3,14 +3,14 @@
 /// Root and the daemon's own uid are always served; members of the admin group too; an
 /// agent uid never, whatever its groups.
 #[derive(Debug, Clone)]
-pub struct AdminAuth {
+pub(crate) struct AdminAuth {
     pub own_uid: u32,
     pub admin_gid: Option<u32>,
     pub agent_uids: Vec<u32>,
 }
 
 impl AdminAuth {
-    pub fn check(&self, uid: u32, gid: u32) -> Result<(), String> {
+    pub(crate) fn check(&self, uid: u32, gid: u32) -> Result<(), String> {
         if self.agent_uids.contains(&uid) {
             return Err(format!("uid {uid} is an agent user"));
         }

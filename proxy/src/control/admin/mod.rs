@@ -15,15 +15,15 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
-pub use auth::AdminAuth;
+pub(crate) use auth::AdminAuth;
 
 use crate::proxy::Proxy;
 
 /// The group whose members may use the admin socket.
-pub const ADMIN_GROUP: &str = "agenshield-admin";
+pub(crate) const ADMIN_GROUP: &str = "agenshield-admin";
 
 /// What `status` reports beyond the proxy's own state.
-pub struct DaemonInfo {
+pub(crate) struct DaemonInfo {
     pub started: Instant,
     pub transparent: Vec<std::net::SocketAddr>,
     pub explicit: std::net::SocketAddr,
@@ -31,7 +31,7 @@ pub struct DaemonInfo {
     pub firewall: Option<crate::daemon::firewall::FirewallView>,
 }
 
-pub struct Admin {
+pub(crate) struct Admin {
     pub proxy: Arc<Proxy>,
     pub info: DaemonInfo,
     auth: AdminAuth,
@@ -39,7 +39,7 @@ pub struct Admin {
 
 /// Binds the socket (replacing a stale one, refusing to displace a live daemon) with mode
 /// 0660 and, when the admin group exists, group ownership by it.
-pub async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+pub(crate) async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -63,7 +63,7 @@ pub async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-pub async fn serve(listener: UnixListener, admin: Arc<Admin>) {
+pub(crate) async fn serve(listener: UnixListener, admin: Arc<Admin>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(c) => c,
@@ -107,7 +107,7 @@ pub async fn serve(listener: UnixListener, admin: Arc<Admin>) {
 }
 
 impl Admin {
-    pub fn new(proxy: Arc<Proxy>, info: DaemonInfo, auth: AdminAuth) -> Admin {
+    pub(crate) fn new(proxy: Arc<Proxy>, info: DaemonInfo, auth: AdminAuth) -> Admin {
         Admin { proxy, info, auth }
     }
 }

@@ -31,11 +31,11 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response<
     json(status, &serde_json::json!({ "error": message.into() }))
 }
 
-pub fn forbidden(why: &str) -> Response<ProxyBody> {
+pub(super) fn forbidden(why: &str) -> Response<ProxyBody> {
     error(StatusCode::FORBIDDEN, format!("permission denied: {why}"))
 }
 
-pub async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<ProxyBody> {
     let path = req.uri().path().to_string();
     let query = parse_query(req.uri().query());
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();

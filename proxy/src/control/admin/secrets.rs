@@ -13,7 +13,7 @@ use crate::body::ProxyBody;
 use crate::secrets::value::MAX_VALUE_LEN;
 use crate::secrets::{SecretName, SecretValue};
 
-pub fn list(admin: &Admin) -> Response<ProxyBody> {
+pub(super) fn list(admin: &Admin) -> Response<ProxyBody> {
     let policy = admin.proxy.policy();
     let secrets: Vec<serde_json::Value> = admin
         .proxy
@@ -35,7 +35,7 @@ pub fn list(admin: &Admin) -> Response<ProxyBody> {
     )
 }
 
-pub async fn set(
+pub(super) async fn set(
     admin: &Admin,
     uid: u32,
     name: &str,
@@ -81,7 +81,7 @@ pub async fn set(
     )
 }
 
-pub async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
+pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),

@@ -17,7 +17,7 @@ use crate::body::{BodyError, ProxyBody};
 use crate::proxy::Proxy;
 
 /// What is known of a request when its response starts; completed when it ends.
-pub struct Finish {
+pub(crate) struct Finish {
     pub proxy: Arc<Proxy>,
     pub entry: RequestEntry,
     pub started: Instant,
@@ -75,7 +75,7 @@ impl Finish {
     /// 204, 304, empty; or all `down` bytes of it already here): the record is written
     /// before the response is returned.
     /// `false`: the audit log could not record it; the response must not go out.
-    pub async fn now(self, down: u64) -> bool {
+    pub(crate) async fn now(self, down: u64) -> bool {
         let (proxy, entry) = self.account(down, false);
         match &proxy.audit {
             Some(audit) => audit.write(Entry::Request(Box::new(entry))).await,
@@ -93,7 +93,7 @@ impl Finish {
 }
 
 /// Decision names as metric label values (`ask-approved` → `ask_approved`).
-pub fn metric_decision(d: &str) -> &'static str {
+pub(crate) fn metric_decision(d: &str) -> &'static str {
     match d {
         "allow" => "allow",
         "deny" => "deny",
@@ -120,7 +120,7 @@ enum Waiting {
 }
 
 /// The response body, counted, with its last frame held until the record is written.
-pub struct FinishedBody {
+pub(crate) struct FinishedBody {
     inner: ProxyBody,
     finish: Option<Finish>,
     down: u64,
@@ -133,7 +133,7 @@ pub struct FinishedBody {
 }
 
 impl FinishedBody {
-    pub fn new(inner: ProxyBody, finish: Finish, expected: Option<u64>) -> FinishedBody {
+    pub(crate) fn new(inner: ProxyBody, finish: Finish, expected: Option<u64>) -> FinishedBody {
         FinishedBody {
             expected,
             inner,

@@ -3,4 +3,4 @@
 
 mod held_body;
 
-pub use held_body::*;
+pub(crate) use held_body::*;
