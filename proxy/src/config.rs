@@ -257,9 +257,15 @@ pub struct ResolverConfig {
 pub struct Limits {
     /// Connections served at once, over all listeners; more wait in the kernel backlog.
     pub max_connections: usize,
-    /// How long a new connection may take to send enough bytes to be classified.
+    /// How long a new connection may take to send enough bytes to be classified, when raw
+    /// TCP to its destination is refused.
     #[serde(with = "humantime_serde")]
     pub first_bytes_timeout: Duration,
+    /// How long a silent client is given when raw TCP to its destination is allowed and an
+    /// HTTP request could be too: then it is taken for a protocol whose server speaks first
+    /// (SMTP, MySQL…) and relayed. (Allowed as raw TCP and never as HTTP: relayed at once.)
+    #[serde(with = "humantime_serde")]
+    pub server_first_wait: Duration,
     #[serde(with = "humantime_serde")]
     pub tls_handshake_timeout: Duration,
     /// How long a client may take to send a request's headers (HTTP/1).
@@ -282,6 +288,7 @@ impl Default for Limits {
         Limits {
             max_connections: 4096,
             first_bytes_timeout: Duration::from_secs(5),
+            server_first_wait: Duration::from_millis(250),
             tls_handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
             max_header_bytes: 64 * 1024,

@@ -41,7 +41,9 @@ fn main() -> ExitCode {
                 // only the listener's address and the CA, so the installed defaults do.
                 Err(e) if args.config.is_none() && unreadable_installed_config() => {
                     eprintln!(
-                        "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e});                          using the installed defaults (explicit listener 127.0.0.1:15080, CA                          in /opt/agenshield/certs)"
+                        "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e}); \
+                         using the installed defaults (explicit listener 127.0.0.1:15080, CA \
+                         in /opt/agenshield/certs)"
                     );
                     Config::installed_defaults()
                 }

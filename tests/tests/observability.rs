@@ -334,7 +334,7 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
         "agenshield_proxy_rate_limited_total{rule=\"limited\"}",
         "host=\"other\"",
         "agenshield_proxy_upstream_errors_total{kind=\"connect\"}",
-        "agenshield_proxy_tls_handshakes_total{result=\"failed\"}",
+        "agenshield_proxy_tls_handshakes_total{result=\"client_rejected_ca\"} 1",
     ] {
         assert!(text.contains(series), "scrape lacks {series}:\n{text}");
     }

@@ -501,9 +501,16 @@ async fn a_silent_client_cannot_turn_an_https_allowance_into_a_raw_tunnel() {
     let _ = s.write_all(&client_hello_bytes("allowed.test")).await;
     assert_closed(&mut s).await;
     assert!(w.up.requests().is_empty());
+    let audit = std::fs::read_to_string(w.daemon.audit_path()).expect("audit log");
+    let refused = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["protocol"] == "tcp" && v["host"] == "allowed.test")
+        .expect("the refusal is recorded");
+    assert_eq!(refused["decision"], "deny", "{refused}");
     assert!(
-        w.daemon.logs().contains("opaque TCP to allowed.test"),
-        "refusal logged"
+        w.daemon.logs().contains("TCP to allowed.test"),
+        "and logged"
     );
 }
 

@@ -339,10 +339,19 @@ async fn agent_raw_tcp_and_udp_are_refused_while_root_is_untouched() {
         lab.udp.recv_from(&mut buf).is_err(),
         "no datagram may arrive"
     );
-    assert!(
-        lab.daemon.logs().contains("opaque TCP"),
-        "the refusal is logged"
-    );
+    // Each refusal is one audit record, naming the agent that tried.
+    let audit = std::fs::read_to_string(lab.daemon.audit_path()).expect("audit log");
+    for port in [2222, 53] {
+        let refused: Vec<serde_json::Value> = audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["protocol"] == "tcp" && v["port"] == port)
+            .collect();
+        assert_eq!(refused.len(), 1, "port {port}: {refused:?}");
+        assert_eq!(refused[0]["decision"], "deny", "{:?}", refused[0]);
+        assert_eq!(refused[0]["kind"], "connection", "{:?}", refused[0]);
+        assert_eq!(refused[0]["agent_uid"], lab.user.uid, "{:?}", refused[0]);
+    }
 
     // Root (the proxy's own uid here) is not redirected: it sees the upstream's own certificate.
     let resolve = format!("allowed.test:443:{a4}");

@@ -9,32 +9,48 @@ use super::verify::{rotation_set, verify};
 use super::writer::encode;
 use super::*;
 use crate::config::AuditConfig;
+use crate::conn::ListenerKind;
+use crate::pipeline::record::{End, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::pipeline::refusal::ErrorCode;
 
-fn request(n: u64, decision: &'static str) -> Entry {
-    Entry::Request(Box::new(RequestEntry {
+/// An intercepted HTTPS request, as the pipeline records it.
+fn request_record(n: u64, decision: Verdict) -> Record {
+    let allowed = decision.is_allowed();
+    Record {
+        kind: RecordKind::Request,
+        protocol: Protocol::Https,
         started: "2026-11-23T10:00:00.000Z".into(),
-        request_id: format!("{n:016x}"),
+        request_id: RequestId::fixed(n),
         conn_id: n,
+        listener: ListenerKind::Transparent,
+        client: "127.0.0.1:50000".parse().expect("addr"),
         agent_uid: Some(1001),
         dst: "203.0.113.7:443".into(),
         sni: Some("api.example.com".into()),
         host: "api.example.com".into(),
         port: 443,
-        scheme: "https",
-        method: "POST".into(),
-        path: shown_path("/v1/chat", Some("model=x&stream"), false),
+        method: Some("POST".into()),
+        path: Some(shown_path("/v1/chat", Some("model=x&stream"), false)),
+        upgrade: None,
         decision,
         rule: Some("openai".into()),
-        policy: "3f2a9c1d0b7e".into(),
-        status: if decision == "allow" { 200 } else { 403 },
+        policy: "sha256:3f2a9c1d0b7e4a51".into(),
+        status: Some(if allowed { 200 } else { 403 }),
+        error_code: (!allowed).then_some(ErrorCode::PolicyDenied),
+        upstream: allowed.then(|| "203.0.113.7:443".parse().expect("addr")),
+        secrets: vec!["openai".into()],
         bytes_up: 512,
         bytes_down: 2048,
         ms: 12.5,
-        upstream: Some("203.0.113.7:443".into()),
-        secrets: vec!["openai".into()],
-        error_code: (decision != "allow").then_some("policy_denied"),
         incomplete: false,
-    }))
+        end: None,
+        reason: None,
+    }
+}
+
+fn request(n: u64, decision: &'static str) -> Entry {
+    let v = Verdict::parse(decision).expect("a verdict");
+    Entry::Record(Box::new(request_record(n, v)))
 }
 
 #[test]
@@ -48,14 +64,90 @@ fn the_record_format_matches_the_golden_file() {
         &request(1, "allow"),
         GENESIS,
     );
+    // A raw TCP connection refused, one allowed and its close, a client that rejected our
+    // CA, an upgrade, and a reload after three dropped records.
+    let tcp = Record {
+        kind: RecordKind::Connection,
+        protocol: Protocol::Tcp,
+        sni: None,
+        host: "198.51.100.9".into(),
+        dst: "198.51.100.9:25".into(),
+        port: 25,
+        method: None,
+        path: None,
+        status: None,
+        secrets: Vec::new(),
+        bytes_up: 0,
+        bytes_down: 0,
+        ms: 0.25,
+        rule: Some("no-smtp".into()),
+        ..request_record(2, Verdict::Deny)
+    };
+    let ssh = Record {
+        request_id: RequestId::fixed(3),
+        conn_id: 3,
+        decision: Verdict::Allow,
+        error_code: None,
+        rule: Some("git-ssh".into()),
+        host: "github.com".into(),
+        dst: "140.82.112.3:22".into(),
+        port: 22,
+        upstream: Some("140.82.112.3:22".parse().expect("addr")),
+        ms: 3.125,
+        ..tcp.clone()
+    };
+    // Milliseconds are kept to the microsecond: 1500.0004 is written 1500.0.
+    let closed = ssh.closed(4096, 65536, 1500.0004, End::Closed);
+    let tls = Record {
+        kind: RecordKind::Connection,
+        protocol: Protocol::Tls,
+        decision: Verdict::Error,
+        error_code: Some(ErrorCode::ClientRejectedCa),
+        rule: None,
+        method: None,
+        path: None,
+        status: None,
+        upstream: None,
+        secrets: Vec::new(),
+        bytes_up: 0,
+        bytes_down: 0,
+        ms: 1.5,
+        ..request_record(5, Verdict::Error)
+    };
+    let ws = Record {
+        method: Some("GET".into()),
+        path: Some("/socket".into()),
+        upgrade: Some("websocket".into()),
+        status: Some(101),
+        secrets: Vec::new(),
+        bytes_up: 0,
+        bytes_down: 0,
+        ..request_record(6, Verdict::Allow)
+    };
+    let ws_closed = ws.closed(12, 34, 250.0, End::IdleTimeout);
+    let mut prev = h1;
+    for (n, r) in [tcp, ssh, closed, tls, ws, ws_closed]
+        .into_iter()
+        .enumerate()
+    {
+        let seq = n as u64 + 2;
+        prev = encode(
+            &mut buf,
+            seq,
+            "2026-11-23T10:00:01.000Z",
+            0,
+            &Entry::Record(Box::new(r)),
+            &prev,
+        );
+    }
     let reload = Entry::Reload(ReloadEntry {
         result: "error",
         trigger: "file change".into(),
-        policy: "3f2a9c1d0b7e".into(),
+        policy: "sha256:3f2a9c1d0b7e4a51".into(),
         rules: None,
         error: Some("policies/main.toml:3: unknown key \"hots\"".into()),
     });
-    encode(&mut buf, 2, "2026-11-23T10:00:01.000Z", 3, &reload, &h1);
+    encode(&mut buf, 8, "2026-11-23T10:00:02.000Z", 3, &reload, &prev);
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/audit-records.jsonl");
     let got = String::from_utf8(buf).expect("utf8");
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
@@ -68,8 +160,19 @@ fn the_record_format_matches_the_golden_file() {
     );
     for line in got.lines() {
         let v: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
-        assert_eq!(v["v"], 1);
+        assert_eq!(v["v"], 2);
     }
+}
+
+#[test]
+fn files_written_in_the_first_format_still_verify() {
+    // Format 1 (HTTP requests only, `kind: request` with a `scheme`), as written before the
+    // record became one shape for every protocol.
+    let v1 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/audit-records-v1.jsonl");
+    let report = verify(std::slice::from_ref(&v1)).expect("read");
+    assert_eq!(report.broken, None);
+    assert_eq!((report.records, report.dropped), (2, 3));
+    assert!(report.starts_at_genesis());
 }
 
 #[test]

@@ -1,62 +1,61 @@
-//! What an audit record says. The writer adds the envelope (`v`, `seq`, `time`, `prev`,
-//! `hash`, and `dropped_before` after a gap) around one of these entries.
+//! What an audit line holds. The writer adds the envelope (`v`, `seq`, `time`, `prev`,
+//! `hash`, and `dropped_before` after a gap) around one of these entries. Decisions are the
+//! pipeline's [`Record`], the one shape every output derives from (`docs/audit.md`).
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
-/// One line of the audit log, before the writer seals it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+use crate::pipeline::record::Record;
+
+/// One line of the audit log, before the writer seals it: a decision's [`Record`] (which
+/// carries its own `kind`), or an event of the daemon's own.
+#[derive(Debug, Clone)]
 pub(crate) enum Entry {
-    Request(Box<RequestEntry>),
+    Record(Box<Record>),
     Reload(ReloadEntry),
     Start(LifecycleEntry),
     Stop(LifecycleEntry),
 }
 
 impl Entry {
-    /// Denials (and every other refusal) must never be dropped; allowed requests may be, if
-    /// the queue is full (counted, and the gap is recorded in the next line).
+    /// Refusals and errors (and the daemon's own events) must never be dropped; what was let
+    /// through may be, if the queue is full (counted, and the gap is recorded in the next
+    /// line).
     pub(crate) fn must_keep(&self) -> bool {
         match self {
-            Entry::Request(r) => r.decision != "allow",
+            Entry::Record(r) => !r.decision.is_allowed() || r.error_code.is_some(),
             _ => true,
         }
     }
 }
 
-/// One HTTP request (or refused connection): what was asked, what was decided, what happened.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct RequestEntry {
-    /// When the request's head arrived (RFC 3339, UTC, milliseconds).
-    pub started: String,
-    pub request_id: String,
-    pub conn_id: u64,
-    /// The local user that opened the connection, when the OS told us.
-    pub agent_uid: Option<u32>,
-    /// The original destination (`ip:port`, or `name:port` on the explicit listener).
-    pub dst: String,
-    pub sni: Option<String>,
-    pub host: String,
-    pub port: u16,
-    pub scheme: &'static str,
-    pub method: String,
-    /// The normalized path; query parameter values redacted unless configured otherwise.
-    pub path: String,
-    /// `allow`, `deny`, `limited`, `ask-approved`, `ask-denied`, `ask-timeout`, `error`.
-    pub decision: &'static str,
-    pub rule: Option<String>,
-    pub policy: String,
-    pub status: u16,
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-    /// From the request's head to the end of its response (or its abandonment).
-    pub ms: f64,
-    pub upstream: Option<String>,
-    /// Names (never values) of the secrets injected into the request.
-    pub secrets: Vec<String>,
-    pub error_code: Option<&'static str>,
-    /// The response did not complete: the client went away, or the upstream failed mid-body.
-    pub incomplete: bool,
+impl Serialize for Entry {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        /// `{"kind": …, fields of the entry…}`.
+        #[derive(Serialize)]
+        struct Tagged<'a, T: Serialize> {
+            kind: &'static str,
+            #[serde(flatten)]
+            entry: &'a T,
+        }
+        match self {
+            Entry::Record(r) => r.serialize(s),
+            Entry::Reload(e) => Tagged {
+                kind: "reload",
+                entry: e,
+            }
+            .serialize(s),
+            Entry::Start(e) => Tagged {
+                kind: "start",
+                entry: e,
+            }
+            .serialize(s),
+            Entry::Stop(e) => Tagged {
+                kind: "stop",
+                entry: e,
+            }
+            .serialize(s),
+        }
+    }
 }
 
 /// A policy load or reload.

@@ -26,6 +26,11 @@ use super::chain::{seal, unseal, GENESIS};
 use super::record::Entry;
 use crate::control::metrics::Metrics;
 
+/// The record format's version, the envelope's `v`. 1: HTTP requests only (`kind:
+/// request` with a `scheme`). 2: every decision of every protocol, one shape
+/// (`docs/audit.md`). `ctl audit verify` checks the chain of either.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+
 /// A write is fsynced at most this long after it was made.
 pub(crate) const SYNC_EVERY: Duration = Duration::from_millis(100);
 
@@ -329,7 +334,9 @@ pub(crate) fn encode(
     prev: &str,
 ) -> String {
     let start = buf.len();
-    buf.extend_from_slice(b"{\"v\":1,\"seq\":");
+    buf.extend_from_slice(b"{\"v\":");
+    buf.extend_from_slice(FORMAT_VERSION.to_string().as_bytes());
+    buf.extend_from_slice(b",\"seq\":");
     buf.extend_from_slice(seq.to_string().as_bytes());
     buf.extend_from_slice(b",\"time\":");
     let _ = serde_json::to_writer(&mut *buf, time);

@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
-use crate::conn::dispatch::handle_stream;
+use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::serve_explicit;
 use crate::conn::{ConnCtx, Dest, ListenerKind};
 use crate::proxy::Proxy;
@@ -80,7 +80,7 @@ pub(crate) async fn transparent(
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
-                handle_stream(proxy, ctx, sock).await;
+                serve_stream(proxy, ctx, sock).await;
             }
             .instrument(span),
         );

@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// What a connection turned out to speak.
+/// What a connection turned out to speak, by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Protocol {
+pub(super) enum Kind {
     Tls,
     Http,
     Other,
@@ -33,7 +33,7 @@ pub(super) async fn classify<S: AsyncRead + Unpin>(
     stream: &mut S,
     timeout: Duration,
     max_bytes: usize,
-) -> Result<(Protocol, BytesMut), ClassifyError> {
+) -> Result<(Kind, BytesMut), ClassifyError> {
     let mut buf = BytesMut::with_capacity(1024);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -56,28 +56,28 @@ pub(super) async fn classify<S: AsyncRead + Unpin>(
 }
 
 /// `None` while more bytes are needed to decide.
-pub(super) fn judge(buf: &[u8], max_bytes: usize) -> Option<Protocol> {
+pub(super) fn judge(buf: &[u8], max_bytes: usize) -> Option<Kind> {
     let first = *buf.first()?;
     if first == TLS_HANDSHAKE_RECORD {
-        return Some(Protocol::Tls);
+        return Some(Kind::Tls);
     }
     if buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(buf) {
         return None;
     }
     if buf.starts_with(H2_PREFACE) {
-        return Some(Protocol::Http);
+        return Some(Kind::Http);
     }
     // No room for headers: a complete request line is HTTP, whatever follows it. A bad
     // header must get hyper's 400, not turn the connection into an opaque tunnel.
     let mut headers = [httparse::EMPTY_HEADER; 0];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
-        Ok(httparse::Status::Complete(_)) => Some(Protocol::Http),
-        Ok(httparse::Status::Partial) if req.version.is_some() => Some(Protocol::Http),
-        Ok(httparse::Status::Partial) if buf.len() >= max_bytes => Some(Protocol::Other),
+        Ok(httparse::Status::Complete(_)) => Some(Kind::Http),
+        Ok(httparse::Status::Partial) if req.version.is_some() => Some(Kind::Http),
+        Ok(httparse::Status::Partial) if buf.len() >= max_bytes => Some(Kind::Other),
         Ok(httparse::Status::Partial) => None,
-        Err(httparse::Error::TooManyHeaders) => Some(Protocol::Http),
-        Err(_) => Some(Protocol::Other),
+        Err(httparse::Error::TooManyHeaders) => Some(Kind::Http),
+        Err(_) => Some(Kind::Other),
     }
 }
 
@@ -89,21 +89,18 @@ mod tests {
 
     #[test]
     fn tls_record_is_tls() {
-        assert_eq!(judge(&[0x16], MAX), Some(Protocol::Tls));
-        assert_eq!(
-            judge(&[0x16, 0x03, 0x01, 0x02, 0x00], MAX),
-            Some(Protocol::Tls)
-        );
+        assert_eq!(judge(&[0x16], MAX), Some(Kind::Tls));
+        assert_eq!(judge(&[0x16, 0x03, 0x01, 0x02, 0x00], MAX), Some(Kind::Tls));
     }
 
     #[test]
     fn http_needs_a_whole_request_line() {
         assert_eq!(judge(b"GE", MAX), None);
         assert_eq!(judge(b"GET /x HTT", MAX), None);
-        assert_eq!(judge(b"GET /x HTTP/1.1\r\n", MAX), Some(Protocol::Http));
+        assert_eq!(judge(b"GET /x HTTP/1.1\r\n", MAX), Some(Kind::Http));
         assert_eq!(
             judge(b"POST /x HTTP/1.0\r\nHost: a\r\n\r\n", MAX),
-            Some(Protocol::Http)
+            Some(Kind::Http)
         );
     }
 
@@ -114,26 +111,23 @@ mod tests {
                 b"GET /admin HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n",
                 MAX
             ),
-            Some(Protocol::Http)
+            Some(Kind::Http)
         );
     }
 
     #[test]
     fn h2_prior_knowledge_is_http() {
         assert_eq!(judge(&H2_PREFACE[..10], MAX), None);
-        assert_eq!(judge(H2_PREFACE, MAX), Some(Protocol::Http));
+        assert_eq!(judge(H2_PREFACE, MAX), Some(Kind::Http));
     }
 
     #[test]
     fn other_protocols_are_other() {
-        assert_eq!(
-            judge(b"SSH-2.0-OpenSSH_9.6\r\n", MAX),
-            Some(Protocol::Other)
-        );
-        assert_eq!(judge(&[0, 1, 2, 3], MAX), Some(Protocol::Other));
-        assert_eq!(judge(b"\x05\x01\x00", MAX), Some(Protocol::Other));
+        assert_eq!(judge(b"SSH-2.0-OpenSSH_9.6\r\n", MAX), Some(Kind::Other));
+        assert_eq!(judge(&[0, 1, 2, 3], MAX), Some(Kind::Other));
+        assert_eq!(judge(b"\x05\x01\x00", MAX), Some(Kind::Other));
         let endless_token = vec![b'A'; MAX];
-        assert_eq!(judge(&endless_token, MAX), Some(Protocol::Other));
+        assert_eq!(judge(&endless_token, MAX), Some(Kind::Other));
     }
 
     #[tokio::test]
@@ -153,7 +147,7 @@ mod tests {
         let (p, buf) = classify(&mut a, Duration::from_secs(1), MAX)
             .await
             .expect("classified");
-        assert_eq!(p, Protocol::Http);
+        assert_eq!(p, Kind::Http);
         assert_eq!(&buf[..], b"GET / HTTP/1.1\r\nHo");
     }
 }

@@ -4,20 +4,11 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 /// Which listener accepted the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum ListenerKind {
     Transparent,
     Explicit,
-}
-
-#[allow(dead_code)] // read by the decision record, which comes with the next change
-impl ListenerKind {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ListenerKind::Transparent => "transparent",
-            ListenerKind::Explicit => "explicit",
-        }
-    }
 }
 
 /// Where the client was headed before we looked inside: the original destination of a
@@ -75,7 +66,6 @@ pub(crate) struct TlsSide {
 pub(crate) struct ConnCtx {
     pub id: u64,
     pub client: SocketAddr,
-    #[allow(dead_code)] // read by the decision record, which comes with the next change
     pub listener: ListenerKind,
     pub dest: Dest,
     pub tls: Option<TlsSide>,

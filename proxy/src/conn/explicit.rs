@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -11,10 +12,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use super::dispatch::serve_stream;
+use super::http::{server_head_cap, unparsed};
+use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
-use crate::conn::dispatch::handle_stream;
-use crate::conn::{ConnCtx, Dest, DestHost};
 use crate::pipeline;
+use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId};
 use crate::pipeline::refusal::{self, ErrorCode, Refusal};
 use crate::pipeline::target::split_authority;
 use crate::proxy::Proxy;
@@ -22,8 +25,9 @@ use crate::proxy::Proxy;
 pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
     let base = Arc::new(base);
     let limits = proxy.limits.clone();
+    let started = Instant::now();
     let svc = {
-        let proxy = proxy.clone();
+        let (proxy, base) = (proxy.clone(), base.clone());
         service_fn(move |req| {
             let proxy = proxy.clone();
             let base = base.clone();
@@ -33,11 +37,15 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
+        .max_buf_size(server_head_cap(&limits))
         .serve_connection(TokioIo::new(stream), svc)
         .with_upgrades();
     if let Err(e) = conn.await {
-        tracing::debug!("explicit proxy connection ended: {e}");
+        if e.is_parse() {
+            unparsed(&proxy, &base, &e, started).await;
+        } else {
+            tracing::debug!("explicit proxy connection ended: {e}");
+        }
     }
 }
 
@@ -48,14 +56,7 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let dest = match destination(&req) {
         Ok(d) => d,
-        Err(r) => {
-            tracing::info!(
-                error_code = r.code.as_str(),
-                "explicit proxy: {}",
-                proxy.vault.current().redact(&r.message)
-            );
-            return refusal::render(&r, "-", proxy.policy().hash());
-        }
+        Err(r) => return refuse_connect(&proxy, &base, &req, r).await,
     };
     let ctx = ConnCtx {
         dest,
@@ -65,21 +66,58 @@ async fn handle(
         return pipeline::handle(proxy, Arc::new(ctx), req).await;
     }
     tracing::debug!(dest = %proxy.vault.current().redact(&ctx.dest.to_string()), "CONNECT");
+    // The tunnel's contents are decided like a transparent connection's; the CONNECT head
+    // itself is held to the same bound as every request head.
+    if let Err(r) = pipeline::target::head_within(&req, proxy.limits.max_header_bytes) {
+        return refuse_connect(&proxy, &ctx, &req, r).await;
+    }
     // The tunnel outlives this HTTP connection's task, so it needs a connection slot of its own.
     let Ok(permit) = proxy.slots.clone().try_acquire_owned() else {
         let r = Refusal::new(ErrorCode::Busy, "too many connections; try again");
-        return refusal::render(&r, "-", proxy.policy().hash());
+        return refuse_connect(&proxy, &ctx, &req, r).await;
     };
     tokio::spawn(async move {
         let _permit = permit;
         match hyper::upgrade::on(req).await {
-            Ok(upgraded) => handle_stream(proxy, ctx, TokioIo::new(upgraded)).await,
+            Ok(upgraded) => serve_stream(proxy, ctx, TokioIo::new(upgraded)).await,
             Err(e) => tracing::debug!("CONNECT upgrade failed: {e}"),
         }
     });
     let mut ok = Response::new(body::empty());
     *ok.status_mut() = StatusCode::OK;
     ok
+}
+
+/// Refuses a proxy request before any pipeline phase could take it (no usable destination,
+/// a head over the limit, no slot for its tunnel), with the JSON body and a record like every
+/// refusal.
+async fn refuse_connect<B>(
+    proxy: &Arc<Proxy>,
+    ctx: &ConnCtx,
+    req: &Request<B>,
+    r: Refusal,
+) -> Response<ProxyBody> {
+    let secrets = proxy.vault.current();
+    let policy = proxy.policy();
+    let id = RequestId::random();
+    let started = crate::control::events::now_rfc3339().into();
+    let record = Record {
+        kind: RecordKind::Request,
+        protocol: Protocol::Http,
+        method: Some(secrets.redact(req.method().as_str()).into_owned()),
+        decision: r.verdict,
+        error_code: Some(r.code),
+        status: Some(r.code.status().as_u16()),
+        reason: Some(secrets.redact(&r.message).into_owned()),
+        ..record::base(proxy, ctx, &policy, id, started)
+    };
+    record::connection(proxy, record).await;
+    let shown = Refusal {
+        message: secrets.redact(&r.message).into_owned(),
+        explanation: secrets.redact(&r.explanation).into_owned(),
+        ..r
+    };
+    refusal::render(&shown, &id.to_string(), policy.hash())
 }
 
 /// Where a proxy request is headed: the CONNECT authority, or an `http://` absolute URI.

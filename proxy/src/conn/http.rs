@@ -2,12 +2,17 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Instant;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
+
+use crate::control::metrics::ConnProtocol;
+use crate::pipeline::record::{self, Protocol, Record, RequestId};
+use crate::pipeline::refusal::ErrorCode;
 
 use crate::conn::ConnCtx;
 use crate::pipeline;
@@ -35,25 +40,29 @@ pub(super) async fn serve_http<S>(
     let limits = proxy.limits.clone();
     // Plain connections are counted as h1: HTTP/2 with prior knowledge is rare there.
     let _open = proxy.metrics.connection(match versions {
-        HttpVersions::Http2 => crate::control::metrics::Protocol::H2,
-        HttpVersions::Http1 | HttpVersions::Any => crate::control::metrics::Protocol::H1,
+        HttpVersions::Http2 => ConnProtocol::H2,
+        HttpVersions::Http1 | HttpVersions::Any => ConnProtocol::H1,
     });
-    let svc = service_fn(move |req| {
-        let proxy = proxy.clone();
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(pipeline::handle(proxy, ctx, req).await) }
-    });
+    let started = Instant::now();
+    let svc = {
+        let (proxy, ctx) = (proxy.clone(), ctx.clone());
+        service_fn(move |req| {
+            let proxy = proxy.clone();
+            let ctx = ctx.clone();
+            async move { Ok::<_, Infallible>(pipeline::handle(proxy, ctx, req).await) }
+        })
+    };
     let mut builder = auto::Builder::new(SpanExecutor);
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
+        .max_buf_size(server_head_cap(&limits))
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_header_list_size(u32::try_from(server_head_cap(&limits)).unwrap_or(u32::MAX))
         .max_concurrent_streams(256);
     let builder = match versions {
         HttpVersions::Http1 => builder.http1_only(),
@@ -64,8 +73,51 @@ pub(super) async fn serve_http<S>(
         .serve_connection_with_upgrades(TokioIo::new(io), svc)
         .await
     {
-        tracing::debug!("client connection ended: {e}");
+        match e.downcast_ref::<hyper::Error>() {
+            Some(h) if h.is_parse() => unparsed(&proxy, &ctx, h, started).await,
+            _ => tracing::debug!("client connection ended: {e}"),
+        }
     }
+}
+
+/// The request head size the HTTP server itself accepts: twice `limits.max_header_bytes`, so
+/// that a head over the limit reaches the pipeline, which refuses it with the JSON 431 every
+/// refusal has (`pipeline::target`). Only a head over this cap is refused by the server
+/// itself (hyper's bare 431, h2's stream refusal), and that is recorded too.
+pub(super) fn server_head_cap(limits: &crate::config::Limits) -> usize {
+    limits.max_header_bytes.saturating_mul(2)
+}
+
+/// A request the HTTP server could not parse (malformed, or a head over its own cap): hyper
+/// answered it (400 or 431, no body) and closed; this records it.
+pub(super) async fn unparsed(
+    proxy: &Arc<Proxy>,
+    ctx: &ConnCtx,
+    e: &hyper::Error,
+    started: Instant,
+) {
+    let code = if e.is_parse_too_large() {
+        ErrorCode::HeadTooLarge
+    } else {
+        ErrorCode::BadRequest
+    };
+    let started_at = crate::control::events::now_rfc3339().into();
+    let record = Record {
+        protocol: if ctx.tls.is_some() {
+            Protocol::Https
+        } else {
+            Protocol::Http
+        },
+        decision: code.verdict(),
+        error_code: Some(code),
+        status: Some(code.status().as_u16()),
+        reason: Some(format!(
+            "the HTTP server refused a request it could not parse: {e}"
+        )),
+        ms: record::ms_since(started),
+        ..record::base(proxy, ctx, &proxy.policy(), RequestId::random(), started_at)
+    };
+    record::connection(proxy, record).await;
 }
 
 /// Spawns hyper's per-stream HTTP/2 tasks inside the connection's tracing span, so their log

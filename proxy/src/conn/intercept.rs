@@ -1,7 +1,10 @@
 //! TLS interception: read the ClientHello with rustls, mint (or reuse) a leaf for the name
-//! the client asked for, complete the handshake, and serve the decrypted HTTP.
+//! the client asked for, complete the handshake, and serve the decrypted HTTP. A handshake
+//! that does not complete leaves a connection record saying why (`client_rejected_ca` when
+//! the client's alert says it does not trust our CA).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use agenshield_certs::LeafName;
 use rustls::server::Acceptor;
@@ -12,6 +15,8 @@ use tokio_rustls::LazyConfigAcceptor;
 use crate::conn::http::{serve_http, HttpVersions};
 use crate::conn::server_tls::ALPN_H2;
 use crate::conn::{ConnCtx, Dest, DestHost, TlsSide};
+use crate::pipeline::record::{self, Protocol, Record, RequestId};
+use crate::pipeline::refusal::ErrorCode;
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
 
@@ -19,24 +24,25 @@ pub(super) async fn intercept<S>(proxy: Arc<Proxy>, mut ctx: ConnCtx, stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let failed = Failed::new(&proxy, &ctx);
     let limit = proxy.limits.tls_handshake_timeout;
     let start = match timeout(limit, LazyConfigAcceptor::new(Acceptor::default(), stream)).await {
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
-            tracing::info!("closing: not a valid TLS ClientHello: {e}");
-            return;
+            let why = format!("not a valid TLS ClientHello: {e}");
+            return failed.record(ErrorCode::BadClientHello, None, why).await;
         }
         Err(_) => {
-            tracing::info!("closing: ClientHello not received within {limit:?}");
-            return;
+            let why = format!("no ClientHello within {limit:?}");
+            return failed.record(ErrorCode::BadClientHello, None, why).await;
         }
     };
     let hello = start.client_hello();
     let sni = match hello.server_name().map(normalize_host).transpose() {
         Ok(sni) => sni,
         Err(e) => {
-            tracing::info!("closing: unusable TLS server name: {e}");
-            return;
+            let why = format!("unusable TLS server name: {e}");
+            return failed.record(ErrorCode::BadClientHello, None, why).await;
         }
     };
     let shown_sni = sni
@@ -47,22 +53,24 @@ where
     let leaf_name = match LeafName::parse(&leaf_for) {
         Ok(n) => n,
         Err(e) => {
-            tracing::info!("closing: cannot mint a certificate for {leaf_for:?}: {e}");
-            return;
+            let why = format!("no certificate can name {leaf_for:?}: {e}");
+            return failed.record(ErrorCode::BadClientHello, sni, why).await;
         }
     };
     let leaf = match proxy.leaves.get(&leaf_name).await {
         Ok(leaf) => leaf,
         Err(e) => {
-            tracing::error!("closing: minting a leaf for {leaf_name} failed: {e}");
-            return;
+            tracing::error!("minting a leaf for {leaf_name} failed: {e}");
+            let why = format!("minting a leaf failed: {e}");
+            return failed.record(ErrorCode::TlsHandshakeFailed, sni, why).await;
         }
     };
     let config = match proxy.tls.server_config(leaf) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("closing: TLS server set-up failed: {e}");
-            return;
+            tracing::error!("TLS server set-up failed: {e}");
+            let why = format!("TLS server set-up failed: {e}");
+            return failed.record(ErrorCode::TlsHandshakeFailed, sni, why).await;
         }
     };
     let tls = match timeout(limit, start.into_stream(config)).await {
@@ -71,14 +79,13 @@ where
             tls
         }
         Ok(Err(e)) => {
-            proxy.metrics.tls_failed.inc();
-            tracing::info!("closing: TLS handshake with the client failed: {e}");
-            return;
+            let code = handshake_failure(&e);
+            let why = format!("TLS handshake with the client failed: {e}");
+            return failed.record(code, sni, why).await;
         }
         Err(_) => {
-            proxy.metrics.tls_failed.inc();
-            tracing::info!("closing: TLS handshake not completed within {limit:?}");
-            return;
+            let why = format!("TLS handshake not completed within {limit:?}");
+            return failed.record(ErrorCode::TlsHandshakeFailed, sni, why).await;
         }
     };
     let versions = if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
@@ -88,6 +95,59 @@ where
     };
     ctx.tls = Some(TlsSide { sni, identity });
     serve_http(proxy, Arc::new(ctx), tls, versions).await;
+}
+
+/// A handshake that failed, waiting to be recorded: a connection record with the SNI (when
+/// the ClientHello had one) and the error code that says what went wrong.
+struct Failed {
+    proxy: Arc<Proxy>,
+    record: Record,
+    started: Instant,
+}
+
+impl Failed {
+    fn new(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Failed {
+        let started_at = crate::control::events::now_rfc3339().into();
+        Failed {
+            proxy: proxy.clone(),
+            record: Record {
+                protocol: Protocol::Tls,
+                ..record::base(proxy, ctx, &proxy.policy(), RequestId::random(), started_at)
+            },
+            started: Instant::now(),
+        }
+    }
+
+    async fn record(self, code: ErrorCode, sni: Option<String>, why: String) {
+        let secrets = self.proxy.vault.current();
+        let sni: Option<Arc<str>> = sni.map(|s| secrets.redact(&s).into());
+        let record = Record {
+            decision: code.verdict(),
+            error_code: Some(code),
+            host: sni.clone().unwrap_or(self.record.host.clone()),
+            sni,
+            reason: Some(secrets.redact(&why).into_owned()),
+            ms: record::ms_since(self.started),
+            ..self.record
+        };
+        record::connection(&self.proxy, record).await;
+    }
+}
+
+/// Which failure a handshake error was: the client's alert saying it does not trust our
+/// certificate (`UnknownCA` from OpenSSL, rustls and Node; `BadCertificate` from Go and
+/// GnuTLS; `CertificateUnknown` from Java), or anything else.
+fn handshake_failure(e: &std::io::Error) -> ErrorCode {
+    use rustls::AlertDescription as A;
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::AlertReceived(
+            A::UnknownCA | A::BadCertificate | A::CertificateUnknown | A::UnsupportedCertificate,
+        )) => ErrorCode::ClientRejectedCa,
+        _ => ErrorCode::TlsHandshakeFailed,
+    }
 }
 
 /// The name to mint a leaf for, and the host this connection may address. The SNI wins over
@@ -131,6 +191,30 @@ mod tests {
         );
         let n = dest(DestHost::Name("b.test".into()));
         assert_eq!(identity(&n, None), ("b.test".into(), Ok("b.test".into())));
+    }
+
+    #[test]
+    fn an_untrusting_clients_alert_is_a_rejected_ca() {
+        let alert = |a| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::AlertReceived(a),
+            )
+        };
+        use rustls::AlertDescription as A;
+        for a in [A::UnknownCA, A::BadCertificate, A::CertificateUnknown] {
+            assert_eq!(
+                handshake_failure(&alert(a)),
+                ErrorCode::ClientRejectedCa,
+                "{a:?}"
+            );
+        }
+        assert_eq!(
+            handshake_failure(&alert(A::HandshakeFailure)),
+            ErrorCode::TlsHandshakeFailed
+        );
+        let eof = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof");
+        assert_eq!(handshake_failure(&eof), ErrorCode::TlsHandshakeFailed);
     }
 
     #[test]

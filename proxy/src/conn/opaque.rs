@@ -1,67 +1,139 @@
-//! Opaque (non-HTTP) TCP: decided on the destination alone, then relayed byte for byte with
-//! an idle timeout.
+//! Raw TCP: a connection that is neither TLS nor HTTP (or that is decided before it speaks)
+//! is decided on its destination alone (scheme `tcp`), through the pipeline's decide and
+//! limit steps. Its record is written before the first byte is relayed; a second record
+//! gives the bytes and duration when the relay ends.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::conn::ConnCtx;
-use crate::policy::{Action, RequestFacts, Scheme};
+use crate::control::metrics::ConnProtocol;
+use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::pipeline::refusal::Refusal;
+use crate::pipeline::{decide, limit, secrets};
+use crate::policy::{Decision, Policy};
 use crate::proxy::Proxy;
+use crate::ratelimit::ConcurrencyPermit;
+use crate::secrets::phase::{Head, SecretPhase};
+use crate::upstream::relay::relay;
 
-pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, client: S)
+/// What the policy says about a connection as raw TCP, decided when it was accepted.
+pub(super) struct TcpDecision {
+    policy: Arc<Policy>,
+    decision: Option<Decision>,
+    outcome: Result<(), Refusal>,
+    started: Instant,
+    started_at: Arc<str>,
+}
+
+impl TcpDecision {
+    pub(super) fn allowed(&self) -> bool {
+        self.outcome.is_ok()
+    }
+
+    /// The policy it was decided under; the connection keeps it.
+    pub(super) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+/// Decides `ctx`'s destination as raw TCP under the policy in force.
+pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
+    let policy = proxy.policy();
+    let host = ctx.dest.host.to_string();
+    // A name can carry a secret too (to whoever answers the DNS query for it); a raw stream
+    // binds no secret, so a value or placeholder in the name is refused.
+    let head = Head {
+        method: "",
+        host: &host,
+        headers: &http::HeaderMap::new(),
+        path_and_query: "",
+        tls: false,
+        upgrade: false,
+    };
+    let (decision, outcome) = match SecretPhase::inspect(&proxy.vault, None, &head) {
+        Err(e) => (None, Err(secrets::refusal(&e, None))),
+        Ok(_) => {
+            let (d, outcome) = decide::connection(&policy, &host, ctx.dest.port);
+            (Some(d), outcome)
+        }
+    };
+    TcpDecision {
+        policy,
+        decision,
+        outcome,
+        started: Instant::now(),
+        started_at: crate::control::events::now_rfc3339().into(),
+    }
+}
+
+/// Records the decision, and for an allowed one dials, relays and records the close.
+pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, tcp: TcpDecision, client: S)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let host = ctx.dest.host.to_string();
-    // A name can carry a secret value too (to whoever answers the DNS query for it); opaque
-    // streams bind no secret, so any value or placeholder in the name is refused.
-    let secrets = proxy.vault.current();
-    let shown = secrets.redact(&host);
-    if let Some(m) = secrets.matcher() {
-        if m.find_iter(host.as_bytes()).next().is_some() || shown != host {
-            tracing::warn!(
-                decision = "deny",
-                error_code = "secret_leak",
-                "opaque TCP to {shown}:{} refused: the name carries a secret",
-                ctx.dest.port
-            );
-            return;
-        }
-    }
-    let policy = proxy.policy();
-    let decision = policy.decide(&RequestFacts {
-        host: &host,
-        port: ctx.dest.port,
-        scheme: Scheme::Tcp,
-        method: None,
-        path: None,
-    });
-    let rule = decision.rule_id.as_deref().unwrap_or("(default)");
-    // An opaque stream cannot be held for approval: `ask` refuses it like `deny`.
-    if decision.action != Action::Allow {
-        tracing::info!(
-            decision = "deny",
-            rule,
-            "opaque TCP to {} refused: {}",
-            ctx.dest,
-            decision.explanation
-        );
-        return;
-    }
-    let (upstream, addr) = match proxy.dialer.dial(&host, ctx.dest.port).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::info!(decision = "allow", rule, "opaque TCP to {}: {e}", ctx.dest);
+    let mut rec = Record {
+        kind: RecordKind::Connection,
+        protocol: Protocol::Tcp,
+        rule: tcp.decision.as_ref().and_then(|d| d.rule_id.clone()),
+        ..record::base(
+            &proxy,
+            &ctx,
+            &tcp.policy,
+            RequestId::random(),
+            tcp.started_at.clone(),
+        )
+    };
+    let permit = match admit(&proxy, &ctx, &tcp) {
+        Ok(permit) => permit,
+        Err(r) => {
+            refuse(&proxy, rec, &r, tcp.started).await;
             return;
         }
     };
-    tracing::info!(decision = "allow", rule, upstream = %addr, "opaque TCP to {}", ctx.dest);
-    let _open = proxy
-        .metrics
-        .connection(crate::control::metrics::Protocol::Tcp);
-    match crate::upstream::relay::relay(client, upstream, proxy.limits.tunnel_idle_timeout).await {
-        Ok((up, down)) => tracing::debug!(bytes_up = up, bytes_down = down, "opaque TCP closed"),
-        Err(e) => tracing::debug!("opaque TCP ended: {e}"),
+    let host = ctx.dest.host.to_string();
+    let (upstream, addr) = match proxy.dialer.dial(&host, ctx.dest.port).await {
+        Ok(dialed) => dialed,
+        Err(e) => {
+            let r = crate::upstream::client::dial_refusal(&e);
+            refuse(&proxy, rec, &r, tcp.started).await;
+            return;
+        }
+    };
+    rec.decision = Verdict::Allow;
+    rec.upstream = Some(addr);
+    rec.ms = record::ms_since(tcp.started);
+    // Nothing is relayed unless the decision is in the audit log.
+    if !record::connection(&proxy, rec.clone()).await {
+        return;
     }
+    let _open = proxy.metrics.connection(ConnProtocol::Tcp);
+    let _permit: Option<ConcurrencyPermit> = permit;
+    let started = Instant::now();
+    let relayed = relay(client, upstream, proxy.limits.tunnel_idle_timeout).await;
+    record::tunnel_closed(&proxy, &rec, &relayed, started).await;
+}
+
+/// The policy's outcome, then the rule's limits.
+fn admit(
+    proxy: &Proxy,
+    ctx: &ConnCtx,
+    tcp: &TcpDecision,
+) -> Result<Option<ConcurrencyPermit>, Refusal> {
+    tcp.outcome.clone()?;
+    match &tcp.decision {
+        Some(d) => limit::connection(proxy, d, &ctx.dest.host.to_string()),
+        None => Ok(None),
+    }
+}
+
+async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {
+    let secrets = proxy.vault.current();
+    rec.decision = r.verdict;
+    rec.error_code = Some(r.code);
+    rec.reason = Some(secrets.redact(&r.message).into_owned());
+    rec.ms = record::ms_since(started);
+    record::connection(proxy, rec).await;
 }

@@ -1,5 +1,6 @@
 //! What the daemon tells its operators about each decision: a live feed (`ctl tail -f`), the
-//! last few (`ctl tail`), and counters (`ctl stats`). The audit log will read the same events.
+//! last few (`ctl tail`), and counters (`ctl stats`). The events are the decisions' records,
+//! as the audit log has them (without the chain's envelope).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,30 +9,8 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-/// One decision, as operators see it. Never carries a secret: no headers, no query values.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct DecisionEvent {
-    /// RFC 3339, UTC.
-    pub time: String,
-    pub request_id: String,
-    pub conn_id: u64,
-    pub client: String,
-    /// `allow`, `deny`, `limited`, `ask-approved`, `ask-denied`, `ask-timeout`, `error`.
-    pub decision: &'static str,
-    pub method: String,
-    pub scheme: &'static str,
-    pub host: String,
-    pub port: u16,
-    /// The normalized path, without the query.
-    pub path: String,
-    pub rule_id: Option<String>,
-    pub status: u16,
-    pub error_code: Option<&'static str>,
-    pub upstream: Option<String>,
-    /// Names (never values) of the secrets injected into the request.
-    pub secrets: Vec<String>,
-    pub ms: f64,
-}
+use crate::pipeline::record::{Record, RecordKind, Verdict};
+use crate::pipeline::refusal::ErrorCode;
 
 /// Counters for `ctl stats` and `ctl status`.
 #[derive(Debug, Default)]
@@ -89,7 +68,7 @@ impl Counters {
 const RECENT: usize = 200;
 
 /// Events are shared, not copied, between the feed and the ring of recent ones.
-pub(crate) type SharedEvent = Arc<DecisionEvent>;
+pub(crate) type SharedEvent = Arc<Record>;
 
 pub(crate) struct Events {
     live: broadcast::Sender<SharedEvent>,
@@ -108,22 +87,24 @@ impl Default for Events {
 }
 
 impl Events {
-    pub(crate) fn publish(&self, ev: DecisionEvent) {
+    pub(crate) fn publish(&self, ev: SharedEvent) {
         let c = &self.counters;
-        match ev.decision {
-            "allow" | "ask-approved" => &c.allowed,
-            "deny" | "ask-denied" | "ask-timeout" => &c.denied,
-            "limited" => &c.limited,
-            _ => &c.errors,
+        // A close record ends a tunnel already counted at its decision.
+        if ev.kind != RecordKind::Close {
+            match ev.decision {
+                Verdict::Allow | Verdict::AskApproved => &c.allowed,
+                Verdict::Deny | Verdict::AskDenied | Verdict::AskTimeout => &c.denied,
+                Verdict::Limited => &c.limited,
+                Verdict::Error => &c.errors,
+            }
+            .fetch_add(1, Ordering::Relaxed);
+            match ev.error_code {
+                Some(ErrorCode::SecretLeak) => c.secret_leaks.fetch_add(1, Ordering::Relaxed),
+                Some(ErrorCode::SecretScope) => c.secret_scope.fetch_add(1, Ordering::Relaxed),
+                _ if !ev.secrets.is_empty() => c.secret_injections.fetch_add(1, Ordering::Relaxed),
+                _ => 0,
+            };
         }
-        .fetch_add(1, Ordering::Relaxed);
-        match ev.error_code {
-            Some("secret_leak") => c.secret_leaks.fetch_add(1, Ordering::Relaxed),
-            Some("secret_scope") => c.secret_scope.fetch_add(1, Ordering::Relaxed),
-            _ if !ev.secrets.is_empty() => c.secret_injections.fetch_add(1, Ordering::Relaxed),
-            _ => 0,
-        };
-        let ev = Arc::new(ev);
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() == RECENT {
                 recent.pop_front();

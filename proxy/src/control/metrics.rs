@@ -8,29 +8,39 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::pipeline::record::{Record, RecordKind};
+use crate::pipeline::refusal::ErrorCode;
+
 const NS: &str = "agenshield_proxy";
+
+/// How a TLS handshake with an agent can fail: `tls_handshakes_total{result}` beside `ok`.
+const TLS_FAILURES: [ErrorCode; 3] = [
+    ErrorCode::ClientRejectedCa,
+    ErrorCode::TlsHandshakeFailed,
+    ErrorCode::BadClientHello,
+];
 
 /// Latency buckets, seconds: 0.5 ms to 30 s.
 const LATENCY: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Connection protocols, as labelled.
+/// What an open agent connection speaks, as the connection gauges label it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum ConnProtocol {
     H1,
     H2,
     Ws,
     Tcp,
 }
 
-impl Protocol {
-    pub fn label(self) -> &'static str {
+impl ConnProtocol {
+    pub(crate) fn label(self) -> &'static str {
         match self {
-            Protocol::H1 => "h1",
-            Protocol::H2 => "h2",
-            Protocol::Ws => "ws",
-            Protocol::Tcp => "tcp",
+            ConnProtocol::H1 => "h1",
+            ConnProtocol::H2 => "h2",
+            ConnProtocol::Ws => "ws",
+            ConnProtocol::Tcp => "tcp",
         }
     }
 }
@@ -46,7 +56,7 @@ pub struct Metrics {
     connections_active: IntGaugeVec,
     connections_total: IntCounterVec,
     pub tls_ok: IntCounter,
-    pub tls_failed: IntCounter,
+    tls_handshakes: IntCounterVec,
     cert_hits: IntCounter,
     cert_misses: IntCounter,
     pub rate_limited: IntCounterVec,
@@ -99,7 +109,8 @@ impl Metrics {
             IntCounterVec::new(
                 opts(
                     "tls_handshakes_total",
-                    "TLS handshakes with agents (interception)."
+                    "TLS handshakes with agents (interception), by result: ok, or the error code \
+                     of the failure (client_rejected_ca, tls_handshake_failed, bad_client_hello)."
                 ),
                 &["result"],
             )
@@ -125,8 +136,12 @@ impl Metrics {
             requests: reg!(
                 r,
                 IntCounterVec::new(
-                    opts("requests_total", "HTTP requests by decision, rule and host."),
-                    &["decision", "rule", "host"],
+                    opts(
+                        "requests_total",
+                        "Decisions (HTTP requests and connections decided as a whole), by \
+                         decision, rule, host and protocol."
+                    ),
+                    &["decision", "rule", "host", "protocol"],
                 )
             ),
             request_duration: reg!(
@@ -179,7 +194,7 @@ impl Metrics {
                 )
             ),
             tls_ok: tls.with_label_values(&["ok"]),
-            tls_failed: tls.with_label_values(&["failed"]),
+            tls_handshakes: tls,
             cert_hits: cert.with_label_values(&["hit"]),
             cert_misses: cert.with_label_values(&["miss"]),
             rate_limited: reg!(
@@ -256,12 +271,20 @@ impl Metrics {
             registry: r,
         };
         // Series that exist from the start, so dashboards show zeros rather than gaps.
-        for p in [Protocol::H1, Protocol::H2, Protocol::Ws, Protocol::Tcp] {
+        for p in [
+            ConnProtocol::H1,
+            ConnProtocol::H2,
+            ConnProtocol::Ws,
+            ConnProtocol::Tcp,
+        ] {
             m.connections_active.with_label_values(&[p.label()]);
             m.connections_total.with_label_values(&[p.label()]);
         }
         for kind in ["leak", "scope", "unavailable"] {
             m.secret_refusals.with_label_values(&[kind]);
+        }
+        for code in TLS_FAILURES {
+            m.tls_handshakes.with_label_values(&[code.as_str()]);
         }
         for result in ["ok", "error"] {
             m.reloads.with_label_values(&[result]);
@@ -270,11 +293,52 @@ impl Metrics {
     }
 
     /// Counts a connection of `p` open until the guard drops.
-    pub fn connection(&self, p: Protocol) -> ConnectionGuard {
+    pub(crate) fn connection(&self, p: ConnProtocol) -> ConnectionGuard {
         self.connections_total.with_label_values(&[p.label()]).inc();
         let active = self.connections_active.with_label_values(&[p.label()]);
         active.inc();
         ConnectionGuard { active }
+    }
+
+    /// Counts a completed record: its decision, bytes, and the refusal or failure it names.
+    /// `host` is the record's host as a label (named in policy, or `other`).
+    pub(crate) fn observe(&self, r: &Record, host: &str) {
+        self.bytes_up.inc_by(r.bytes_up);
+        self.bytes_down.inc_by(r.bytes_down);
+        // A close record only adds its tunnel's bytes: the decision was counted.
+        if r.kind == RecordKind::Close {
+            return;
+        }
+        let decision = r.decision.as_str();
+        let rule = r.rule.as_deref().unwrap_or("default");
+        self.requests
+            .with_label_values(&[decision, rule, host, r.protocol.as_str()])
+            .inc();
+        if r.kind == RecordKind::Request {
+            self.request_duration
+                .with_label_values(&[decision])
+                .observe(r.ms / 1000.0);
+        }
+        let Some(code) = r.error_code else {
+            for s in &r.secrets {
+                self.secret_injections.with_label_values(&[s]).inc();
+            }
+            return;
+        };
+        let (family, label) = match code {
+            ErrorCode::RateLimited => (&self.rate_limited, rule),
+            ErrorCode::SecretLeak => (&self.secret_refusals, "leak"),
+            ErrorCode::SecretScope => (&self.secret_refusals, "scope"),
+            ErrorCode::SecretUnavailable => (&self.secret_refusals, "unavailable"),
+            ErrorCode::UpstreamDns | ErrorCode::UpstreamConnect => {
+                (&self.upstream_errors, "connect")
+            }
+            ErrorCode::UpstreamTls => (&self.upstream_errors, "tls"),
+            ErrorCode::UpstreamError => (&self.upstream_errors, "protocol"),
+            c if TLS_FAILURES.contains(&c) => (&self.tls_handshakes, c.as_str()),
+            _ => return,
+        };
+        family.with_label_values(&[label]).inc();
     }
 
     /// Marks `hash` as the policy in force.
@@ -311,7 +375,7 @@ impl Metrics {
     }
 }
 
-pub struct ConnectionGuard {
+pub(crate) struct ConnectionGuard {
     active: IntGauge,
 }
 
@@ -329,7 +393,7 @@ mod tests {
     fn names_carry_the_prefix_and_connection_gauges_return_to_zero() {
         let m = Metrics::new();
         {
-            let _a = m.connection(Protocol::H2);
+            let _a = m.connection(ConnProtocol::H2);
             let text = String::from_utf8(m.encode()).expect("utf8");
             assert!(text.contains("agenshield_proxy_connections_active{protocol=\"h2\"} 1"));
         }

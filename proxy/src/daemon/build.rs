@@ -92,12 +92,7 @@ pub(super) async fn build_proxy(
         cfg.limits.upstream_connect_timeout,
         metrics.upstream_connect.clone(),
     ));
-    let forwarder = Forwarder::new(
-        dialer.clone(),
-        trust.client_config()?,
-        &cfg.limits,
-        metrics.clone(),
-    );
+    let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
     Ok(Proxy::new(ProxyParts {
         vault,
         metrics,

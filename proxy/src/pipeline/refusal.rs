@@ -1,10 +1,12 @@
-//! The refusal the agent sees: a status and a small JSON body that says which rule and why.
-//! Never carries a secret; the explanation is built from policy facts only.
+//! The refusal the agent sees: a status and a small JSON body that says which rule and why,
+//! and the error codes every record uses. Never carries a secret; the explanation is built
+//! from policy facts only.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
+use super::record::Verdict;
 use crate::body::{full, ProxyBody};
 
 /// Machine-readable reasons, stable for clients and dashboards.
@@ -30,6 +32,18 @@ pub(crate) enum ErrorCode {
     UpstreamError,
     /// The audit log could not record the request (a write error): its response is withheld.
     AuditUnavailable,
+    /// The request head is larger than `limits.max_header_bytes`.
+    HeadTooLarge,
+    /// The client ended the TLS handshake with an alert saying it does not trust our leaf
+    /// (unknown CA, bad or unknown certificate): a tool that does not trust the AgenShield CA.
+    /// Connection records only.
+    ClientRejectedCa,
+    /// The TLS handshake with the client failed otherwise (no common version or cipher, a
+    /// protocol error, the client went away, a timeout). Connection records only.
+    TlsHandshakeFailed,
+    /// What looked like TLS was not a usable ClientHello (malformed, an unusable server name,
+    /// none in time). Connection records only.
+    BadClientHello,
 }
 
 impl ErrorCode {
@@ -48,6 +62,35 @@ impl ErrorCode {
             | ErrorCode::UpstreamConnect
             | ErrorCode::UpstreamTls
             | ErrorCode::UpstreamError => StatusCode::BAD_GATEWAY,
+            ErrorCode::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            // Never rendered: the connection ended before HTTP.
+            ErrorCode::ClientRejectedCa
+            | ErrorCode::TlsHandshakeFailed
+            | ErrorCode::BadClientHello => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The verdict a refusal with this code records, unless the phase that refused says
+    /// otherwise (an `ask` that was denied or timed out).
+    pub(crate) fn verdict(self) -> Verdict {
+        match self {
+            ErrorCode::PolicyDenied
+            | ErrorCode::HostMismatch
+            | ErrorCode::DestinationForbidden
+            | ErrorCode::SecretScope
+            | ErrorCode::SecretLeak
+            | ErrorCode::BadRequest
+            | ErrorCode::HeadTooLarge
+            | ErrorCode::BadClientHello => Verdict::Deny,
+            ErrorCode::RateLimited | ErrorCode::Busy => Verdict::Limited,
+            ErrorCode::SecretUnavailable
+            | ErrorCode::UpstreamDns
+            | ErrorCode::UpstreamConnect
+            | ErrorCode::UpstreamTls
+            | ErrorCode::UpstreamError
+            | ErrorCode::AuditUnavailable
+            | ErrorCode::ClientRejectedCa
+            | ErrorCode::TlsHandshakeFailed => Verdict::Error,
         }
     }
 
@@ -67,12 +110,11 @@ impl ErrorCode {
             ErrorCode::UpstreamTls => "upstream_tls",
             ErrorCode::UpstreamError => "upstream_error",
             ErrorCode::AuditUnavailable => "audit_unavailable",
+            ErrorCode::HeadTooLarge => "head_too_large",
+            ErrorCode::ClientRejectedCa => "client_rejected_ca",
+            ErrorCode::TlsHandshakeFailed => "tls_handshake_failed",
+            ErrorCode::BadClientHello => "bad_client_hello",
         }
-    }
-
-    /// A refusal by the leak guard (the request was the agent's doing, not a failure).
-    pub(crate) fn is_secret_guard(self) -> bool {
-        matches!(self, ErrorCode::SecretScope | ErrorCode::SecretLeak)
     }
 
     /// Whether trying again later might succeed without a policy change.
@@ -92,6 +134,9 @@ impl ErrorCode {
 #[derive(Debug, Clone)]
 pub(crate) struct Refusal {
     pub code: ErrorCode,
+    /// What the record says was decided: the code's own verdict, unless the refusing phase
+    /// set another.
+    pub verdict: Verdict,
     pub message: String,
     pub rule_id: Option<String>,
     pub explanation: String,
@@ -104,6 +149,7 @@ impl Refusal {
         let message = message.into();
         Refusal {
             code,
+            verdict: code.verdict(),
             explanation: message.clone(),
             message,
             rule_id: None,

@@ -1,11 +1,54 @@
-//! Which upstream a request is for, and the check that every name the client gave for it
-//! agrees: SNI, Host / :authority, and the destination it connected or CONNECTed to.
+//! The target phase: which upstream a request is for, and the checks that it is well formed:
+//! every name the client gave for it agrees (SNI, Host / :authority, and the destination it
+//! connected or CONNECTed to), its path normalizes, and its head is within
+//! `limits.max_header_bytes` (the HTTP server's own cap is set above that, so the agent gets
+//! this refusal, with its JSON body and its record, rather than a bare 431).
 
 use http::{header, Request};
 
+use super::refusal::{ErrorCode, Refusal};
+use super::RequestCtx;
 use crate::conn::{ConnCtx, DestHost};
-use crate::pipeline::refusal::{ErrorCode, Refusal};
-use crate::policy::{normalize_host, Scheme};
+use crate::policy::{normalize_host, normalize_path, Scheme};
+
+/// Finds the target and normalizes the path (`ctx.path` becomes the form sent upstream).
+pub(super) fn find<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
+    head_within(req, ctx.proxy.limits.max_header_bytes)?;
+    ctx.target = Some(for_request(&ctx.conn, req)?);
+    let path = normalize_path(req.uri().path())
+        .map_err(|e| Refusal::new(ErrorCode::BadRequest, format!("invalid request path: {e}")))?;
+    ctx.path = path.forward;
+    ctx.matching_path = path.matching;
+    Ok(())
+}
+
+/// Refuses a head larger than `max` bytes.
+pub(crate) fn head_within<B>(req: &Request<B>, max: usize) -> Result<(), Refusal> {
+    let size = head_size(req);
+    if size > max {
+        return Err(Refusal::new(
+            ErrorCode::HeadTooLarge,
+            format!("the request head is {size} bytes; at most {max} are accepted"),
+        ));
+    }
+    Ok(())
+}
+
+/// The size of a request head as HTTP/1.1 would carry it: the request line and every header
+/// line (`name: value\r\n`). HTTP/2 counts the same fields (RFC 9113 §6.5.2 adds 32 bytes
+/// of overhead per field, which we do not: the limit is the operator's, in bytes they can
+/// reason about).
+fn head_size<B>(req: &Request<B>) -> usize {
+    // Two spaces, `HTTP/1.1`, CRLF.
+    let line = req.method().as_str().len()
+        + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
+        + 12;
+    req.headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum::<usize>()
+        + line
+}
 
 /// The upstream a request will be forwarded to, as policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

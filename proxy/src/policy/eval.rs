@@ -9,7 +9,7 @@ use super::host::normalize_host_cow;
 use super::matcher::CompiledRule;
 use super::path::{is_matching_form, normalize_path};
 use super::rate::Obligations;
-use super::{Action, Decision, Mode, Policy, RequestFacts};
+use super::{Action, Decision, Mode, Policy, RequestFacts, Scheme};
 
 impl Policy {
     /// The verdict for one request or connection. Never fails: a host or path that cannot be
@@ -43,33 +43,45 @@ impl Policy {
         }
     }
 
-    /// Whether some request to `host:port` could be allowed or asked about (report mode:
-    /// always). For an early check before TLS interception, where scheme details, method and
-    /// path are not known yet: `decide` with `method: None` would treat every
-    /// method/path-constrained allow rule as not matching.
-    pub fn may_allow(&self, host: &str, port: u16) -> bool {
-        let Ok(host) = normalize_host_cow(host) else {
-            return false;
-        };
+    /// Whether an HTTP or HTTPS request on a connection to `name:port` (or, when `name` is
+    /// `None`, to an address, whose requests name their host in SNI or Host) could be allowed
+    /// or asked about. Over-approximates: when it says no, no request there can pass, so the
+    /// connection may be decided as raw TCP without waiting to see what it speaks.
+    pub fn may_allow_http(&self, name: Option<&str>, port: u16) -> bool {
         if self.mode == Mode::Report {
             return true;
         }
+        let lets_http = |r: &CompiledRule| {
+            r.action != Action::Deny
+                && (r.schemes.contains(Scheme::Http) || r.schemes.contains(Scheme::Https))
+        };
+        let Some(name) = name else {
+            return self.default != Action::Deny
+                || self
+                    .rules
+                    .iter()
+                    .any(|r| lets_http(r) && r.ports.matches(port));
+        };
+        let Ok(host) = normalize_host_cow(name) else {
+            return false;
+        };
         let mut verdict = None;
         self.scan(&host, |rule| {
             if !rule.ports.matches(port) || rule.is_excepted(&host) {
                 return false;
             }
-            if rule.action != Action::Deny {
+            if lets_http(rule) {
                 verdict = Some(true);
                 return true;
             }
-            if rule.host_port_only() {
+            if rule.action == Action::Deny && rule.host_port_only() {
                 verdict = Some(false);
                 return true;
             }
-            false // A scheme/method/path-specific deny leaves other requests open.
+            // A scheme/method/path-specific rule leaves other requests open.
+            false
         });
-        verdict.unwrap_or(self.default == Action::Allow)
+        verdict.unwrap_or(self.default != Action::Deny)
     }
 
     /// Visits the rules whose host patterns match canonical `host`, in evaluation order,

@@ -1,4 +1,4 @@
-//! Tests for `decide` and `may_allow`: order, report mode, path tricks. Ask, obligations and
+//! Tests for `decide` and `may_allow_http`: order, report mode, path tricks. Ask, obligations and
 //! schemes: `matcher_tests.rs`; the (method, URL) table: `policy_tests.rs`; speed:
 //! `benches/decide.rs`.
 
@@ -279,15 +279,33 @@ fn may_allow_before_interception() {
     let p = policy(TABLE_POLICY);
     // Only method/path-constrained allows: a TCP decide denies, but HTTP requests may pass.
     assert_eq!(p.decide(&tcp("api.github.com", 443)).action, Action::Deny);
-    assert!(p.may_allow("API.github.com", 443));
-    assert!(!p.may_allow("api.github.com", 8443));
-    assert!(p.may_allow("ci.internal.example", 1));
-    assert!(!p.may_allow("db.internal.example", 443));
-    assert!(!p.may_allow("tie.example", 443));
-    assert!(!p.may_allow("nothing.test", 443));
-    assert!(!p.may_allow("bad host", 443));
+    assert!(p.may_allow_http(Some("API.github.com"), 443));
+    assert!(!p.may_allow_http(Some("api.github.com"), 8443));
+    assert!(p.may_allow_http(Some("ci.internal.example"), 1));
+    assert!(!p.may_allow_http(Some("db.internal.example"), 443));
+    assert!(!p.may_allow_http(Some("tie.example"), 443));
+    assert!(!p.may_allow_http(Some("nothing.test"), 443));
+    assert!(!p.may_allow_http(Some("bad host"), 443));
     let open = policy("version = 1\ndefault = \"allow\"\n[[rule]]\nid = \"no-post\"\nhosts = [\"*\"]\nmethods = [\"POST\"]\naction = \"deny\"\n");
-    assert!(open.may_allow("x.example", 443));
+    assert!(open.may_allow_http(Some("x.example"), 443));
     let report = policy(&TABLE_POLICY.replace("\"enforce\"", "\"report\""));
-    assert!(report.may_allow("nothing.test", 443));
+    assert!(report.may_allow_http(Some("nothing.test"), 443));
+}
+
+#[test]
+fn may_allow_http_on_an_address_asks_every_rule_for_the_port() {
+    // A connection to an address: its requests name their host, so any rule could match.
+    let p = policy(
+        "version = 1\ndefault = \"deny\"\n\
+         [[rule]]\nid = \"web\"\nhosts = [\"a.example\"]\nports = [443]\naction = \"allow\"\n\
+         [[rule]]\nid = \"smtp\"\nhosts = [\"10.0.0.5\"]\nports = [25]\nschemes = [\"tcp\"]\naction = \"allow\"\n",
+    );
+    assert!(p.may_allow_http(None, 443));
+    assert!(
+        !p.may_allow_http(None, 25),
+        "only a tcp rule covers port 25"
+    );
+    assert!(!p.may_allow_http(Some("a.example"), 25));
+    let open = policy("version = 1\ndefault = \"allow\"\n");
+    assert!(open.may_allow_http(None, 25));
 }

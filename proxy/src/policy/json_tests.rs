@@ -155,7 +155,9 @@ fn mapping_details() {
             "{host}"
         );
     }
-    assert!(p.may_allow("ok.example", 443) && !p.may_allow("nope.example", 443));
+    assert!(
+        p.may_allow_http(Some("ok.example"), 443) && !p.may_allow_http(Some("nope.example"), 443)
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Rule features beyond hosts: ask ordering, obligations, schemes (and `may_allow` with them).
+//! Rule features beyond hosts: ask ordering, obligations, schemes (and `may_allow_http` with them).
 
 use super::super::eval::tests::{http, policy, tcp};
 use super::super::{Action, Obligations, RequestFacts, Scheme};
@@ -97,7 +97,7 @@ action = "deny"
 }
 
 #[test]
-fn schemes_restrict_and_may_allow_respects_them() {
+fn schemes_restrict_and_may_allow_http_respects_them() {
     let p = policy(
         r#"
 version = 1
@@ -124,7 +124,7 @@ action = "ask"
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("no-plain"));
     assert_eq!(p.decide(&tcp("a.example", 443)).rule_id, None);
     // The scheme-specific deny leaves HTTPS open; an ask may still let a request through.
-    assert!(p.may_allow("a.example", 443));
-    assert!(p.may_allow("held.test", 443));
-    assert!(!p.may_allow("other.test", 443));
+    assert!(p.may_allow_http(Some("a.example"), 443));
+    assert!(p.may_allow_http(Some("held.test"), 443));
+    assert!(!p.may_allow_http(Some("other.test"), 443));
 }

@@ -32,7 +32,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use concurrency::ConcurrencyCaps;
+pub(crate) use concurrency::{ConcurrencyCaps, ConcurrencyPermit};
 pub(crate) use limiter::Limiter;
 
 /// `requests` tokens per `per`, holding at most `burst`. Identical to the policy's struct.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
+use hyper::upgrade::Upgraded;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -25,9 +26,6 @@ pub(crate) struct Forwarder {
     any: Upstream,
     /// http/1.1 only: protocol upgrades (WebSocket) need it end to end.
     h1: Upstream,
-    /// An upgraded connection with no traffic either way for this long is closed.
-    tunnel_idle: std::time::Duration,
-    metrics: Arc<crate::control::metrics::Metrics>,
 }
 
 impl Forwarder {
@@ -35,7 +33,6 @@ impl Forwarder {
         dialer: Arc<Dialer>,
         tls: rustls::ClientConfig,
         limits: &Limits,
-        metrics: Arc<crate::control::metrics::Metrics>,
     ) -> Forwarder {
         let build = |h2: bool| {
             let b = hyper_rustls::HttpsConnectorBuilder::new()
@@ -63,8 +60,6 @@ impl Forwarder {
         Forwarder {
             any: build(true),
             h1: build(false),
-            tunnel_idle: limits.tunnel_idle_timeout,
-            metrics,
         }
     }
 
@@ -74,8 +69,8 @@ impl Forwarder {
         target: &Target,
         path_and_query: &str,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<ProxyBody>, Refusal> {
-        let upgrade = wants_upgrade(&req);
+    ) -> Result<Forwarded, Refusal> {
+        let upgrade = upgrade_token(&req).is_some();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let uri: http::Uri = format!(
             "{}://{}{}",
@@ -113,42 +108,61 @@ impl Forwarder {
             .map_err(|e| refusal_for(target, &e))?;
 
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let Some(client_upgrade) = client_upgrade else {
+            let Some(client) = client_upgrade else {
                 return Err(Refusal::new(
                     ErrorCode::UpstreamError,
                     "upstream switched protocols without being asked",
                 ));
             };
-            let upstream_upgrade = hyper::upgrade::on(&mut resp);
-            let idle = self.tunnel_idle;
-            let metrics = self.metrics.clone();
-            tokio::spawn(async move {
-                match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                    Ok((c, u)) => {
-                        let _open = metrics.connection(crate::control::metrics::Protocol::Ws);
-                        let relayed =
-                            crate::upstream::relay::relay(TokioIo::new(c), TokioIo::new(u), idle);
-                        if let Err(e) = relayed.await {
-                            tracing::debug!("upgraded connection ended: {e}");
-                        }
-                    }
-                    Err(e) => tracing::debug!("protocol upgrade failed: {e}"),
-                }
-            });
+            let upstream = hyper::upgrade::on(&mut resp);
             let (parts, _) = resp.into_parts();
-            return Ok(Response::from_parts(parts, body::empty()));
+            return Ok(Forwarded::Upgraded(
+                Response::from_parts(parts, body::empty()),
+                Upgrades { client, upstream },
+            ));
         }
 
         let (mut parts, incoming) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, body::stream(incoming)))
+        Ok(Forwarded::Response(Response::from_parts(
+            parts,
+            body::stream(incoming),
+        )))
     }
 }
 
-pub(crate) fn wants_upgrade<B>(req: &Request<B>) -> bool {
-    req.version() == Version::HTTP_11
-        && req.headers().contains_key(header::UPGRADE)
-        && connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))
+/// What an upstream answered.
+pub(crate) enum Forwarded {
+    Response(Response<ProxyBody>),
+    /// It switched protocols (101): the response for the agent, and the two connections to
+    /// join once the agent has it.
+    Upgraded(Response<ProxyBody>, Upgrades),
+}
+
+/// Both sides of a protocol upgrade, resolving once each side has switched.
+pub(crate) struct Upgrades {
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+}
+
+impl Upgrades {
+    /// The agent's and the upstream's upgraded connections.
+    pub(crate) async fn join(self) -> hyper::Result<(TokioIo<Upgraded>, TokioIo<Upgraded>)> {
+        let (c, u) = tokio::try_join!(self.client, self.upstream)?;
+        Ok((TokioIo::new(c), TokioIo::new(u)))
+    }
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Upgrade` with `Connection:
+/// upgrade`), if it does.
+pub(crate) fn upgrade_token<B>(req: &Request<B>) -> Option<&str> {
+    if req.version() != Version::HTTP_11
+        || !connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    {
+        return None;
+    }
+    let token = req.headers().get(header::UPGRADE)?.to_str().ok()?;
+    Some(token.split(',').next().unwrap_or(token).trim())
 }
 
 fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -207,14 +221,19 @@ fn refusal_for(target: &Target, err: &hyper_util::client::legacy::Error) -> Refu
     )
 }
 
+/// What the agent is told when a dial fails.
+pub(crate) fn dial_refusal(d: &DialError) -> Refusal {
+    let code = match d {
+        DialError::Forbidden { .. } => ErrorCode::DestinationForbidden,
+        DialError::Resolve(_) => ErrorCode::UpstreamDns,
+        _ => ErrorCode::UpstreamConnect,
+    };
+    Refusal::new(code, d.to_string())
+}
+
 fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
     if let Some(d) = e.downcast_ref::<DialError>() {
-        let code = match d {
-            DialError::Forbidden { .. } => ErrorCode::DestinationForbidden,
-            DialError::Resolve(_) => ErrorCode::UpstreamDns,
-            _ => ErrorCode::UpstreamConnect,
-        };
-        return Some(Refusal::new(code, d.to_string()));
+        return Some(dial_refusal(d));
     }
     if let Some(t) = e.downcast_ref::<rustls::Error>() {
         return Some(Refusal::new(
@@ -276,14 +295,19 @@ mod tests {
     }
 
     #[test]
-    fn websocket_request_wants_upgrade() {
+    fn websocket_request_names_its_upgrade() {
         let req = Request::builder()
             .header("connection", "keep-alive, Upgrade")
             .header("upgrade", "websocket")
             .body(())
             .expect("req");
-        assert!(wants_upgrade(&req));
+        assert_eq!(upgrade_token(&req), Some("websocket"));
         let plain = Request::builder().body(()).expect("req");
-        assert!(!wants_upgrade(&plain));
+        assert_eq!(upgrade_token(&plain), None);
+        let no_connection = Request::builder()
+            .header("upgrade", "websocket")
+            .body(())
+            .expect("req");
+        assert_eq!(upgrade_token(&no_connection), None);
     }
 }

@@ -11,42 +11,84 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// Copies both ways until either side closes, or nothing moves for `idle`.
-pub(crate) async fn relay<A, B>(a: A, b: B, idle: Duration) -> io::Result<(u64, u64)>
+/// How a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum End {
+    /// One side closed.
+    Closed,
+    /// Nothing moved either way for the idle timeout.
+    IdleTimeout,
+    /// A read or write failed (a reset, say).
+    Error,
+}
+
+/// What a relay moved, and how it ended.
+#[derive(Debug)]
+pub(crate) struct Relayed {
+    /// Bytes from the agent's side to the upstream's.
+    pub up: u64,
+    /// Bytes from the upstream's side to the agent's.
+    pub down: u64,
+    pub end: End,
+    /// The failure, when `end` is `Error`.
+    pub error: Option<io::Error>,
+}
+
+/// Copies both ways until either side closes, or nothing moves for `idle`. `client` is the
+/// agent's side. Counts what moved even when it ends in an error or a timeout.
+pub(crate) async fn relay<A, B>(client: A, upstream: B, idle: Duration) -> Relayed
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
     let epoch = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
-    let mut a = Watched::new(a, epoch, last.clone());
-    let mut b = Watched::new(b, epoch, last.clone());
-    let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
-    tokio::pin!(copy);
-    loop {
-        let quiet_since = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
-        tokio::select! {
-            r = &mut copy => return r,
-            _ = tokio::time::sleep_until(quiet_since + idle) => {
-                let now_last = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
-                if now_last == quiet_since {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+    let mut a = Watched::new(client, epoch, last.clone());
+    let mut b = Watched::new(upstream, epoch, last.clone());
+    let (end, error) = {
+        let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
+        tokio::pin!(copy);
+        loop {
+            let quiet_since = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
+            tokio::select! {
+                r = &mut copy => break match r {
+                    Ok(_) => (End::Closed, None),
+                    Err(e) => (End::Error, Some(e)),
+                },
+                _ = tokio::time::sleep_until(quiet_since + idle) => {
+                    let now_last = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
+                    if now_last == quiet_since {
+                        break (End::IdleTimeout, None);
+                    }
                 }
             }
         }
+    };
+    Relayed {
+        up: a.read,
+        down: b.read,
+        end,
+        error,
     }
 }
 
-/// Records when bytes last arrived on a stream.
+/// Counts the bytes read from a stream and records when the last arrived.
 struct Watched<S> {
     inner: S,
     epoch: Instant,
     last: Arc<AtomicU64>,
+    read: u64,
 }
 
 impl<S> Watched<S> {
     fn new(inner: S, epoch: Instant, last: Arc<AtomicU64>) -> Self {
-        Watched { inner, epoch, last }
+        Watched {
+            inner,
+            epoch,
+            last,
+            read: 0,
+        }
     }
 }
 
@@ -60,6 +102,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
+            this.read += (buf.filled().len() - before) as u64;
             let ms = u64::try_from(this.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
             this.last.store(ms, Ordering::Relaxed);
         }
@@ -91,13 +134,16 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test(start_paused = true)]
-    async fn quiet_relay_times_out() {
-        let (a, _a_peer) = tokio::io::duplex(64);
-        let (b, _b_peer) = tokio::io::duplex(64);
-        let err = relay(a, b, Duration::from_secs(30))
-            .await
-            .expect_err("idle");
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    async fn quiet_relay_times_out_and_counts_what_moved() {
+        let (a, mut a_peer) = tokio::io::duplex(64);
+        let (b, mut b_peer) = tokio::io::duplex(64);
+        a_peer.write_all(b"hello").await.expect("w");
+        let relay = tokio::spawn(relay(a, b, Duration::from_secs(30)));
+        let mut got = [0u8; 5];
+        b_peer.read_exact(&mut got).await.expect("r");
+        let relayed = relay.await.expect("join");
+        assert_eq!(relayed.end, End::IdleTimeout);
+        assert_eq!((relayed.up, relayed.down), (5, 0));
     }
 
     #[tokio::test]
@@ -114,7 +160,8 @@ mod tests {
         assert_eq!(&got, b"pong");
         drop(a_peer);
         drop(b_peer);
-        let (up, down) = relay.await.expect("join").expect("clean close");
-        assert_eq!((up, down), (4, 4));
+        let relayed = relay.await.expect("join");
+        assert_eq!(relayed.end, End::Closed);
+        assert_eq!((relayed.up, relayed.down), (4, 4));
     }
 }

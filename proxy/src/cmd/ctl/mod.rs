@@ -64,10 +64,6 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
                 .await
             {
                 Ok(v) => print(&v, json, render::check),
-                Err(CtlError::BadInput(e)) => {
-                    eprintln!("agenshield: {e}");
-                    BAD_INPUT
-                }
                 Err(e) => fail(e),
             }
         }
@@ -114,9 +110,13 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     }
 }
 
+/// Says what failed; the exit code is 2 when the daemon called the request bad input, else 1.
 pub(crate) fn fail(e: CtlError) -> u8 {
     eprintln!("agenshield: {e}");
-    FAILED
+    match e {
+        CtlError::BadInput(_) => BAD_INPUT,
+        _ => FAILED,
+    }
 }
 
 pub(crate) fn print(
@@ -313,7 +313,18 @@ async fn tail(
         Err(e) => return fail(e),
     };
     if !status.is_success() {
-        return fail(CtlError::Refused(format!("tail: HTTP {status}")));
+        let text = match body.collect().await {
+            Ok(b) => serde_json::from_slice::<serde_json::Value>(&b.to_bytes())
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string)),
+            Err(_) => None,
+        };
+        let msg = format!("tail: {}", text.unwrap_or_else(|| format!("HTTP {status}")));
+        return fail(if status == http::StatusCode::BAD_REQUEST {
+            CtlError::BadInput(msg)
+        } else {
+            CtlError::Refused(msg)
+        });
     }
     let mut pending = Vec::new();
     let mut out = std::io::stdout().lock();

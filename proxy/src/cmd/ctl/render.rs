@@ -213,28 +213,57 @@ pub(super) fn pending(v: &Value) -> String {
     out.join("\n")
 }
 
+/// One record of `ctl tail`, on one line: when, the decision, and what it was about.
 pub(super) fn event(v: &Value) -> String {
-    let time = s(&v["time"]);
-    format!(
-        "{} {:<12} {:>3} {:<6} {}://{}:{}{}  rule={}{}{}",
-        time.get(11..23).unwrap_or(time),
-        s(&v["decision"]),
-        v["status"],
-        s(&v["method"]),
-        s(&v["scheme"]),
-        s(&v["host"]),
-        v["port"],
-        s(&v["path"]),
-        v["rule_id"].as_str().unwrap_or("(default)"),
-        v["error_code"]
-            .as_str()
-            .map(|c| format!(" error={c}"))
-            .unwrap_or_default(),
-        match list(&v["secrets"]).as_str() {
-            "-" => String::new(),
-            names => format!(" secrets={}", names.replace(", ", ",")),
-        }
-    )
+    let started = s(&v["started"]);
+    let time = started.get(11..23).unwrap_or(started);
+    let hostport = match v["host"].as_str() {
+        Some(h) if h.contains(':') => format!("[{h}]:{}", v["port"]),
+        Some(h) => format!("{h}:{}", v["port"]),
+        None => "-".into(),
+    };
+    let rule = v["rule"].as_str().unwrap_or("default");
+    let error = v["error_code"]
+        .as_str()
+        .map(|c| format!(" error={c}"))
+        .unwrap_or_default();
+    let secrets = match list(&v["secrets"]).as_str() {
+        "-" => String::new(),
+        names => format!(" secrets={}", names.replace(", ", ",")),
+    };
+    let proto = s(&v["protocol"]);
+    let decision = s(&v["decision"]);
+    let what = match s(&v["kind"]) {
+        "close" => format!(
+            "{:<12} {:>3} {:<6} {proto}://{hostport}  closed ({}) up={} down={} ms={}",
+            "closed",
+            "",
+            "",
+            s(&v["end"]),
+            v["bytes_up"],
+            v["bytes_down"],
+            v["ms"]
+        ),
+        _ if v["error_code"] == "client_rejected_ca" => format!(
+            "{decision:<12} {:>3} {:<6} {hostport}  the client rejected the AgenShield CA for \
+             {}: this tool does not trust the CA; see the README (Trust){error}",
+            "",
+            "TLS",
+            v["sni"].as_str().unwrap_or(s(&v["host"])),
+        ),
+        "connection" if v["method"].is_null() => format!(
+            "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}",
+            "",
+            proto.to_uppercase(),
+        ),
+        _ => format!(
+            "{decision:<12} {:>3} {:<6} {proto}://{hostport}{}  rule={rule}{error}{secrets}",
+            v["status"],
+            s(&v["method"]),
+            s(&v["path"]),
+        ),
+    };
+    format!("{time} {what}")
 }
 
 pub(super) fn secrets(v: &Value) -> String {

@@ -12,8 +12,9 @@ use serde::Serialize;
 
 use super::Admin;
 use crate::body::{full, ProxyBody};
-use crate::control::events::DecisionEvent;
+use crate::control::events::SharedEvent;
 use crate::control::policy_check::check;
+use crate::pipeline::record::{Record, Verdict};
 
 pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
     let mut body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
@@ -196,13 +197,22 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
 }
 
 fn tail(admin: &Admin, query: &HashMap<String, String>) -> Response<ProxyBody> {
-    let decision = query.get("decision").cloned();
-    let host = query.get("host").cloned();
-    let keep = move |e: &DecisionEvent| {
-        decision.as_deref().is_none_or(|d| e.decision == d)
-            && host.as_deref().is_none_or(|h| e.host == h)
+    let decision = match query.get("decision").map(|d| Verdict::parse(d).ok_or(d)) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(d)) => {
+            let valid: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("no decision {d:?}; one of: {}", valid.join(", ")),
+            );
+        }
     };
-    let line = |e: &DecisionEvent| {
+    let host = query.get("host").cloned();
+    let keep = move |e: &Record| {
+        decision.is_none_or(|d| e.decision == d) && host.as_deref().is_none_or(|h| &*e.host == h)
+    };
+    let line = |e: &SharedEvent| {
         let mut v = serde_json::to_vec(e).unwrap_or_default();
         v.push(b'\n');
         Bytes::from(v)
@@ -213,7 +223,7 @@ fn tail(admin: &Admin, query: &HashMap<String, String>) -> Response<ProxyBody> {
         .recent()
         .iter()
         .filter(|e| keep(e))
-        .map(|e| line(e))
+        .map(&line)
         .collect();
     if !query.get("follow").is_some_and(|v| v == "1" || v == "true") {
         let body: Vec<u8> = recent.concat();

@@ -1,109 +1,16 @@
-//! The end of a request: its metrics and its audit record. The response body is wrapped so
-//! its last frame (or its end) is released to the agent only once the record is in the audit
-//! file; a response the agent saw complete is therefore always in the log.
+//! A streaming response body whose last frame (or its end) is released to the agent only
+//! once the request's record is in the audit file: a response the agent saw complete is
+//! always in the log. Counts the bytes down on the way.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::audit::{Entry, RequestEntry};
+use super::{PendingRecord, Submitted};
 use crate::body::{BodyError, ProxyBody};
-use crate::proxy::Proxy;
-
-/// What is known of a request when its response starts; completed when it ends.
-pub(crate) struct Finish {
-    pub proxy: Arc<Proxy>,
-    pub entry: RequestEntry,
-    pub started: Instant,
-    /// Request body bytes sent upstream.
-    pub up: Arc<AtomicU64>,
-    /// The host as a metric label (named in policy, or `other`).
-    pub host_label: String,
-}
-
-impl Finish {
-    /// Counts the request in the metrics and returns its audit record.
-    fn account(mut self, down: u64, incomplete: bool) -> (Arc<Proxy>, RequestEntry) {
-        let e = &mut self.entry;
-        e.ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        e.bytes_up = self.up.load(Ordering::Relaxed);
-        e.bytes_down = down;
-        e.incomplete = incomplete;
-        let m = &self.proxy.metrics;
-        let decision = metric_decision(e.decision);
-        let rule = e.rule.as_deref().unwrap_or("default");
-        m.requests
-            .with_label_values(&[decision, rule, &self.host_label])
-            .inc();
-        m.request_duration
-            .with_label_values(&[decision])
-            .observe(e.ms / 1000.0);
-        m.bytes_up.inc_by(e.bytes_up);
-        m.bytes_down.inc_by(down);
-        if e.decision == "limited" {
-            m.rate_limited.with_label_values(&[rule]).inc();
-        }
-        match e.error_code {
-            Some("secret_leak") => m.secret_refusals.with_label_values(&["leak"]).inc(),
-            Some("secret_scope") => m.secret_refusals.with_label_values(&["scope"]).inc(),
-            Some("secret_unavailable") => {
-                m.secret_refusals.with_label_values(&["unavailable"]).inc()
-            }
-            Some("upstream_dns" | "upstream_connect") => {
-                m.upstream_errors.with_label_values(&["connect"]).inc()
-            }
-            Some("upstream_tls") => m.upstream_errors.with_label_values(&["tls"]).inc(),
-            Some("upstream_timeout") => m.upstream_errors.with_label_values(&["timeout"]).inc(),
-            Some("upstream_error") => m.upstream_errors.with_label_values(&["protocol"]).inc(),
-            _ => {}
-        }
-        if e.error_code.is_none() {
-            for s in &e.secrets {
-                m.secret_injections.with_label_values(&[s]).inc();
-            }
-        }
-        (self.proxy, self.entry)
-    }
-
-    /// Accounts for a request whose response body need not be held back (none: HEAD, 1xx,
-    /// 204, 304, empty; or all `down` bytes of it already here): the record is written
-    /// before the response is returned.
-    /// `false`: the audit log could not record it; the response must not go out.
-    pub(crate) async fn now(self, down: u64) -> bool {
-        let (proxy, entry) = self.account(down, false);
-        match &proxy.audit {
-            Some(audit) => audit.write(Entry::Request(Box::new(entry))).await,
-            None => true,
-        }
-    }
-
-    /// Accounts without waiting (the client went away).
-    fn detached(self, down: u64) {
-        let (proxy, entry) = self.account(down, true);
-        if let Some(audit) = &proxy.audit {
-            audit.write_detached(Entry::Request(Box::new(entry)));
-        }
-    }
-}
-
-/// Decision names as metric label values (`ask-approved` → `ask_approved`).
-pub(crate) fn metric_decision(d: &str) -> &'static str {
-    match d {
-        "allow" => "allow",
-        "deny" => "deny",
-        "limited" => "limited",
-        "ask-approved" => "ask_approved",
-        "ask-denied" => "ask_denied",
-        "ask-timeout" => "ask_timeout",
-        _ => "error",
-    }
-}
 
 /// Resolves once the record is in the file; an error if the log could not take it.
 type Writing = tokio::sync::oneshot::Receiver<()>;
@@ -112,9 +19,9 @@ type Writing = tokio::sync::oneshot::Receiver<()>;
 enum Waiting {
     /// Queued: first once round the worker's other ready requests, so their records share
     /// this one's write (see `Audit::submit`).
-    Queued(Arc<crate::audit::Audit>, Writing),
+    Queued(Submitted),
     /// Back from that round: drive the log, then wait.
-    Yielded(Arc<crate::audit::Audit>, Writing),
+    Yielded(Submitted),
     /// Waiting for the acknowledgement.
     Driven(Writing),
 }
@@ -122,7 +29,7 @@ enum Waiting {
 /// The response body, counted, with its last frame held until the record is written.
 pub(crate) struct FinishedBody {
     inner: ProxyBody,
-    finish: Option<Finish>,
+    finish: Option<PendingRecord>,
     down: u64,
     held: Option<Frame<Bytes>>,
     waiting: Option<Waiting>,
@@ -133,7 +40,11 @@ pub(crate) struct FinishedBody {
 }
 
 impl FinishedBody {
-    pub(crate) fn new(inner: ProxyBody, finish: Finish, expected: Option<u64>) -> FinishedBody {
+    pub(super) fn new(
+        inner: ProxyBody,
+        finish: PendingRecord,
+        expected: Option<u64>,
+    ) -> FinishedBody {
         FinishedBody {
             expected,
             inner,
@@ -151,13 +62,9 @@ impl FinishedBody {
         let Some(f) = self.finish.take() else {
             return false;
         };
-        let (proxy, entry) = f.account(self.down, false);
-        let Some(audit) = &proxy.audit else {
-            return false;
-        };
-        match audit.submit(Entry::Request(Box::new(entry))) {
-            Some(w) => {
-                self.waiting = Some(Waiting::Queued(audit.clone(), w));
+        match f.submit(self.down) {
+            Some(s) => {
+                self.waiting = Some(Waiting::Queued(s));
                 true
             }
             None => false,
@@ -187,14 +94,14 @@ impl Body for FinishedBody {
         let this = &mut *self;
         loop {
             match this.waiting.take() {
-                Some(Waiting::Queued(audit, w)) => {
-                    this.waiting = Some(Waiting::Yielded(audit, w));
+                Some(Waiting::Queued(s)) => {
+                    this.waiting = Some(Waiting::Yielded(s));
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                Some(Waiting::Yielded(audit, w)) => {
-                    audit.drive();
-                    this.waiting = Some(Waiting::Driven(w));
+                Some(Waiting::Yielded(s)) => {
+                    s.audit.drive();
+                    this.waiting = Some(Waiting::Driven(s.written));
                     continue;
                 }
                 Some(Waiting::Driven(mut w)) => match Pin::new(&mut w).poll(cx) {

@@ -1,6 +1,349 @@
-//! The record phase: what a request came to, counted in the metrics and written to the audit
-//! log before the agent sees the end of its response.
+//! The record phase: every decision becomes one [`Record`], and everything an operator or a
+//! reviewer sees of it is derived from that record:
+//!
+//! - at the decision: the log line (`log.rs`) and the `ctl tail` event;
+//! - once the outcome is known: the metrics and the audit entry. A request's record is in the
+//!   audit file before the last byte of its response reaches the agent (`held_body.rs`); a
+//!   tunnel's decision is in it before the first byte is relayed; its close record follows
+//!   when the relay ends.
 
+mod format;
 mod held_body;
+mod log;
 
-pub(crate) use held_body::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::Response;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpInfo;
+
+#[cfg(test)]
+pub(crate) use format::End;
+pub(crate) use format::{Protocol, Record, RecordKind, RequestId, Verdict};
+use held_body::FinishedBody;
+
+use super::refusal::{self, ErrorCode, Refusal};
+use super::RequestCtx;
+use crate::audit::Entry;
+use crate::body::ready::{take_ready, Ready};
+use crate::body::ProxyBody;
+use crate::conn::ConnCtx;
+use crate::policy::Policy;
+use crate::proxy::Proxy;
+use crate::upstream::relay::Relayed;
+
+/// A response body up to this size that has fully arrived with its head is recorded and
+/// sent whole (see `body::ready`); larger or still-arriving bodies stream.
+const READY_BODY_LIMIT: usize = 64 * 1024;
+
+/// Ends an HTTP request: builds its record from what the phases learned and the outcome,
+/// logs and publishes it, and returns the response with its audit write attached.
+pub(super) async fn respond(
+    mut ctx: RequestCtx,
+    outcome: Result<Response<ProxyBody>, Refusal>,
+) -> Response<ProxyBody> {
+    let secrets = ctx.proxy.vault.current();
+    // The agent may have put a secret value anywhere it wrote: nothing shown or logged
+    // carries it.
+    let outcome = outcome.map_err(|mut r| {
+        if !secrets.is_empty() {
+            r.message = secrets.redact(&r.message).into_owned();
+            r.explanation = secrets.redact(&r.explanation).into_owned();
+        }
+        r
+    });
+    let (verdict, status, error_code, upstream, reason) = match &outcome {
+        Ok(resp) => (
+            ctx.verdict,
+            resp.status().as_u16(),
+            None,
+            // The address actually dialed, which the agent never chose.
+            resp.extensions().get::<HttpInfo>().map(|i| i.remote_addr()),
+            None,
+        ),
+        Err(r) => (
+            r.verdict,
+            r.code.status().as_u16(),
+            Some(r.code),
+            None,
+            Some(r.message.clone()),
+        ),
+    };
+    let (host, port, protocol) = match &ctx.target {
+        Some(t) => (
+            secrets.redact(&t.host).into(),
+            t.port,
+            protocol_of(t.scheme),
+        ),
+        None => (
+            secrets.redact(&ctx.conn.dest.host.to_string()).into(),
+            ctx.conn.dest.port,
+            if ctx.conn.tls.is_some() {
+                Protocol::Https
+            } else {
+                Protocol::Http
+            },
+        ),
+    };
+    let path = crate::audit::shown_path(
+        &secrets.redact(&ctx.path),
+        ctx.query.as_deref().map(|q| secrets.redact(q)).as_deref(),
+        ctx.proxy.audit_query_values,
+    );
+    let record = Record {
+        kind: RecordKind::Request,
+        protocol,
+        host,
+        port,
+        method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
+        path: Some(path),
+        upgrade: ctx.upgrade.clone(),
+        decision: verdict,
+        rule: ctx.rule().cloned(),
+        status: Some(status),
+        error_code,
+        upstream,
+        secrets: ctx
+            .secrets
+            .as_ref()
+            .map(|p| p.used.clone())
+            .unwrap_or_default(),
+        reason,
+        ms: ms_since(ctx.started),
+        ..base(
+            &ctx.proxy,
+            &ctx.conn,
+            &ctx.policy,
+            ctx.id,
+            ctx.started_at.clone(),
+        )
+    };
+    let pending = PendingRecord {
+        host_label: ctx.policy.host_label(&record.host).into(),
+        proxy: ctx.proxy.clone(),
+        record,
+        started: ctx.started,
+        up: ctx.bytes_up.clone(),
+        on_recorded: ctx.on_recorded.take(),
+    };
+    pending.decided();
+    let resp = match outcome {
+        Ok(resp) => resp,
+        Err(r) => refusal::render(&r, &ctx.id.to_string(), ctx.policy.hash()),
+    };
+    attach(pending, resp, ctx.method == http::Method::HEAD).await
+}
+
+/// Writes the record before a bodiless or already-complete response goes out, or holds the
+/// last frame of a streaming one until it is written.
+async fn attach(
+    pending: PendingRecord,
+    resp: Response<ProxyBody>,
+    head_only: bool,
+) -> Response<ProxyBody> {
+    let status = resp.status();
+    let bodiless = head_only
+        || status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED
+        || http_body::Body::is_end_stream(resp.body());
+    let (id, policy) = (pending.record.request_id, pending.record.policy.clone());
+    let withheld = || {
+        refusal::render(
+            &Refusal::new(
+                ErrorCode::AuditUnavailable,
+                "the audit log could not record this request, so its response is withheld",
+            ),
+            &id.to_string(),
+            &policy,
+        )
+    };
+    if bodiless {
+        if !pending.now(0).await {
+            return withheld();
+        }
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    match take_ready(body, READY_BODY_LIMIT) {
+        // All here: record it, then hand hyper the whole response for one write.
+        Ready::Complete(bytes) => {
+            if !pending.now(bytes.len() as u64).await {
+                return withheld();
+            }
+            Response::from_parts(parts, crate::body::full(bytes))
+        }
+        Ready::Streaming(body) => {
+            let expected = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            Response::from_parts(
+                parts,
+                BodyExt::boxed(FinishedBody::new(body, pending, expected)),
+            )
+        }
+    }
+}
+
+/// A connection decided as a whole (raw TCP, a failed TLS handshake, a request the HTTP
+/// server refused): logged, published, counted and written. `false`: the audit log could
+/// not take it; nothing may be relayed.
+pub(crate) async fn connection(proxy: &Arc<Proxy>, record: Record) -> bool {
+    let host_label = proxy.policy().host_label(&record.host).to_string();
+    let pending = PendingRecord {
+        proxy: proxy.clone(),
+        host_label: host_label.into(),
+        started: Instant::now(),
+        up: Arc::new(AtomicU64::new(record.bytes_up)),
+        on_recorded: None,
+        record,
+    };
+    pending.decided();
+    pending.now(0).await
+}
+
+/// Records the end of a tunnel `decided` allowed.
+pub(crate) async fn tunnel_closed(
+    proxy: &Arc<Proxy>,
+    decided: &Record,
+    relayed: &Relayed,
+    started: Instant,
+) {
+    if let Some(e) = &relayed.error {
+        tracing::debug!("tunnel ended: {e}");
+    }
+    let record = decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end);
+    connection(proxy, record).await;
+}
+
+/// The fields every record of a connection shares; the caller fills in the decision.
+pub(crate) fn base(
+    proxy: &Proxy,
+    conn: &ConnCtx,
+    policy: &Policy,
+    id: RequestId,
+    started: Arc<str>,
+) -> Record {
+    let secrets = proxy.vault.current();
+    let dest = conn.dest.to_string();
+    Record {
+        kind: RecordKind::Connection,
+        protocol: Protocol::Tcp,
+        started,
+        request_id: id,
+        conn_id: conn.id,
+        listener: conn.listener,
+        client: conn.client,
+        agent_uid: conn.agent_uid,
+        dst: secrets.redact(&dest).into(),
+        sni: conn
+            .tls
+            .as_ref()
+            .and_then(|t| t.sni.as_deref())
+            .map(|s| secrets.redact(s).into()),
+        host: secrets.redact(&conn.dest.host.to_string()).into(),
+        port: conn.dest.port,
+        method: None,
+        path: None,
+        upgrade: None,
+        decision: Verdict::Error,
+        rule: None,
+        policy: policy.hash().into(),
+        status: None,
+        error_code: None,
+        upstream: None,
+        secrets: Vec::new(),
+        bytes_up: 0,
+        bytes_down: 0,
+        ms: 0.0,
+        incomplete: false,
+        end: None,
+        reason: None,
+    }
+}
+
+fn protocol_of(scheme: crate::policy::Scheme) -> Protocol {
+    match scheme {
+        crate::policy::Scheme::Https => Protocol::Https,
+        crate::policy::Scheme::Http => Protocol::Http,
+        crate::policy::Scheme::Tcp => Protocol::Tcp,
+    }
+}
+
+pub(crate) fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// A record whose outcome is not known yet: completed when the response (or nothing) ends.
+pub(crate) struct PendingRecord {
+    proxy: Arc<Proxy>,
+    record: Record,
+    started: Instant,
+    /// Request body bytes sent upstream so far.
+    up: Arc<AtomicU64>,
+    /// The host as a metric label (named in policy, or `other`).
+    host_label: Arc<str>,
+    /// Who waits for the final record (an upgrade's relay).
+    on_recorded: Option<tokio::sync::oneshot::Sender<Record>>,
+}
+
+impl PendingRecord {
+    /// The decision is made: the log line and the `ctl tail` event.
+    fn decided(&self) {
+        log::line(&self.record);
+        self.proxy.events.publish(Arc::new(self.record.clone()));
+    }
+
+    /// Completes the record (`down` bytes sent to the agent) and counts it in the metrics.
+    fn complete(mut self, down: u64, incomplete: bool) -> (Arc<Proxy>, Record) {
+        let r = &mut self.record;
+        if r.kind == RecordKind::Request {
+            r.ms = ms_since(self.started);
+            r.bytes_up = self.up.load(Ordering::Relaxed);
+            r.bytes_down = down;
+            r.incomplete = incomplete;
+        }
+        self.proxy.metrics.observe(r, &self.host_label);
+        if let Some(tx) = self.on_recorded.take() {
+            let _ = tx.send(r.clone());
+        }
+        (self.proxy, self.record)
+    }
+
+    /// Completes and writes the record, waiting until it is in the file. `false`: the
+    /// audit log could not record it; the response must not go out.
+    async fn now(self, down: u64) -> bool {
+        let (proxy, record) = self.complete(down, false);
+        match &proxy.audit {
+            Some(audit) => audit.write(Entry::Record(Box::new(record))).await,
+            None => true,
+        }
+    }
+
+    /// Completes and queues the record without waiting (the client went away).
+    fn detached(self, down: u64) {
+        let (proxy, record) = self.complete(down, true);
+        if let Some(audit) = &proxy.audit {
+            audit.write_detached(Entry::Record(Box::new(record)));
+        }
+    }
+
+    /// Completes and queues the record; the receiver resolves once it is in the file.
+    /// `None`: nothing to wait for (no audit log, or dropped by design).
+    fn submit(self, down: u64) -> Option<Submitted> {
+        let (proxy, record) = self.complete(down, false);
+        let audit = proxy.audit.clone()?;
+        let written = audit.submit(Entry::Record(Box::new(record)))?;
+        Some(Submitted { audit, written })
+    }
+}
+
+/// A record queued for the audit log and the acknowledgement that it was written.
+pub(crate) struct Submitted {
+    audit: Arc<crate::audit::Audit>,
+    written: tokio::sync::oneshot::Receiver<()>,
+}

@@ -1,0 +1,146 @@
+//! The decide phase: what the policy says about a request or a raw connection, and for an
+//! `ask` rule, what an operator says (a request waits for the answer; a raw connection
+//! cannot wait, so `ask` refuses it like `deny`). Report mode lets would-be refusals through
+//! with a warning.
+
+use http::Request;
+
+use super::record::Verdict;
+use super::refusal::{ErrorCode, Refusal};
+use super::RequestCtx;
+use crate::control::approvals::{AskOutcome, PendingRequest, MAX_PENDING};
+use crate::policy::{Action, Decision, Policy, RequestFacts, Scheme};
+use crate::proxy::Proxy;
+
+/// Decides an HTTP request; on `Ok`, `ctx.verdict` says whether it was allowed outright or
+/// approved by an operator.
+pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
+    let target = ctx.target.as_ref().expect("the target phase ran");
+    let decision = ctx.policy.decide(&RequestFacts {
+        host: &target.host,
+        port: target.port,
+        scheme: target.scheme,
+        method: Some(req.method().as_str()),
+        path: Some(&ctx.matching_path),
+    });
+    let what = format!(
+        "{} {}://{}{}",
+        req.method(),
+        target.scheme_str(),
+        target.authority(),
+        ctx.path
+    );
+    if decision.reported_deny {
+        let why = ctx
+            .proxy
+            .vault
+            .current()
+            .redact(&decision.explanation)
+            .into_owned();
+        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or("default"), "report mode: would deny: {why}");
+    }
+    let action = decision.action;
+    ctx.decision = Some(decision);
+    let decision = ctx.decision.as_ref().expect("just set");
+    let refused = |why: Option<&str>, verdict: Verdict| Refusal {
+        verdict,
+        ..policy_refusal(&what, decision, why)
+    };
+    let outcome = match action {
+        Action::Allow => Ok(Verdict::Allow),
+        Action::Deny => Err(refused(None, Verdict::Deny)),
+        Action::Ask => match ask(ctx, req).await {
+            AskOutcome::Approved | AskOutcome::Remembered => Ok(Verdict::AskApproved),
+            AskOutcome::Full => {
+                let why = format!("{MAX_PENDING} requests already wait for an operator");
+                Err(refused(Some(&why), Verdict::AskDenied))
+            }
+            AskOutcome::Denied => Err(refused(Some("an operator denied it"), Verdict::AskDenied)),
+            AskOutcome::TimedOut => {
+                let why = format!(
+                    "no operator approved it within {:?}",
+                    ctx.proxy.approvals.timeout()
+                );
+                Err(refused(Some(&why), Verdict::AskTimeout))
+            }
+        },
+    };
+    ctx.verdict = outcome?;
+    Ok(())
+}
+
+/// Decides a raw TCP connection to `host:port` (scheme `tcp`, no method or path, so rules
+/// constrained by method or path never match it).
+pub(crate) fn connection(
+    policy: &Policy,
+    host: &str,
+    port: u16,
+) -> (Decision, Result<(), Refusal>) {
+    let decision = policy.decide(&RequestFacts {
+        host,
+        port,
+        scheme: Scheme::Tcp,
+        method: None,
+        path: None,
+    });
+    let outcome = match decision.action {
+        Action::Allow => Ok(()),
+        // A byte stream cannot be held for an operator.
+        Action::Deny | Action::Ask => {
+            let what = if host.contains(':') {
+                format!("TCP to [{host}]:{port}")
+            } else {
+                format!("TCP to {host}:{port}")
+            };
+            Err(policy_refusal(&what, &decision, None))
+        }
+    };
+    if decision.reported_deny {
+        tracing::warn!(
+            host,
+            port,
+            rule = decision.rule_id.as_deref().unwrap_or("default"),
+            "report mode: would deny raw TCP: {}",
+            decision.explanation
+        );
+    }
+    (decision, outcome)
+}
+
+fn policy_refusal(what: &str, d: &Decision, why: Option<&str>) -> Refusal {
+    Refusal {
+        message: match why {
+            Some(why) => format!("{what} needs approval and {why}"),
+            None => format!("{what} is not allowed by policy"),
+        },
+        rule_id: d.rule_id.as_deref().map(str::to_string),
+        explanation: d.explanation.clone(),
+        ..Refusal::new(ErrorCode::PolicyDenied, "")
+    }
+}
+
+/// Parks the request until an operator answers (or the wait times out).
+async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
+    let proxy: &Proxy = &ctx.proxy;
+    let target = ctx.target.as_ref().expect("the target phase ran");
+    proxy
+        .events
+        .counters
+        .asked
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The operator sees what the agent sent, with any secret value in it redacted.
+    let shown = proxy.vault.current();
+    proxy
+        .approvals
+        .ask(PendingRequest {
+            id: String::new(),
+            since: String::new(),
+            client: ctx.conn.client.to_string(),
+            method: shown.redact(req.method().as_str()).into_owned(),
+            host: shown.redact(&target.host).into_owned(),
+            port: target.port,
+            path: shown.redact(&ctx.path).into_owned(),
+            rule_id: ctx.rule().map(|r| r.to_string()).unwrap_or_default(),
+        })
+        .await
+}

@@ -1,0 +1,82 @@
+//! The forward phase: send the request to the checked target (path normalized, query as
+//! injected), redact what comes back for a rule that binds secrets, and keep the rule's
+//! concurrency slot until the response body ends. A protocol upgrade (101) becomes a tunnel
+//! whose end is recorded like every raw TCP relay's.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+
+use super::record::{self, Record};
+use super::refusal::{ErrorCode, Refusal};
+use super::{secrets, RequestCtx};
+use crate::body::{self, ProxyBody};
+use crate::control::metrics::ConnProtocol;
+use crate::proxy::Proxy;
+use crate::upstream::client::{Forwarded, Upgrades};
+use crate::upstream::relay::relay;
+
+pub(super) async fn send(
+    ctx: &mut RequestCtx,
+    req: Request<ProxyBody>,
+) -> Result<Response<ProxyBody>, Refusal> {
+    let target = ctx.target.as_ref().expect("the target phase ran");
+    let path_and_query = match &ctx.query {
+        Some(q) => format!("{}?{q}", ctx.path),
+        None => ctx.path.clone(),
+    };
+    let forwarded = ctx
+        .proxy
+        .forwarder
+        .forward(target, &path_and_query, req)
+        .await
+        .map_err(|r| {
+            // The body guard stopped the upload: that, not the aborted stream, is the reason.
+            match ctx.secrets.as_ref().and_then(|p| p.body_refusal()) {
+                Some(e) => secrets::refused(ctx, e),
+                None => r,
+            }
+        })?;
+    let resp = match forwarded {
+        Forwarded::Response(resp) => resp,
+        Forwarded::Upgraded(resp, upgrades) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            ctx.on_recorded = Some(tx);
+            tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, rx));
+            resp
+        }
+    };
+    let resp = match &ctx.secrets {
+        Some(phase) => phase
+            .response(resp, ctx.method == http::Method::HEAD)
+            .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?,
+        None => resp,
+    };
+    Ok(match ctx.permit.take() {
+        Some(permit) => resp.map(|b| body::guarded(b, permit)),
+        None => resp,
+    })
+}
+
+/// Joins the agent's and the upstream's upgraded connections once the 101 is recorded and
+/// sent, relays, and records the close.
+async fn tunnel(
+    proxy: Arc<Proxy>,
+    upgrades: Upgrades,
+    recorded: tokio::sync::oneshot::Receiver<Record>,
+) {
+    // No record (the audit log refused it): the agent got a refusal, not the 101.
+    let Ok(decided) = recorded.await else { return };
+    let (client, upstream) = match upgrades.join().await {
+        Ok(both) => both,
+        Err(e) => {
+            tracing::debug!("protocol upgrade failed: {e}");
+            return;
+        }
+    };
+    let _open = proxy.metrics.connection(ConnProtocol::Ws);
+    let started = Instant::now();
+    let relayed = relay(client, upstream, proxy.limits.tunnel_idle_timeout).await;
+    record::tunnel_closed(&proxy, &decided, &relayed, started).await;
+}

@@ -1,0 +1,210 @@
+//! The record of one decision: the single shape from which the log line, the `ctl tail`
+//! event, the audit entry and the metrics are all derived (`docs/audit.md` documents it, and
+//! `docs/audit.schema.json` pins it). Outcomes are enums here; they become strings only when
+//! a record is serialised or labelled.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use serde::{Serialize, Serializer};
+
+use crate::conn::ListenerKind;
+use crate::pipeline::refusal::ErrorCode;
+pub(crate) use crate::upstream::relay::End;
+
+/// What a record is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RecordKind {
+    /// One HTTP request (plain or intercepted), with its response.
+    Request,
+    /// A connection decided as a whole: raw TCP, or one that ended before any request (a TLS
+    /// handshake that failed, a request the HTTP server could not parse, a CONNECT refused).
+    Connection,
+    /// The end of a tunnel a decision allowed (raw TCP, an upgraded connection): its bytes
+    /// and duration. Carries the id of that decision.
+    Close,
+}
+
+/// What the agent spoke, as far as the decision saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Protocol {
+    /// Plain HTTP (transparent, or an absolute URI on the explicit listener).
+    Http,
+    /// HTTP inside TLS we intercepted.
+    Https,
+    /// Bytes that are neither TLS nor HTTP, relayed as they are.
+    Tcp,
+    /// A TLS handshake, when the connection ended in it.
+    Tls,
+}
+
+impl Protocol {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Https => "https",
+            Protocol::Tcp => "tcp",
+            Protocol::Tls => "tls",
+        }
+    }
+}
+
+/// What was decided: one spelling everywhere (audit, `ctl tail`, metrics labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Verdict {
+    Allow,
+    /// Refused: by policy, by the secret guard, or because the request was malformed or
+    /// named something it may not (host mismatch, a forbidden address).
+    Deny,
+    /// Refused by a limit: a rule's rate or concurrency cap, the daemon's connection limit.
+    Limited,
+    /// An `ask` rule held it and an operator approved (now or earlier, remembered).
+    AskApproved,
+    AskDenied,
+    AskTimeout,
+    /// Allowed or not yet decided, then failed: upstream errors, TLS handshakes that failed,
+    /// an unavailable secret or audit log.
+    Error,
+}
+
+impl Verdict {
+    pub(crate) const ALL: [Verdict; 7] = [
+        Verdict::Allow,
+        Verdict::Deny,
+        Verdict::Limited,
+        Verdict::AskApproved,
+        Verdict::AskDenied,
+        Verdict::AskTimeout,
+        Verdict::Error,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+            Verdict::Limited => "limited",
+            Verdict::AskApproved => "ask_approved",
+            Verdict::AskDenied => "ask_denied",
+            Verdict::AskTimeout => "ask_timeout",
+            Verdict::Error => "error",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Verdict> {
+        Verdict::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
+    /// Let through: the agent got what it asked for (or its tunnel was opened).
+    pub(crate) fn is_allowed(self) -> bool {
+        matches!(self, Verdict::Allow | Verdict::AskApproved)
+    }
+}
+
+/// 64 random bits, shown as 16 hex digits: the id the agent sees in a refusal, and the one
+/// that ties a close record to its decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestId(u64);
+
+impl RequestId {
+    pub(crate) fn random() -> RequestId {
+        RequestId(rand::random())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn fixed(n: u64) -> RequestId {
+        RequestId(n)
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl Serialize for RequestId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// One decision (or the end of the tunnel it opened). Text that came from the agent (host,
+/// SNI, method, path, destination) is redacted with the secret set before it is put here;
+/// query values are redacted unless `audit.query_values = "keep"`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Record {
+    pub kind: RecordKind,
+    pub protocol: Protocol,
+    /// When the request's head (or the connection) arrived: RFC 3339, UTC, milliseconds.
+    pub started: Arc<str>,
+    pub request_id: RequestId,
+    pub conn_id: u64,
+    pub listener: ListenerKind,
+    pub client: SocketAddr,
+    /// The local user that opened the connection, when the OS told us.
+    pub agent_uid: Option<u32>,
+    /// Where the agent was headed: the original destination (`ip:port`), or the CONNECT /
+    /// absolute-URI authority on the explicit listener.
+    pub dst: Arc<str>,
+    pub sni: Option<Arc<str>>,
+    /// The host the decision was about (normalized), and its port.
+    pub host: Arc<str>,
+    pub port: u16,
+    /// Request records only.
+    pub method: Option<String>,
+    /// The normalized path (and query); request records only.
+    pub path: Option<String>,
+    /// The protocol a request asked to switch to (`websocket`), on its record and its close.
+    pub upgrade: Option<Arc<str>>,
+    pub decision: Verdict,
+    /// The deciding rule; `None` when the policy's default decided, or no policy decision
+    /// was reached (a malformed request, a failed handshake).
+    pub rule: Option<Arc<str>>,
+    pub policy: Arc<str>,
+    /// The status the agent got (request records).
+    pub status: Option<u16>,
+    pub error_code: Option<ErrorCode>,
+    /// The address we dialed, which the agent never chose.
+    pub upstream: Option<SocketAddr>,
+    /// Names (never values) of the secrets injected or swapped into the request.
+    pub secrets: Vec<Arc<str>>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// Request: head to end of response. Connection: accept to decision. Close: the
+    /// tunnel's whole life. Milliseconds, to the microsecond.
+    #[serde(serialize_with = "micros")]
+    pub ms: f64,
+    /// The response did not complete: the client went away, or the upstream failed mid-body.
+    pub incomplete: bool,
+    /// Close records: how the tunnel ended.
+    pub end: Option<End>,
+    /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
+    #[serde(skip)]
+    pub reason: Option<String>,
+}
+
+impl Record {
+    /// The record of this tunnel's end, `bytes` relayed (up, down) over `ms`.
+    pub(crate) fn closed(&self, up: u64, down: u64, ms: f64, end: End) -> Record {
+        Record {
+            kind: RecordKind::Close,
+            bytes_up: up,
+            bytes_down: down,
+            ms,
+            end: Some(end),
+            reason: None,
+            status: None,
+            error_code: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// Milliseconds rounded to the microsecond, so a record never shows float noise
+/// (`0.30000000000000004`).
+fn micros<S: Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((ms * 1000.0).round() / 1000.0)
+}

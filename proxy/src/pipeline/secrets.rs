@@ -1,0 +1,74 @@
+//! The secrets phase, in two steps around the limits: `inspect` checks where the secrets a
+//! request carries may go (before limits, which count per secret); `apply` injects what the
+//! rule binds and puts the leak guard on the body (after limits, so a refused request costs
+//! no injection). The engine is `crate::secrets`; this file adapts it to a request.
+
+use http::Request;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::refusal::{ErrorCode, Refusal};
+use super::RequestCtx;
+use crate::body::counted::CountedBody;
+use crate::body::ProxyBody;
+use crate::policy::Scheme;
+use crate::secrets::phase::{Head, SecretPhase};
+use crate::secrets::{SecretRefusal, Violation};
+
+pub(super) fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
+    let target = ctx.target.as_ref().expect("the target phase ran");
+    let bindings = ctx.decision.as_ref().and_then(|d| d.secrets.clone());
+    let raw_pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let head = Head {
+        method: req.method().as_str(),
+        host: &target.host,
+        headers: req.headers(),
+        path_and_query: raw_pq,
+        tls: target.scheme == Scheme::Https,
+        upgrade: ctx.upgrade.is_some(),
+    };
+    ctx.secrets =
+        SecretPhase::inspect(&ctx.proxy.vault, bindings, &head).map_err(|e| refused(ctx, &e))?;
+    Ok(())
+}
+
+/// Counts the body going up, injects, and guards the body; the query sent upstream may
+/// change (`ctx.query`).
+pub(super) async fn apply(
+    ctx: &mut RequestCtx,
+    req: Request<Incoming>,
+) -> Result<Request<ProxyBody>, Refusal> {
+    let up = ctx.bytes_up.clone();
+    let req = req.map(|b| BodyExt::boxed(CountedBody::new(crate::body::stream(b), up)));
+    let Some(phase) = &ctx.secrets else {
+        return Ok(req);
+    };
+    let (req, query) = phase
+        .apply(req, ctx.proxy.scan_body_bytes)
+        .await
+        .map_err(|e| refused(ctx, &e))?;
+    if query.is_some() {
+        ctx.query = query;
+    }
+    ctx.proxy.vault.record_use(&phase.used);
+    Ok(req)
+}
+
+/// The agent's view of a leak-guard refusal, and a warning for the operator.
+pub(super) fn refused(ctx: &RequestCtx, e: &SecretRefusal) -> Refusal {
+    let r = refusal(e, ctx.rule().map(|r| &**r));
+    tracing::warn!(secret = %e.secret, place = %e.place, code = r.code.as_str(), "refused: {}", r.message);
+    r
+}
+
+pub(crate) fn refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
+    let code = match e.violation {
+        Violation::Scope | Violation::Transport => ErrorCode::SecretScope,
+        Violation::Leak => ErrorCode::SecretLeak,
+        Violation::Unavailable => ErrorCode::SecretUnavailable,
+    };
+    Refusal {
+        rule_id: rule.map(str::to_string),
+        ..Refusal::new(code, e.message(rule))
+    }
+}
