@@ -396,6 +396,8 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
         text.lines().any(|l| l.contains("\"kind\":\"reload\"")),
         "start-up load recorded"
     );
+    // Every line, whatever it recorded, is as the published schema says.
+    agenshield_e2e::audit::assert_matches_schema(&agenshield_e2e::audit::lines(&audit));
 
     let (code, out, err) = ctl(&w.daemon, &["audit", "verify"]);
     assert_eq!(code, 0, "{out}{err}");

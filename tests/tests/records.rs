@@ -7,6 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::{client_config, TestCa};
@@ -22,11 +23,7 @@ const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// The audit log's records (envelope and all).
 fn audit(d: &Daemon) -> Vec<Value> {
-    std::fs::read_to_string(d.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    audit::lines(&d.audit_path())
 }
 
 /// Waits (bounded) until the audit log holds a record `want` accepts; returns them all.
@@ -49,9 +46,39 @@ async fn audit_until(d: &Daemon, what: &str, want: impl Fn(&Value) -> bool) -> V
     }
 }
 
+/// The chain verifies, and every line is as `docs/audit.schema.json` says.
 fn verify(d: &Daemon) {
     let (code, out, err) = d.ctl(&[], &["audit", "verify"]);
     assert_eq!(code, 0, "audit verify: {out}{err}");
+    audit::assert_matches_schema(&audit(d));
+}
+
+#[test]
+fn the_golden_audit_records_match_the_schema() {
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../proxy/tests/golden/audit-records.jsonl");
+    let lines = audit::lines(&golden);
+    assert!(
+        lines.len() >= 8,
+        "every kind of record is in the golden file"
+    );
+    audit::assert_matches_schema(&lines);
+    // And the schema is not a rubber stamp: an unknown field, a misspelt decision and a
+    // close record without its end are each refused.
+    let mut odd = lines[0].clone();
+    odd["surprise"] = Value::from(1);
+    let mut misspelt = lines[0].clone();
+    misspelt["decision"] = Value::from("ask-approved");
+    let mut endless = lines
+        .iter()
+        .find(|l| l["kind"] == "close")
+        .expect("a close record")
+        .clone();
+    endless["end"] = Value::Null;
+    for bad in [odd, misspelt, endless] {
+        let refused = std::panic::catch_unwind(|| audit::assert_matches_schema(&[bad.clone()]));
+        assert!(refused.is_err(), "the schema let through {bad}");
+    }
 }
 
 /// A server that echoes what it gets, on 127.0.0.1.

@@ -47,6 +47,29 @@ pub(crate) enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code (the audit schema lists the same; a test compares them).
+    #[cfg(test)]
+    pub(crate) const ALL: [ErrorCode; 18] = [
+        ErrorCode::PolicyDenied,
+        ErrorCode::RateLimited,
+        ErrorCode::Busy,
+        ErrorCode::HostMismatch,
+        ErrorCode::DestinationForbidden,
+        ErrorCode::SecretScope,
+        ErrorCode::SecretLeak,
+        ErrorCode::SecretUnavailable,
+        ErrorCode::BadRequest,
+        ErrorCode::UpstreamDns,
+        ErrorCode::UpstreamConnect,
+        ErrorCode::UpstreamTls,
+        ErrorCode::UpstreamError,
+        ErrorCode::AuditUnavailable,
+        ErrorCode::HeadTooLarge,
+        ErrorCode::ClientRejectedCa,
+        ErrorCode::TlsHandshakeFailed,
+        ErrorCode::BadClientHello,
+    ];
+
     pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorCode::PolicyDenied

@@ -208,3 +208,96 @@ impl Record {
 fn micros<S: Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64((ms * 1000.0).round() / 1000.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `docs/audit.schema.json` names every value the record can take, no more.
+    #[test]
+    fn the_published_schema_lists_exactly_the_values_records_take() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/audit.schema.json");
+        let text = std::fs::read_to_string(path).expect("the schema");
+        let schema: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let props = &schema["$defs"]["record"]["properties"];
+        let listed = |field: &str| -> Vec<String> {
+            let mut v: Vec<String> = props[field]["enum"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{field} is an enum in the schema"))
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect();
+            v.sort();
+            v
+        };
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
+        assert_eq!(
+            listed("decision"),
+            sorted(
+                Verdict::ALL
+                    .iter()
+                    .map(|v| v.as_str().to_string())
+                    .collect()
+            )
+        );
+        assert_eq!(
+            listed("error_code"),
+            sorted(
+                ErrorCode::ALL
+                    .iter()
+                    .map(|c| c.as_str().to_string())
+                    .collect()
+            )
+        );
+        for c in ErrorCode::ALL {
+            assert_eq!(json(&c), c.as_str(), "serialised as named");
+        }
+        assert_eq!(
+            listed("protocol"),
+            sorted(
+                [
+                    Protocol::Http,
+                    Protocol::Https,
+                    Protocol::Tcp,
+                    Protocol::Tls
+                ]
+                .iter()
+                .map(json)
+                .collect()
+            )
+        );
+        assert_eq!(
+            listed("kind"),
+            sorted(
+                [
+                    RecordKind::Request,
+                    RecordKind::Connection,
+                    RecordKind::Close
+                ]
+                .iter()
+                .map(json)
+                .collect()
+            )
+        );
+        assert_eq!(
+            listed("end"),
+            sorted(
+                [End::Closed, End::IdleTimeout, End::Error]
+                    .iter()
+                    .map(json)
+                    .collect()
+            )
+        );
+    }
+
+    /// A unit variant serialised: its JSON string.
+    fn json<T: Serialize>(x: &T) -> String {
+        serde_json::to_value(x)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
