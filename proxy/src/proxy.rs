@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use agenshield_certs::LeafCache;
 
-use crate::audit::{Audit, Entry, ReloadEntry};
+use crate::audit::{Audit, Entry, ReloadEntry, ReloadResult};
 use crate::config::Limits;
 use crate::conn::server_tls::InterceptTls;
 use crate::control::approvals::Approvals;
@@ -89,18 +89,21 @@ impl Proxy {
     pub(crate) fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
         let counters = &self.events.counters;
         let result = self.policies.reload();
-        let (label, error) = match &result {
-            Ok(_) => ("ok", None),
-            Err(e) => ("error", Some(e.clone())),
+        let (outcome, error) = match &result {
+            Ok(_) => (ReloadResult::Ok, None),
+            Err(e) => (ReloadResult::Error, Some(e.clone())),
         };
-        self.metrics.reloads.with_label_values(&[label]).inc();
+        self.metrics
+            .reloads
+            .with_label_values(&[outcome.as_str()])
+            .inc();
         let now = self.policy();
         if result.is_ok() {
             self.metrics.set_policy(now.hash());
         }
         if let Some(audit) = &self.audit {
             audit.write_detached(Entry::Reload(ReloadEntry {
-                result: label,
+                result: outcome,
                 trigger: why.to_string(),
                 policy: now.hash().to_string(),
                 rules: result.as_ref().ok().map(|p| p.rule_count()),

@@ -141,7 +141,7 @@ fn the_record_format_matches_the_golden_file() {
         );
     }
     let reload = Entry::Reload(ReloadEntry {
-        result: "error",
+        result: ReloadResult::Error,
         trigger: "file change".into(),
         policy: "sha256:3f2a9c1d0b7e4a51".into(),
         rules: None,

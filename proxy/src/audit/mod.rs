@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
-pub(crate) use record::{Entry, LifecycleEntry, ReloadEntry};
+pub(crate) use record::{Entry, LifecycleEntry, ReloadEntry, ReloadResult};
 pub(crate) use writer::Head;
 use writer::{Msg, Writer};
 

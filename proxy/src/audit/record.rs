@@ -58,11 +58,28 @@ impl Serialize for Entry {
     }
 }
 
+/// How a policy load or reload went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ReloadResult {
+    Ok,
+    /// The new files were refused; the last good policy stays in force.
+    Error,
+}
+
+impl ReloadResult {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ReloadResult::Ok => "ok",
+            ReloadResult::Error => "error",
+        }
+    }
+}
+
 /// A policy load or reload.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ReloadEntry {
-    /// `ok` or `error`.
-    pub result: &'static str,
+    pub result: ReloadResult,
     /// What triggered it (`start`, `file change`, `ctl reload`, `SIGHUP`…).
     pub trigger: String,
     /// The policy in force after it.

@@ -109,7 +109,14 @@ async fn refuse_connect<B>(
         error_code: Some(r.code),
         status: Some(r.code.status().as_u16()),
         reason: Some(secrets.redact(&r.message).into_owned()),
-        ..record::base(proxy, ctx, &policy, id, started)
+        ..record::base(
+            proxy,
+            ctx,
+            &policy,
+            id,
+            started,
+            record::dest_host(proxy, ctx),
+        )
     };
     record::connection(proxy, record).await;
     let shown = Refusal {

@@ -115,7 +115,14 @@ pub(super) async fn unparsed(
             "the HTTP server refused a request it could not parse: {e}"
         )),
         ms: record::ms_since(started),
-        ..record::base(proxy, ctx, &proxy.policy(), RequestId::random(), started_at)
+        ..record::base(
+            proxy,
+            ctx,
+            &proxy.policy(),
+            RequestId::random(),
+            started_at,
+            record::dest_host(proxy, ctx),
+        )
     };
     record::connection(proxy, record).await;
 }

@@ -20,11 +20,16 @@ use crate::pipeline::refusal::ErrorCode;
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
 
-pub(super) async fn intercept<S>(proxy: Arc<Proxy>, mut ctx: ConnCtx, stream: S)
+pub(super) async fn intercept<S>(proxy: Arc<Proxy>, ctx: ConnCtx, stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let failed = Failed::new(&proxy, &ctx);
+    let failed = Failed {
+        proxy: &proxy,
+        ctx: &ctx,
+        started: Instant::now(),
+        at: time::OffsetDateTime::now_utc(),
+    };
     let limit = proxy.limits.tls_handshake_timeout;
     let start = match timeout(limit, LazyConfigAcceptor::new(Acceptor::default(), stream)).await {
         Ok(Ok(start)) => start,
@@ -93,44 +98,50 @@ where
     } else {
         HttpVersions::Http1
     };
-    ctx.tls = Some(TlsSide { sni, identity });
+    let ctx = ConnCtx {
+        tls: Some(TlsSide { sni, identity }),
+        ..ctx
+    };
     serve_http(proxy, Arc::new(ctx), tls, versions).await;
 }
 
-/// A handshake that failed, waiting to be recorded: a connection record with the SNI (when
-/// the ClientHello had one) and the error code that says what went wrong.
-struct Failed {
-    proxy: Arc<Proxy>,
-    record: Record,
+/// Where a handshake started, so that one that fails can be recorded: a connection record
+/// with the SNI (when the ClientHello had one) and the error code that says what went wrong.
+/// Nothing is built unless it fails.
+struct Failed<'a> {
+    proxy: &'a Arc<Proxy>,
+    ctx: &'a ConnCtx,
     started: Instant,
+    at: time::OffsetDateTime,
 }
 
-impl Failed {
-    fn new(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Failed {
-        let started_at = crate::control::events::now_rfc3339().into();
-        Failed {
-            proxy: proxy.clone(),
-            record: Record {
-                protocol: Protocol::Tls,
-                ..record::base(proxy, ctx, &proxy.policy(), RequestId::random(), started_at)
-            },
-            started: Instant::now(),
-        }
-    }
-
-    async fn record(self, code: ErrorCode, sni: Option<String>, why: String) {
-        let secrets = self.proxy.vault.current();
+impl Failed<'_> {
+    async fn record(&self, code: ErrorCode, sni: Option<String>, why: String) {
+        let proxy = self.proxy;
+        let secrets = proxy.vault.current();
         let sni: Option<Arc<str>> = sni.map(|s| secrets.redact(&s).into());
+        let host = sni
+            .clone()
+            .unwrap_or_else(|| record::dest_host(proxy, self.ctx));
+        let started_at = crate::control::events::rfc3339(self.at).into();
+        let policy = proxy.policy();
         let record = Record {
+            protocol: Protocol::Tls,
             decision: code.verdict(),
             error_code: Some(code),
-            host: sni.clone().unwrap_or(self.record.host.clone()),
             sni,
             reason: Some(secrets.redact(&why).into_owned()),
             ms: record::ms_since(self.started),
-            ..self.record
+            ..record::base(
+                proxy,
+                self.ctx,
+                &policy,
+                RequestId::random(),
+                started_at,
+                host,
+            )
         };
-        record::connection(&self.proxy, record).await;
+        record::connection(proxy, record).await;
     }
 }
 

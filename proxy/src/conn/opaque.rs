@@ -25,7 +25,7 @@ pub(super) struct TcpDecision {
     decision: Option<Decision>,
     outcome: Result<(), Refusal>,
     started: Instant,
-    started_at: Arc<str>,
+    at: time::OffsetDateTime,
 }
 
 impl TcpDecision {
@@ -65,7 +65,7 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
         decision,
         outcome,
         started: Instant::now(),
-        started_at: crate::control::events::now_rfc3339().into(),
+        at: time::OffsetDateTime::now_utc(),
     }
 }
 
@@ -83,7 +83,8 @@ where
             &ctx,
             &tcp.policy,
             RequestId::random(),
-            tcp.started_at.clone(),
+            crate::control::events::rfc3339(tcp.at).into(),
+            record::dest_host(&proxy, &ctx),
         )
     };
     let permit = match admit(&proxy, &ctx, &tcp) {

@@ -21,7 +21,7 @@ use tokio::signal::unix::{signal, SignalKind};
 pub use firewall::install_firewall;
 pub use listeners::{Bound, Listeners};
 
-use crate::audit::{Entry, LifecycleEntry, ReloadEntry};
+use crate::audit::{Entry, LifecycleEntry, ReloadEntry, ReloadResult};
 use crate::config::Config;
 use crate::conn::accept;
 use crate::control::admin::{self, Admin, DaemonInfo};
@@ -91,13 +91,17 @@ pub async fn serve(
     } = bound;
     let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
     proxy.metrics.set_policy(proxy.policy().hash());
-    proxy.metrics.reloads.with_label_values(&["ok"]).inc();
+    proxy
+        .metrics
+        .reloads
+        .with_label_values(&[ReloadResult::Ok.as_str()])
+        .inc();
     if let Some(audit) = &proxy.audit {
         let policy = proxy.policy();
         audit.write(Entry::Start(lifecycle(policy.hash()))).await;
         audit
             .write(Entry::Reload(ReloadEntry {
-                result: "ok",
+                result: ReloadResult::Ok,
                 trigger: "start".into(),
                 policy: policy.hash().to_string(),
                 rules: Some(policy.rule_count()),

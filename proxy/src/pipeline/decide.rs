@@ -23,13 +23,15 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
         method: Some(req.method().as_str()),
         path: Some(&ctx.matching_path),
     });
-    let what = format!(
-        "{} {}://{}{}",
-        req.method(),
-        target.scheme_str(),
-        target.authority(),
-        ctx.path
-    );
+    let what = || {
+        format!(
+            "{} {}://{}{}",
+            req.method(),
+            target.scheme_str(),
+            target.authority(),
+            ctx.path
+        )
+    };
     if decision.reported_deny {
         let why = ctx
             .proxy
@@ -44,7 +46,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
     let decision = ctx.decision.as_ref().expect("just set");
     let refused = |why: Option<&str>, verdict: Verdict| Refusal {
         verdict,
-        ..policy_refusal(&what, decision, why)
+        ..policy_refusal(&what(), decision, why)
     };
     let outcome = match action {
         Action::Allow => Ok(Verdict::Allow),

@@ -65,7 +65,7 @@ pub struct Policy {
     index: index::HostIndex,
     default: Action,
     mode: Mode,
-    hash: String,
+    hash: Arc<str>,
     rule_count: usize,
     ignored: usize,
     secret_refs: Vec<SecretRef>,
@@ -153,7 +153,7 @@ impl Policy {
             index: compiled.index,
             default: compiled.default,
             mode: compiled.mode,
-            hash: load::hash_sources(sources),
+            hash: load::hash_sources(sources).into(),
             rule_count: compiled.rule_count,
             ignored: compiled.ignored,
             secret_refs: compiled.secret_refs,
@@ -184,6 +184,11 @@ impl Policy {
     /// identifies the loaded policy in logs and audit records.
     pub fn hash(&self) -> &str {
         &self.hash
+    }
+
+    /// The hash, shared: every record names the policy it was decided under.
+    pub(crate) fn hash_shared(&self) -> Arc<str> {
+        self.hash.clone()
     }
 
     pub fn mode(&self) -> Mode {

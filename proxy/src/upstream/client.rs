@@ -154,15 +154,16 @@ impl Upgrades {
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Upgrade` with `Connection:
-/// upgrade`), if it does.
-pub(crate) fn upgrade_token<B>(req: &Request<B>) -> Option<&str> {
+/// upgrade`), if it does; its first token, or the whole value shown lossily if it is not
+/// ASCII (the request still counts as an upgrade).
+pub(crate) fn upgrade_token<B>(req: &Request<B>) -> Option<String> {
     if req.version() != Version::HTTP_11
         || !connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))
     {
         return None;
     }
-    let token = req.headers().get(header::UPGRADE)?.to_str().ok()?;
-    Some(token.split(',').next().unwrap_or(token).trim())
+    let value = String::from_utf8_lossy(req.headers().get(header::UPGRADE)?.as_bytes());
+    Some(value.split(',').next().unwrap_or(&value).trim().to_string())
 }
 
 fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -301,7 +302,7 @@ mod tests {
             .header("upgrade", "websocket")
             .body(())
             .expect("req");
-        assert_eq!(upgrade_token(&req), Some("websocket"));
+        assert_eq!(upgrade_token(&req).as_deref(), Some("websocket"));
         let plain = Request::builder().body(()).expect("req");
         assert_eq!(upgrade_token(&plain), None);
         let no_connection = Request::builder()

@@ -78,7 +78,7 @@ pub(super) async fn respond(
             protocol_of(t.scheme),
         ),
         None => (
-            secrets.redact(&ctx.conn.dest.host.to_string()).into(),
+            dest_host(&ctx.proxy, &ctx.conn),
             ctx.conn.dest.port,
             if ctx.conn.tls.is_some() {
                 Protocol::Https
@@ -95,11 +95,10 @@ pub(super) async fn respond(
     let record = Record {
         kind: RecordKind::Request,
         protocol,
-        host,
         port,
         method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
         path: Some(path),
-        upgrade: ctx.upgrade.clone(),
+        upgrade: ctx.upgrade.as_deref().map(|u| secrets.redact(u).into()),
         decision: verdict,
         rule: ctx.rule().cloned(),
         status: Some(status),
@@ -118,6 +117,7 @@ pub(super) async fn respond(
             &ctx.policy,
             ctx.id,
             ctx.started_at.clone(),
+            host,
         )
     };
     let pending = PendingRecord {
@@ -220,6 +220,15 @@ pub(crate) async fn tunnel_closed(
     connection(proxy, record).await;
 }
 
+/// The connection's destination host as a record shows it (redacted).
+pub(crate) fn dest_host(proxy: &Proxy, conn: &ConnCtx) -> Arc<str> {
+    proxy
+        .vault
+        .current()
+        .redact(&conn.dest.host.to_string())
+        .into()
+}
+
 /// The fields every record of a connection shares; the caller fills in the decision.
 pub(crate) fn base(
     proxy: &Proxy,
@@ -227,9 +236,9 @@ pub(crate) fn base(
     policy: &Policy,
     id: RequestId,
     started: Arc<str>,
+    host: Arc<str>,
 ) -> Record {
     let secrets = proxy.vault.current();
-    let dest = conn.dest.to_string();
     Record {
         kind: RecordKind::Connection,
         protocol: Protocol::Tcp,
@@ -239,20 +248,20 @@ pub(crate) fn base(
         listener: conn.listener,
         client: conn.client,
         agent_uid: conn.agent_uid,
-        dst: secrets.redact(&dest).into(),
+        dst: secrets.redact(&conn.dest.to_string()).into(),
         sni: conn
             .tls
             .as_ref()
             .and_then(|t| t.sni.as_deref())
             .map(|s| secrets.redact(s).into()),
-        host: secrets.redact(&conn.dest.host.to_string()).into(),
+        host,
         port: conn.dest.port,
         method: None,
         path: None,
         upgrade: None,
         decision: Verdict::Error,
         rule: None,
-        policy: policy.hash().into(),
+        policy: policy.hash_shared(),
         status: None,
         error_code: None,
         upstream: None,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Two builds of agenshield side by side, with `direct`, in one run of the shared harness: the
+# `agenshield_base` row runs BASE_BIN, the `agenshield` row the build under test. For "before
+# and after" figures of a change, measured in the same sitting on the same machine, runs
+# interleaved (all rows, then all rows again).
+#
+#   git stash; cargo build --release -p agenshield-proxy; cp target/release/agenshield /tmp/base
+#   git stash pop
+#   BASE_BIN=/tmp/base sudo bench/ab.sh
+#   BASE_BIN=/tmp/base REPEATS=3 DUR=10 sudo bench/ab.sh
+#
+# Needs root, nginx-light, wrk, nghttp2-client, nftables. Traffic stays on 127.0.0.2.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+harness="${HARNESS:-$root/../shared/bench/peers.sh}"
+[ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
+[ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables, a second uid)" >&2; exit 2; }
+[ -x "${BASE_BIN:-}" ] || { echo "bench: set BASE_BIN to the baseline agenshield binary" >&2; exit 2; }
+if [ -z "${AGENSHIELD_BIN:-}" ]; then
+  (cd "$root" && cargo build --release -q -p agenshield-proxy)
+  AGENSHIELD_BIN="$root/target/release/agenshield"
+fi
+export AGENSHIELD_BIN BASE_BIN
+ROWS="${ROWS:-direct agenshield_base agenshield}"
+export RESULTS_MD="${RESULTS_MD:-$here/results-ab-$(date -u +%Y-%m-%d).md}"
+
+# shellcheck source=/dev/null
+source "$harness"   # defines the harness's functions without running it
+
+# The harness's own agenshield row, with the baseline binary and its own state directory.
+eval "$(declare -f row_agenshield | sed '1s/row_agenshield/row_agenshield_under_test/')"
+row_agenshield_base() {
+  local bin=$AGENSHIELD_BIN
+  AGENSHIELD_BIN=$BASE_BIN
+  row_agenshield_under_test
+  AGENSHIELD_BIN=$bin
+  ROW_DESC="baseline: $ROW_DESC ($BASE_BIN)"
+}
+
+main
