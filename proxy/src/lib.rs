@@ -22,6 +22,7 @@ pub mod policy;
 
 mod audit;
 mod body;
+mod clock;
 mod conn;
 mod control;
 mod pipeline;

@@ -290,11 +290,11 @@ impl Web {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca_file = dir.path().join("upstream-ca.pem");
         ca.write_pem(&ca_file).expect("write CA");
-        let policy = "version = 1\ndefault = \"deny\"\n\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n";
+        let policy = "version = 1\ndefault = \"deny\"\n\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n\n[[rule]]\nid = \"held\"\nhosts = [\"held.test\"]\naction = \"ask\"\n";
         let daemon = Daemon::start(DaemonOptions {
             policies: vec![("main.toml".into(), policy.into())],
             extra_ca: vec![ca_file],
-            hosts: vec![("api.test".into(), LOCAL)],
+            hosts: vec![("api.test".into(), LOCAL), ("held.test".into(), LOCAL)],
             orig_dst: Some(up.addr),
             limits: limits.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
@@ -306,14 +306,24 @@ impl Web {
         }
     }
 
-    /// curl to `scheme://api.test:PORT/path` through the transparent listener.
+    /// curl to `scheme://api.test:PORT/echo` through the transparent listener.
     async fn transparent(&self, scheme: &str, extra: &[&str], trust: bool) -> CurlOut {
+        self.transparent_to("api.test", "/echo", scheme, extra, trust)
+            .await
+    }
+
+    /// curl to `scheme://HOST:PORT/PATH` through the transparent listener.
+    async fn transparent_to(
+        &self,
+        host: &str,
+        path: &str,
+        scheme: &str,
+        extra: &[&str],
+        trust: bool,
+    ) -> CurlOut {
         let port = self.up.addr.port();
-        let connect_to = format!(
-            "api.test:{port}:127.0.0.1:{}",
-            self.daemon.transparent.port()
-        );
-        let url = format!("{scheme}://api.test:{port}/echo");
+        let connect_to = format!("{host}:{port}:127.0.0.1:{}", self.daemon.transparent.port());
+        let url = format!("{scheme}://{host}:{port}{path}");
         let ca = self.daemon.ca_path.display().to_string();
         let mut args = vec!["--connect-to", &connect_to];
         if trust {
@@ -324,7 +334,7 @@ impl Web {
         curl(&args, false).await
     }
 
-    /// curl to `scheme://api.test:PORT/path` through the explicit listener.
+    /// curl to `scheme://api.test:PORT/echo` through the explicit listener.
     async fn explicit(&self, scheme: &str, extra: &[&str]) -> CurlOut {
         let proxy = format!("http://{}", self.daemon.explicit);
         let url = format!("{scheme}://api.test:{}/echo", self.up.addr.port());
@@ -519,4 +529,82 @@ async fn a_websocket_session_is_recorded_at_the_101_and_at_the_close() {
         2
     );
     verify(&w.daemon);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_client_abandons_is_still_recorded() {
+    let w = Web::new(&[]).await;
+    // Forwarded, then abandoned before the upstream answers.
+    let out = w
+        .transparent_to(
+            "api.test",
+            "/slow/3000",
+            "https",
+            &["--max-time", "1"],
+            true,
+        )
+        .await;
+    assert_ne!(out.exit, 0, "curl gave up: {out:?}");
+    // Held for an operator, then abandoned before anyone answered.
+    let out = w
+        .transparent_to("held.test", "/x", "https", &["--max-time", "1"], true)
+        .await;
+    assert_ne!(out.exit, 0, "curl gave up: {out:?}");
+    let all = audit_until(&w.daemon, "both abandoned requests", |v| {
+        v["host"] == "held.test" && v["kind"] == "request"
+    })
+    .await;
+    let slow = all
+        .iter()
+        .find(|v| v["path"] == "/slow/3000")
+        .expect("the forwarded request is recorded");
+    assert_eq!(slow["decision"], "allow", "{slow}");
+    assert_eq!(slow["incomplete"], true, "{slow}");
+    assert!(slow["status"].is_null(), "no response was sent: {slow}");
+    assert!(
+        w.up.requests()
+            .iter()
+            .any(|r| r.path_and_query == "/slow/3000"),
+        "it did reach the upstream"
+    );
+    let held = all
+        .iter()
+        .find(|v| v["host"] == "held.test")
+        .expect("the held request is recorded");
+    assert_eq!(
+        (held["decision"].as_str(), held["error_code"].as_str()),
+        (Some("error"), Some("client_gone")),
+        "{held}"
+    );
+    assert_eq!(held["rule"], "held", "{held}");
+    verify(&w.daemon);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_for_http_still_apply_where_raw_tcp_is_allowed() {
+    let echo = echo_server().await;
+    // Raw TCP to the echo server is allowed, and a rule for HTTP names the same place.
+    let deny = "\n[[rule]]\nid = \"no-admin\"\nhosts = [\"127.0.0.1\"]\npaths = [\"/admin\", \"/admin/**\"]\naction = \"deny\"\n";
+    let d = tcp_daemon(echo, deny);
+    let mut s = TcpStream::connect(d.transparent).await.expect("connect");
+    s.write_all(b"GET /admin HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut resp))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    assert!(resp.starts_with("HTTP/1.1 403"), "not relayed raw: {resp}");
+    assert!(resp.contains("\"rule_id\":\"no-admin\""), "{resp}");
+    // Bytes that are not HTTP still go through as raw TCP.
+    let mut s = TcpStream::connect(d.transparent).await.expect("connect");
+    s.write_all(b"\x01raw").await.expect("write");
+    let mut got = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&got, b"\x01raw");
+    verify(&d);
 }

@@ -175,7 +175,7 @@ impl Audit {
         let (ack, written) = oneshot::channel();
         let keep = entry.must_keep();
         let msg = Msg::Entry {
-            time: crate::control::events::now_rfc3339(),
+            time: crate::clock::now_rfc3339(),
             entry,
             ack: Some(ack),
         };

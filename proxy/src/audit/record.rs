@@ -4,7 +4,7 @@
 
 use serde::{Serialize, Serializer};
 
-use crate::pipeline::record::Record;
+use crate::pipeline::record::{Record, RecordKind};
 
 /// One line of the audit log, before the writer seals it: a decision's [`Record`] (which
 /// carries its own `kind`), or an event of the daemon's own.
@@ -17,12 +17,18 @@ pub(crate) enum Entry {
 }
 
 impl Entry {
-    /// Refusals and errors (and the daemon's own events) must never be dropped; what was let
-    /// through may be, if the queue is full (counted, and the gap is recorded in the next
-    /// line).
+    /// Only the record of an allowed plain HTTP request may be dropped, if the queue is full
+    /// (counted, and the gap is recorded in the next line): its request then goes on. All
+    /// else waits for room: refusals and errors, and the decisions of tunnels (raw TCP, an
+    /// upgrade), whose bytes flow only once their record is written, and their closes.
     pub(crate) fn must_keep(&self) -> bool {
         match self {
-            Entry::Record(r) => !r.decision.is_allowed() || r.error_code.is_some(),
+            Entry::Record(r) => {
+                !r.decision.is_allowed()
+                    || r.error_code.is_some()
+                    || r.kind != RecordKind::Request
+                    || r.upgrade.is_some()
+            }
             _ => true,
         }
     }

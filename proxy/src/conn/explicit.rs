@@ -56,7 +56,18 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let dest = match destination(&req) {
         Ok(d) => d,
-        Err(r) => return refuse_connect(&proxy, &base, &req, r).await,
+        Err(r) => {
+            // No usable destination: the record names none (empty host and destination,
+            // port 0), not the listener the client reached.
+            let nowhere = ConnCtx {
+                dest: Dest {
+                    host: DestHost::Name(String::new()),
+                    port: 0,
+                },
+                ..(*base).clone()
+            };
+            return refuse_connect(&proxy, &nowhere, &req, r).await;
+        }
     };
     let ctx = ConnCtx {
         dest,
@@ -100,8 +111,8 @@ async fn refuse_connect<B>(
     let secrets = proxy.vault.current();
     let policy = proxy.policy();
     let id = RequestId::random();
-    let started = crate::control::events::now_rfc3339().into();
-    let record = Record {
+    let started = crate::clock::now_rfc3339().into();
+    let mut record = Record {
         kind: RecordKind::Request,
         protocol: Protocol::Http,
         method: Some(secrets.redact(req.method().as_str()).into_owned()),
@@ -118,6 +129,9 @@ async fn refuse_connect<B>(
             record::dest_host(proxy, ctx),
         )
     };
+    if ctx.dest.port == 0 {
+        record.dst = "".into();
+    }
     record::connection(proxy, record).await;
     let shown = Refusal {
         message: secrets.redact(&r.message).into_owned(),

@@ -88,8 +88,9 @@ pub(super) fn server_head_cap(limits: &crate::config::Limits) -> usize {
     limits.max_header_bytes.saturating_mul(2)
 }
 
-/// A request the HTTP server could not parse (malformed, or a head over its own cap): hyper
-/// answered it (400 or 431, no body) and closed; this records it.
+/// A request the HTTP server could not parse (malformed; a head over its own cap or with more
+/// than 100 fields): hyper answered it (400, 414 or 431, no body) and closed; this records
+/// it.
 pub(super) async fn unparsed(
     proxy: &Arc<Proxy>,
     ctx: &ConnCtx,
@@ -101,7 +102,7 @@ pub(super) async fn unparsed(
     } else {
         ErrorCode::BadRequest
     };
-    let started_at = crate::control::events::now_rfc3339().into();
+    let started_at = crate::clock::now_rfc3339().into();
     let record = Record {
         protocol: if ctx.tls.is_some() {
             Protocol::Https

@@ -65,7 +65,8 @@ where
     let leaf = match proxy.leaves.get(&leaf_name).await {
         Ok(leaf) => leaf,
         Err(e) => {
-            tracing::error!("minting a leaf for {leaf_name} failed: {e}");
+            let shown = proxy.vault.current().redact(&leaf_for).into_owned();
+            tracing::error!("minting a leaf for {shown} failed: {e}");
             let why = format!("minting a leaf failed: {e}");
             return failed.record(ErrorCode::TlsHandshakeFailed, sni, why).await;
         }
@@ -123,7 +124,7 @@ impl Failed<'_> {
         let host = sni
             .clone()
             .unwrap_or_else(|| record::dest_host(proxy, self.ctx));
-        let started_at = crate::control::events::rfc3339(self.at).into();
+        let started_at = crate::clock::rfc3339(self.at).into();
         let policy = proxy.policy();
         let record = Record {
             protocol: Protocol::Tls,

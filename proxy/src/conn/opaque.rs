@@ -13,24 +13,29 @@ use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::{decide, limit, secrets};
-use crate::policy::{Decision, Policy};
+use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::upstream::relay::relay;
 
-/// What the policy says about a connection as raw TCP, decided when it was accepted.
+/// What the policy says about a connection as raw TCP, decided when it was accepted (and
+/// acted on only if it is taken as raw TCP).
 pub(super) struct TcpDecision {
     policy: Arc<Policy>,
-    decision: Option<Decision>,
-    outcome: Result<(), Refusal>,
+    /// The destination host, as the decision saw it.
+    host: String,
+    /// `Err`: the name carries a secret and no policy question was asked.
+    decision: Result<Decision, Refusal>,
     started: Instant,
     at: time::OffsetDateTime,
 }
 
 impl TcpDecision {
-    pub(super) fn allowed(&self) -> bool {
-        self.outcome.is_ok()
+    /// Raw TCP there is allowed by a rule (or the default), not merely let through by
+    /// report mode.
+    pub(super) fn allowed_by_policy(&self) -> bool {
+        matches!(&self.decision, Ok(d) if d.action == Action::Allow && !d.reported_deny)
     }
 
     /// The policy it was decided under; the connection keeps it.
@@ -53,17 +58,14 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
         tls: false,
         upgrade: false,
     };
-    let (decision, outcome) = match SecretPhase::inspect(&proxy.vault, None, &head) {
-        Err(e) => (None, Err(secrets::refusal(&e, None))),
-        Ok(_) => {
-            let (d, outcome) = decide::connection(&policy, &host, ctx.dest.port);
-            (Some(d), outcome)
-        }
+    let decision = match SecretPhase::inspect(&proxy.vault, None, &head) {
+        Err(e) => Err(secrets::refusal(&e, None)),
+        Ok(_) => Ok(decide::connection(&policy, &host, ctx.dest.port)),
     };
     TcpDecision {
         policy,
+        host,
         decision,
-        outcome,
         started: Instant::now(),
         at: time::OffsetDateTime::now_utc(),
     }
@@ -74,28 +76,28 @@ pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, tcp: TcpDec
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let shown: Arc<str> = proxy.vault.current().redact(&tcp.host).into();
     let mut rec = Record {
         kind: RecordKind::Connection,
         protocol: Protocol::Tcp,
-        rule: tcp.decision.as_ref().and_then(|d| d.rule_id.clone()),
+        rule: tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone()),
         ..record::base(
             &proxy,
             &ctx,
             &tcp.policy,
             RequestId::random(),
-            crate::control::events::rfc3339(tcp.at).into(),
-            record::dest_host(&proxy, &ctx),
+            crate::clock::rfc3339(tcp.at).into(),
+            shown.clone(),
         )
     };
-    let permit = match admit(&proxy, &ctx, &tcp) {
+    let permit = match admit(&proxy, &ctx, &tcp, &shown) {
         Ok(permit) => permit,
         Err(r) => {
             refuse(&proxy, rec, &r, tcp.started).await;
             return;
         }
     };
-    let host = ctx.dest.host.to_string();
-    let (upstream, addr) = match proxy.dialer.dial(&host, ctx.dest.port).await {
+    let (upstream, addr) = match proxy.dialer.dial(&tcp.host, ctx.dest.port).await {
         Ok(dialed) => dialed,
         Err(e) => {
             let r = crate::upstream::client::dial_refusal(&e);
@@ -122,12 +124,11 @@ fn admit(
     proxy: &Proxy,
     ctx: &ConnCtx,
     tcp: &TcpDecision,
+    shown: &str,
 ) -> Result<Option<ConcurrencyPermit>, Refusal> {
-    tcp.outcome.clone()?;
-    match &tcp.decision {
-        Some(d) => limit::connection(proxy, d, &ctx.dest.host.to_string()),
-        None => Ok(None),
-    }
+    let d = tcp.decision.as_ref().map_err(Clone::clone)?;
+    decide::connection_outcome(d, shown, ctx.dest.port)?;
+    limit::connection(proxy, d, &tcp.host)
 }
 
 async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::control::events::now_rfc3339;
+use crate::clock::now_rfc3339;
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct PendingRequest {

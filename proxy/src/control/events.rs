@@ -126,15 +126,3 @@ impl Events {
             .unwrap_or_default()
     }
 }
-
-/// Now, as RFC 3339 UTC with milliseconds.
-pub(crate) fn now_rfc3339() -> String {
-    rfc3339(time::OffsetDateTime::now_utc())
-}
-
-/// `t` as RFC 3339 UTC with milliseconds (taking the time is cheap, formatting it is not:
-/// a connection notes when it arrived and formats it only if a record needs it).
-pub(crate) fn rfc3339(t: time::OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| t.unix_timestamp().to_string())
-}

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use crate::control::events::now_rfc3339;
+use crate::clock::now_rfc3339;
 use crate::policy::{Policy, PolicyError};
 
 #[derive(Debug, Clone, Serialize)]

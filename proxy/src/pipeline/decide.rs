@@ -67,46 +67,46 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
             }
         },
     };
-    ctx.verdict = outcome?;
+    ctx.verdict = Some(outcome?);
     Ok(())
 }
 
 /// Decides a raw TCP connection to `host:port` (scheme `tcp`, no method or path, so rules
 /// constrained by method or path never match it).
-pub(crate) fn connection(
-    policy: &Policy,
-    host: &str,
-    port: u16,
-) -> (Decision, Result<(), Refusal>) {
-    let decision = policy.decide(&RequestFacts {
+pub(crate) fn connection(policy: &Policy, host: &str, port: u16) -> Decision {
+    policy.decide(&RequestFacts {
         host,
         port,
         scheme: Scheme::Tcp,
         method: None,
         path: None,
-    });
-    let outcome = match decision.action {
-        Action::Allow => Ok(()),
-        // A byte stream cannot be held for an operator.
-        Action::Deny | Action::Ask => {
-            let what = if host.contains(':') {
-                format!("TCP to [{host}]:{port}")
-            } else {
-                format!("TCP to {host}:{port}")
-            };
-            Err(policy_refusal(&what, &decision, None))
-        }
-    };
-    if decision.reported_deny {
+    })
+}
+
+/// What a raw TCP decision means once the connection is taken as raw TCP: go on, or the
+/// refusal (`ask` refuses: a byte stream cannot be held for an operator). `shown`: the host
+/// as logs may show it (redacted).
+pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result<(), Refusal> {
+    if d.reported_deny {
         tracing::warn!(
-            host,
+            host = shown,
             port,
-            rule = decision.rule_id.as_deref().unwrap_or("default"),
+            rule = d.rule_id.as_deref().unwrap_or("default"),
             "report mode: would deny raw TCP: {}",
-            decision.explanation
+            d.explanation
         );
     }
-    (decision, outcome)
+    match d.action {
+        Action::Allow => Ok(()),
+        Action::Deny | Action::Ask => {
+            let what = if shown.contains(':') {
+                format!("TCP to [{shown}]:{port}")
+            } else {
+                format!("TCP to {shown}:{port}")
+            };
+            Err(policy_refusal(&what, d, None))
+        }
+    }
 }
 
 fn policy_refusal(what: &str, d: &Decision, why: Option<&str>) -> Refusal {

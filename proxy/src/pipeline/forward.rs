@@ -29,7 +29,7 @@ pub(super) async fn send(
     let forwarded = ctx
         .proxy
         .forwarder
-        .forward(target, &path_and_query, req)
+        .forward(target, &path_and_query, req, ctx.upgrade.is_some())
         .await
         .map_err(|r| {
             // The body guard stopped the upload: that, not the aborted stream, is the reason.

@@ -56,8 +56,8 @@ pub(crate) struct RequestCtx {
     pub upgrade: Option<Arc<str>>,
     pub target: Option<Target>,
     pub decision: Option<Decision>,
-    /// For a request let through: `Allow`, or `AskApproved`.
-    pub verdict: Verdict,
+    /// Once decided and let through: `Allow`, or `AskApproved`.
+    pub verdict: Option<Verdict>,
     pub secrets: Option<SecretPhase>,
     /// The rule's concurrency slot, held until the response body ends.
     pub permit: Option<ConcurrencyPermit>,
@@ -66,6 +66,9 @@ pub(crate) struct RequestCtx {
     /// Filled in by `forward` for an upgrade: the relay waits for the 101's record, then
     /// writes its close record.
     pub on_recorded: Option<tokio::sync::oneshot::Sender<record::Record>>,
+    /// The record phase has taken the request; until then, dropping the context (the
+    /// client went away mid-pipeline) records it as abandoned.
+    pub recorded: bool,
 }
 
 /// Handles one HTTP request from the agent. Never fails: refusals become responses.
@@ -99,7 +102,7 @@ impl RequestCtx {
             conn,
             id: RequestId::random(),
             started: Instant::now(),
-            started_at: crate::control::events::now_rfc3339().into(),
+            started_at: crate::clock::now_rfc3339().into(),
             method: req.method().clone(),
             path: req.uri().path().to_string(),
             matching_path: String::new(),
@@ -107,16 +110,25 @@ impl RequestCtx {
             upgrade: crate::upstream::client::upgrade_token(req).map(Arc::from),
             target: None,
             decision: None,
-            verdict: Verdict::Allow,
+            verdict: None,
             secrets: None,
             permit: None,
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
+            recorded: false,
         }
     }
 
     /// The deciding rule's id, once decided.
     pub(crate) fn rule(&self) -> Option<&Arc<str>> {
         self.decision.as_ref().and_then(|d| d.rule_id.as_ref())
+    }
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        if !self.recorded {
+            record::abandoned(self);
+        }
     }
 }

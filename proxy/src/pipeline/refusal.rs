@@ -44,12 +44,14 @@ pub(crate) enum ErrorCode {
     /// What looked like TLS was not a usable ClientHello (malformed, an unusable server name,
     /// none in time). Connection records only.
     BadClientHello,
+    /// The client went away before its request was decided. Request records only.
+    ClientGone,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 18] = [
+    pub(crate) const ALL: [ErrorCode; 19] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -68,6 +70,7 @@ impl ErrorCode {
         ErrorCode::ClientRejectedCa,
         ErrorCode::TlsHandshakeFailed,
         ErrorCode::BadClientHello,
+        ErrorCode::ClientGone,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -89,7 +92,8 @@ impl ErrorCode {
             // Never rendered: the connection ended before HTTP.
             ErrorCode::ClientRejectedCa
             | ErrorCode::TlsHandshakeFailed
-            | ErrorCode::BadClientHello => StatusCode::BAD_REQUEST,
+            | ErrorCode::BadClientHello
+            | ErrorCode::ClientGone => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -113,7 +117,8 @@ impl ErrorCode {
             | ErrorCode::UpstreamError
             | ErrorCode::AuditUnavailable
             | ErrorCode::ClientRejectedCa
-            | ErrorCode::TlsHandshakeFailed => Verdict::Error,
+            | ErrorCode::TlsHandshakeFailed
+            | ErrorCode::ClientGone => Verdict::Error,
         }
     }
 
@@ -137,6 +142,7 @@ impl ErrorCode {
             ErrorCode::ClientRejectedCa => "client_rejected_ca",
             ErrorCode::TlsHandshakeFailed => "tls_handshake_failed",
             ErrorCode::BadClientHello => "bad_client_hello",
+            ErrorCode::ClientGone => "client_gone",
         }
     }
 

@@ -34,18 +34,23 @@ pub(crate) fn head_within<B>(req: &Request<B>, max: usize) -> Result<(), Refusal
     Ok(())
 }
 
-/// The size of a request head as HTTP/1.1 would carry it: the request line and every header
-/// line (`name: value\r\n`). HTTP/2 counts the same fields (RFC 9113 §6.5.2 adds 32 bytes
-/// of overhead per field, which we do not: the limit is the operator's, in bytes they can
-/// reason about).
+/// The size of a request head as its protocol counts it. HTTP/1: the request line and every
+/// header line (`name: value` and CRLF). HTTP/2: each field's name and value plus 32 bytes
+/// (RFC 9113 §6.5.2, as the h2 layer counts against its own cap), so that a head under the
+/// limit here is always under the server's cap too.
 fn head_size<B>(req: &Request<B>) -> usize {
-    // Two spaces, `HTTP/1.1`, CRLF.
+    let per_field = if req.version() == http::Version::HTTP_2 {
+        32
+    } else {
+        4
+    };
+    // Two spaces, `HTTP/1.1`, CRLF (or the pseudo-header fields).
     let line = req.method().as_str().len()
         + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
         + 12;
     req.headers()
         .iter()
-        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .map(|(n, v)| n.as_str().len() + v.len() + per_field)
         .sum::<usize>()
         + line
 }

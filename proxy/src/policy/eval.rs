@@ -43,45 +43,32 @@ impl Policy {
         }
     }
 
-    /// Whether an HTTP or HTTPS request on a connection to `name:port` (or, when `name` is
-    /// `None`, to an address, whose requests name their host in SNI or Host) could be allowed
-    /// or asked about. Over-approximates: when it says no, no request there can pass, so the
-    /// connection may be decided as raw TCP without waiting to see what it speaks.
-    pub fn may_allow_http(&self, name: Option<&str>, port: u16) -> bool {
-        if self.mode == Mode::Report {
+    /// Whether some rule for HTTP or HTTPS (allow, ask or deny), or the default, could apply to
+    /// a request on a connection to `name:port` (or, when `name` is `None`, to an address,
+    /// whose requests name their host in SNI or Host, so that any rule for the port could).
+    /// When none could, what the connection speaks does not change its decision: it is
+    /// decided as raw TCP at once, without waiting to see (a server that speaks first is not
+    /// kept waiting). Over-approximates, never under.
+    pub fn http_rule_may_match(&self, name: Option<&str>, port: u16) -> bool {
+        if self.mode == Mode::Report || self.default != Action::Deny {
             return true;
         }
-        let lets_http = |r: &CompiledRule| {
-            r.action != Action::Deny
-                && (r.schemes.contains(Scheme::Http) || r.schemes.contains(Scheme::Https))
+        let for_http = |r: &CompiledRule| {
+            (r.schemes.contains(Scheme::Http) || r.schemes.contains(Scheme::Https))
+                && r.ports.matches(port)
         };
         let Some(name) = name else {
-            return self.default != Action::Deny
-                || self
-                    .rules
-                    .iter()
-                    .any(|r| lets_http(r) && r.ports.matches(port));
+            return self.rules.iter().any(for_http);
         };
         let Ok(host) = normalize_host_cow(name) else {
             return false;
         };
-        let mut verdict = None;
+        let mut found = false;
         self.scan(&host, |rule| {
-            if !rule.ports.matches(port) || rule.is_excepted(&host) {
-                return false;
-            }
-            if lets_http(rule) {
-                verdict = Some(true);
-                return true;
-            }
-            if rule.action == Action::Deny && rule.host_port_only() {
-                verdict = Some(false);
-                return true;
-            }
-            // A scheme/method/path-specific rule leaves other requests open.
-            false
+            found = for_http(rule) && !rule.is_excepted(&host);
+            found
         });
-        verdict.unwrap_or(self.default != Action::Deny)
+        found
     }
 
     /// Visits the rules whose host patterns match canonical `host`, in evaluation order,

@@ -1,4 +1,4 @@
-//! Tests for `decide` and `may_allow_http`: order, report mode, path tricks. Ask, obligations and
+//! Tests for `decide` and `http_rule_may_match`: order, report mode, path tricks. Ask, obligations and
 //! schemes: `matcher_tests.rs`; the (method, URL) table: `policy_tests.rs`; speed:
 //! `benches/decide.rs`.
 
@@ -275,37 +275,34 @@ fn many_matching_wildcards_keep_evaluation_order() {
 }
 
 #[test]
-fn may_allow_before_interception() {
-    let p = policy(TABLE_POLICY);
-    // Only method/path-constrained allows: a TCP decide denies, but HTTP requests may pass.
-    assert_eq!(p.decide(&tcp("api.github.com", 443)).action, Action::Deny);
-    assert!(p.may_allow_http(Some("API.github.com"), 443));
-    assert!(!p.may_allow_http(Some("api.github.com"), 8443));
-    assert!(p.may_allow_http(Some("ci.internal.example"), 1));
-    assert!(!p.may_allow_http(Some("db.internal.example"), 443));
-    assert!(!p.may_allow_http(Some("tie.example"), 443));
-    assert!(!p.may_allow_http(Some("nothing.test"), 443));
-    assert!(!p.may_allow_http(Some("bad host"), 443));
-    let open = policy("version = 1\ndefault = \"allow\"\n[[rule]]\nid = \"no-post\"\nhosts = [\"*\"]\nmethods = [\"POST\"]\naction = \"deny\"\n");
-    assert!(open.may_allow_http(Some("x.example"), 443));
-    let report = policy(&TABLE_POLICY.replace("\"enforce\"", "\"report\""));
-    assert!(report.may_allow_http(Some("nothing.test"), 443));
-}
-
-#[test]
-fn may_allow_http_on_an_address_asks_every_rule_for_the_port() {
-    // A connection to an address: its requests name their host, so any rule could match.
+fn http_rules_that_may_match_a_connection_are_found_before_it_speaks() {
     let p = policy(
         "version = 1\ndefault = \"deny\"\n\
-         [[rule]]\nid = \"web\"\nhosts = [\"a.example\"]\nports = [443]\naction = \"allow\"\n\
-         [[rule]]\nid = \"smtp\"\nhosts = [\"10.0.0.5\"]\nports = [25]\nschemes = [\"tcp\"]\naction = \"allow\"\n",
+         [[rule]]\nid = \"web\"\nhosts = [\"a.example\"]\nports = [443]\nmethods = [\"GET\"]\naction = \"allow\"\n\
+         [[rule]]\nid = \"smtp\"\nhosts = [\"10.0.0.5\", \"mail.example\"]\nports = [25]\nschemes = [\"tcp\"]\naction = \"allow\"\n\
+         [[rule]]\nid = \"no-admin\"\nhosts = [\"10.0.0.6\"]\nports = [80]\npaths = [\"/admin/**\"]\naction = \"deny\"\n\
+         [[rule]]\nid = \"raw-80\"\nhosts = [\"10.0.0.6\"]\nports = [80]\nschemes = [\"tcp\"]\naction = \"allow\"\n",
     );
-    assert!(p.may_allow_http(None, 443));
+    // By name (CONNECT): the rules for that host.
+    assert!(p.http_rule_may_match(Some("A.example."), 443));
+    assert!(!p.http_rule_may_match(Some("a.example"), 8443));
     assert!(
-        !p.may_allow_http(None, 25),
+        !p.http_rule_may_match(Some("mail.example"), 25),
+        "only a tcp rule"
+    );
+    assert!(!p.http_rule_may_match(Some("nothing.test"), 443));
+    assert!(!p.http_rule_may_match(Some("bad host"), 443));
+    // By address (transparent): any rule for the port, its requests naming any host.
+    assert!(p.http_rule_may_match(None, 443));
+    assert!(
+        !p.http_rule_may_match(None, 25),
         "only a tcp rule covers port 25"
     );
-    assert!(!p.may_allow_http(Some("a.example"), 25));
+    // A deny for HTTP counts too: raw TCP allowed to 10.0.0.6:80 must not carry HTTP past it.
+    assert!(p.http_rule_may_match(None, 80));
+    // A default other than deny, or report mode, may always apply.
     let open = policy("version = 1\ndefault = \"allow\"\n");
-    assert!(open.may_allow_http(None, 25));
+    assert!(open.http_rule_may_match(None, 25));
+    let report = policy(&TABLE_POLICY.replace("\"enforce\"", "\"report\""));
+    assert!(report.http_rule_may_match(Some("nothing.test"), 443));
 }

@@ -55,10 +55,6 @@ impl SchemeSet {
     pub(crate) fn contains(self, s: Scheme) -> bool {
         self.0 & Self::bit(s) != 0
     }
-
-    pub(crate) fn is_any(self) -> bool {
-        self == Self::ANY
-    }
 }
 
 /// Which ports a rule covers. Lists are sorted and deduplicated.
@@ -112,11 +108,6 @@ impl CompiledRule {
 
     pub(crate) fn is_excepted(&self, host: &str) -> bool {
         self.except_hosts.iter().any(|p| p.matches(host))
-    }
-
-    /// True when only the host and port decide whether this rule matches.
-    pub(crate) fn host_port_only(&self) -> bool {
-        self.schemes.is_any() && self.methods.is_none() && self.paths.is_none()
     }
 }
 

@@ -1,4 +1,4 @@
-//! Rule features beyond hosts: ask ordering, obligations, schemes (and `may_allow_http` with them).
+//! Rule features beyond hosts: ask ordering, obligations, schemes (and `http_rule_may_match` with them).
 
 use super::super::eval::tests::{http, policy, tcp};
 use super::super::{Action, Obligations, RequestFacts, Scheme};
@@ -97,7 +97,7 @@ action = "deny"
 }
 
 #[test]
-fn schemes_restrict_and_may_allow_http_respects_them() {
+fn schemes_restrict_and_http_rule_may_match_respects_them() {
     let p = policy(
         r#"
 version = 1
@@ -123,8 +123,8 @@ action = "ask"
     req.scheme = Scheme::Http;
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("no-plain"));
     assert_eq!(p.decide(&tcp("a.example", 443)).rule_id, None);
-    // The scheme-specific deny leaves HTTPS open; an ask may still let a request through.
-    assert!(p.may_allow_http(Some("a.example"), 443));
-    assert!(p.may_allow_http(Some("held.test"), 443));
-    assert!(!p.may_allow_http(Some("other.test"), 443));
+    // Rules for HTTP may match these hosts (an ask and a scheme-specific deny included).
+    assert!(p.http_rule_may_match(Some("a.example"), 443));
+    assert!(p.http_rule_may_match(Some("held.test"), 443));
+    assert!(!p.http_rule_may_match(Some("other.test"), 443));
 }

@@ -104,10 +104,7 @@ impl Vault {
         self.store.put(name, value).await?;
         self.set.store(Arc::new(next));
         if let Ok(mut u) = self.updated.lock() {
-            u.insert(
-                name.to_string(),
-                Some(crate::control::events::now_rfc3339()),
-            );
+            u.insert(name.to_string(), Some(crate::clock::now_rfc3339()));
         }
         Ok(())
     }
@@ -132,7 +129,7 @@ impl Vault {
         if names.is_empty() {
             return;
         }
-        let now = crate::control::events::now_rfc3339();
+        let now = crate::clock::now_rfc3339();
         if let Ok(mut u) = self.usage.lock() {
             for n in names {
                 let e = u.entry(n.clone()).or_default();

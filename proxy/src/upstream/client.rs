@@ -63,14 +63,15 @@ impl Forwarder {
         }
     }
 
-    /// Sends `req` to `target` with `path_and_query` as its request target.
+    /// Sends `req` to `target` with `path_and_query` as its request target; `upgrade`:
+    /// it asks to switch protocols (see [`upgrade_token`]).
     pub(crate) async fn forward(
         &self,
         target: &Target,
         path_and_query: &str,
         mut req: Request<ProxyBody>,
+        upgrade: bool,
     ) -> Result<Forwarded, Refusal> {
-        let upgrade = upgrade_token(&req).is_some();
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let uri: http::Uri = format!(
             "{}://{}{}",

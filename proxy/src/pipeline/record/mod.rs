@@ -38,12 +38,22 @@ use crate::upstream::relay::Relayed;
 /// sent whole (see `body::ready`); larger or still-arriving bodies stream.
 const READY_BODY_LIMIT: usize = 64 * 1024;
 
+/// How a request ended, for its record.
+pub(super) enum Ending<'a> {
+    Responded(&'a Response<ProxyBody>),
+    Refused(&'a Refusal),
+    /// The client went away (a reset stream, a closed connection) before the pipeline
+    /// finished; the request may have been forwarded already.
+    Abandoned,
+}
+
 /// Ends an HTTP request: builds its record from what the phases learned and the outcome,
 /// logs and publishes it, and returns the response with its audit write attached.
 pub(super) async fn respond(
     mut ctx: RequestCtx,
     outcome: Result<Response<ProxyBody>, Refusal>,
 ) -> Response<ProxyBody> {
+    ctx.recorded = true;
     let secrets = ctx.proxy.vault.current();
     // The agent may have put a secret value anywhere it wrote: nothing shown or logged
     // carries it.
@@ -54,22 +64,68 @@ pub(super) async fn respond(
         }
         r
     });
-    let (verdict, status, error_code, upstream, reason) = match &outcome {
-        Ok(resp) => (
-            ctx.verdict,
-            resp.status().as_u16(),
+    let record = match &outcome {
+        Ok(resp) => request_record(&ctx, Ending::Responded(resp)),
+        Err(r) => request_record(&ctx, Ending::Refused(r)),
+    };
+    let pending = PendingRecord::request(&mut ctx, record);
+    pending.decided();
+    let resp = match outcome {
+        Ok(resp) => resp,
+        Err(r) => refusal::render(&r, &ctx.id.to_string(), ctx.policy.hash()),
+    };
+    attach(pending, resp, ctx.method == http::Method::HEAD).await
+}
+
+/// Records a request the client abandoned before the pipeline finished (called when its
+/// `RequestCtx` is dropped unrecorded): marked incomplete, written without waiting.
+pub(super) fn abandoned(ctx: &mut RequestCtx) {
+    // At runtime shutdown there is nowhere left to write it.
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let record = request_record(ctx, Ending::Abandoned);
+    let pending = PendingRecord::request(ctx, record);
+    pending.decided();
+    pending.detached(0);
+}
+
+/// The record of a request, from its context and how it ended (redacted: nothing the agent
+/// wrote reaches it unfiltered).
+fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
+    let secrets = ctx.proxy.vault.current();
+    let (verdict, status, error_code, upstream, reason) = match ending {
+        Ending::Responded(resp) => (
+            ctx.verdict.unwrap_or(Verdict::Allow),
+            Some(resp.status().as_u16()),
             None,
             // The address actually dialed, which the agent never chose.
             resp.extensions().get::<HttpInfo>().map(|i| i.remote_addr()),
             None,
         ),
-        Err(r) => (
+        Ending::Refused(r) => (
             r.verdict,
-            r.code.status().as_u16(),
+            Some(r.code.status().as_u16()),
             Some(r.code),
             None,
             Some(r.message.clone()),
         ),
+        Ending::Abandoned => match ctx.verdict {
+            Some(v) => (
+                v,
+                None,
+                None,
+                None,
+                Some("the client went away before the response".to_string()),
+            ),
+            None => (
+                Verdict::Error,
+                None,
+                Some(ErrorCode::ClientGone),
+                None,
+                Some("the client went away before the request was decided".to_string()),
+            ),
+        },
     };
     let (host, port, protocol) = match &ctx.target {
         Some(t) => (
@@ -92,7 +148,7 @@ pub(super) async fn respond(
         ctx.query.as_deref().map(|q| secrets.redact(q)).as_deref(),
         ctx.proxy.audit_query_values,
     );
-    let record = Record {
+    Record {
         kind: RecordKind::Request,
         protocol,
         port,
@@ -101,7 +157,7 @@ pub(super) async fn respond(
         upgrade: ctx.upgrade.as_deref().map(|u| secrets.redact(u).into()),
         decision: verdict,
         rule: ctx.rule().cloned(),
-        status: Some(status),
+        status,
         error_code,
         upstream,
         secrets: ctx
@@ -111,6 +167,7 @@ pub(super) async fn respond(
             .unwrap_or_default(),
         reason,
         ms: ms_since(ctx.started),
+        incomplete: matches!(ending, Ending::Abandoned),
         ..base(
             &ctx.proxy,
             &ctx.conn,
@@ -119,21 +176,7 @@ pub(super) async fn respond(
             ctx.started_at.clone(),
             host,
         )
-    };
-    let pending = PendingRecord {
-        host_label: ctx.policy.host_label(&record.host).into(),
-        proxy: ctx.proxy.clone(),
-        record,
-        started: ctx.started,
-        up: ctx.bytes_up.clone(),
-        on_recorded: ctx.on_recorded.take(),
-    };
-    pending.decided();
-    let resp = match outcome {
-        Ok(resp) => resp,
-        Err(r) => refusal::render(&r, &ctx.id.to_string(), ctx.policy.hash()),
-    };
-    attach(pending, resp, ctx.method == http::Method::HEAD).await
+    }
 }
 
 /// Writes the record before a bodiless or already-complete response goes out, or holds the
@@ -193,14 +236,12 @@ async fn attach(
 /// server refused): logged, published, counted and written. `false`: the audit log could
 /// not take it; nothing may be relayed.
 pub(crate) async fn connection(proxy: &Arc<Proxy>, record: Record) -> bool {
-    let host_label = proxy.policy().host_label(&record.host).to_string();
     let pending = PendingRecord {
         proxy: proxy.clone(),
-        host_label: host_label.into(),
-        started: Instant::now(),
-        up: Arc::new(AtomicU64::new(record.bytes_up)),
-        on_recorded: None,
+        policy: proxy.policy(),
         record,
+        open: None,
+        on_recorded: None,
     };
     pending.decided();
     pending.now(0).await
@@ -287,20 +328,40 @@ pub(crate) fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
-/// A record whose outcome is not known yet: completed when the response (or nothing) ends.
+/// A record on its way out: decided, logged and published, then completed (a request's
+/// duration and bytes, once its response ends), counted and written.
 pub(crate) struct PendingRecord {
     proxy: Arc<Proxy>,
+    /// The policy it was decided under (names the hosts that are metric labels).
+    policy: Arc<Policy>,
     record: Record,
-    started: Instant,
-    /// Request body bytes sent upstream so far.
-    up: Arc<AtomicU64>,
-    /// The host as a metric label (named in policy, or `other`).
-    host_label: Arc<str>,
-    /// Who waits for the final record (an upgrade's relay).
+    /// A request whose outcome is still coming; `None`: the record is final as built.
+    open: Option<Open>,
+    /// Who waits for the record to be written (an upgrade's relay).
     on_recorded: Option<tokio::sync::oneshot::Sender<Record>>,
 }
 
+/// What completes a request's record.
+struct Open {
+    started: Instant,
+    /// Request body bytes sent upstream so far.
+    up: Arc<AtomicU64>,
+}
+
 impl PendingRecord {
+    fn request(ctx: &mut RequestCtx, record: Record) -> PendingRecord {
+        PendingRecord {
+            proxy: ctx.proxy.clone(),
+            policy: ctx.policy.clone(),
+            record,
+            open: Some(Open {
+                started: ctx.started,
+                up: ctx.bytes_up.clone(),
+            }),
+            on_recorded: ctx.on_recorded.take(),
+        }
+    }
+
     /// The decision is made: the log line and the `ctl tail` event.
     fn decided(&self) {
         log::line(&self.record);
@@ -308,47 +369,67 @@ impl PendingRecord {
     }
 
     /// Completes the record (`down` bytes sent to the agent) and counts it in the metrics.
-    fn complete(mut self, down: u64, incomplete: bool) -> (Arc<Proxy>, Record) {
+    fn complete(mut self, down: u64, incomplete: bool) -> Completed {
         let r = &mut self.record;
-        if r.kind == RecordKind::Request {
-            r.ms = ms_since(self.started);
-            r.bytes_up = self.up.load(Ordering::Relaxed);
+        if let Some(open) = &self.open {
+            r.ms = ms_since(open.started);
+            r.bytes_up = open.up.load(Ordering::Relaxed);
             r.bytes_down = down;
-            r.incomplete = incomplete;
+            r.incomplete |= incomplete;
         }
-        self.proxy.metrics.observe(r, &self.host_label);
-        if let Some(tx) = self.on_recorded.take() {
-            let _ = tx.send(r.clone());
+        self.proxy
+            .metrics
+            .observe(r, self.policy.host_label(&r.host));
+        Completed {
+            proxy: self.proxy,
+            record: self.record,
+            on_recorded: self.on_recorded,
         }
-        (self.proxy, self.record)
     }
 
     /// Completes and writes the record, waiting until it is in the file. `false`: the
     /// audit log could not record it; the response must not go out.
     async fn now(self, down: u64) -> bool {
-        let (proxy, record) = self.complete(down, false);
-        match &proxy.audit {
+        let Completed {
+            proxy,
+            record,
+            on_recorded,
+        } = self.complete(down, false);
+        // Only a record that is in the file lets the relay that waits for it start.
+        let copy = on_recorded.as_ref().map(|_| record.clone());
+        let written = match &proxy.audit {
             Some(audit) => audit.write(Entry::Record(Box::new(record))).await,
             None => true,
+        };
+        if let (true, Some(tx), Some(copy)) = (written, on_recorded, copy) {
+            let _ = tx.send(copy);
         }
+        written
     }
 
     /// Completes and queues the record without waiting (the client went away).
     fn detached(self, down: u64) {
-        let (proxy, record) = self.complete(down, true);
-        if let Some(audit) = &proxy.audit {
-            audit.write_detached(Entry::Record(Box::new(record)));
+        let c = self.complete(down, true);
+        if let Some(audit) = &c.proxy.audit {
+            audit.write_detached(Entry::Record(Box::new(c.record)));
         }
     }
 
     /// Completes and queues the record; the receiver resolves once it is in the file.
     /// `None`: nothing to wait for (no audit log, or dropped by design).
     fn submit(self, down: u64) -> Option<Submitted> {
-        let (proxy, record) = self.complete(down, false);
-        let audit = proxy.audit.clone()?;
-        let written = audit.submit(Entry::Record(Box::new(record)))?;
+        let c = self.complete(down, false);
+        let audit = c.proxy.audit.clone()?;
+        let written = audit.submit(Entry::Record(Box::new(c.record)))?;
         Some(Submitted { audit, written })
     }
+}
+
+/// A completed record, about to be written.
+struct Completed {
+    proxy: Arc<Proxy>,
+    record: Record,
+    on_recorded: Option<tokio::sync::oneshot::Sender<Record>>,
 }
 
 /// A record queued for the audit log and the acknowledgement that it was written.

@@ -1,0 +1,42 @@
+//! Wall-clock time as records, events and the audit envelope show it: RFC 3339, UTC,
+//! milliseconds (`2026-11-23T10:00:00.012Z`). Taking the time is cheap and formatting it is
+//! not, so a connection notes when it arrived and formats that only if a record needs it.
+
+use time::OffsetDateTime;
+
+/// Now, formatted.
+pub(crate) fn now_rfc3339() -> String {
+    rfc3339(OffsetDateTime::now_utc())
+}
+
+/// `t` (taken with `OffsetDateTime::now_utc`), formatted.
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_always_three_digits_and_utc() {
+        let t = time::Date::from_calendar_date(2026, time::Month::November, 3)
+            .and_then(|d| d.with_hms_nano(4, 5, 6, 7_891_234))
+            .expect("a time")
+            .assume_utc();
+        assert_eq!(rfc3339(t), "2026-11-03T04:05:06.007Z");
+        let east = t.to_offset(time::UtcOffset::from_hms(2, 0, 0).expect("offset"));
+        assert_eq!(rfc3339(east), "2026-11-03T04:05:06.007Z");
+        assert_eq!(now_rfc3339().len(), 24);
+    }
+}
