@@ -271,7 +271,8 @@ pub struct Limits {
     /// How long a client may take to send a request's headers (HTTP/1).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
-    /// Largest request head (HTTP/1 buffer, HTTP/2 header list) accepted.
+    /// Largest request head accepted (HTTP/1 request line and headers; HTTP/2 fields as h2
+    /// counts them): above it, a JSON 431. The HTTP server's own caps are twice this.
     pub max_header_bytes: usize,
     #[serde(with = "humantime_serde")]
     pub upstream_connect_timeout: Duration,

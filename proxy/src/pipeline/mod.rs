@@ -7,8 +7,10 @@
 //! `ctl tail` event, the audit entry and the metrics, from one [`record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
-//! [`refusal::Refusal`]; whatever happened, `record` runs once. Connections decided without
-//! a request (raw TCP, failed TLS handshakes) go through the same `decide` and `record`.
+//! [`refusal::Refusal`]; whatever happened, `record` runs once (if the client goes away
+//! mid-pipeline, when its context is dropped). Raw TCP goes through the same `decide`,
+//! `limit` and `record`; failed TLS handshakes and refusals by the HTTP server through
+//! `record`.
 
 pub(crate) mod decide;
 mod forward;
