@@ -381,3 +381,32 @@ async fn keeping_no_rotated_files_leaves_only_the_live_one() {
         "it rotated: the chain starts mid-way"
     );
 }
+
+#[test]
+fn a_sequence_at_u64_max_followed_by_another_record_is_a_break() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crafted.jsonl");
+    let mut buf = Vec::new();
+    let h1 = encode(
+        &mut buf,
+        u64::MAX,
+        "2026-11-23T10:00:00.000Z",
+        0,
+        &request(1, "allow"),
+        GENESIS,
+    );
+    // Sealed correctly, chained correctly: only the sequence number is impossible.
+    encode(
+        &mut buf,
+        0,
+        "2026-11-23T10:00:00.001Z",
+        0,
+        &request(2, "allow"),
+        &h1,
+    );
+    std::fs::write(&path, &buf).expect("write");
+    let report = verify(std::slice::from_ref(&path)).expect("read");
+    let broken = report.broken.expect("the chain is broken");
+    assert_eq!(broken.line, 2);
+    assert!(broken.reason.contains("jumps"), "{}", broken.reason);
+}

@@ -97,7 +97,8 @@ fn check_line(r: &mut Report, line: &[u8]) -> Result<(), String> {
                      inserted or reordered here (sequence {last} → {seq})"
                 ));
             }
-            if seq != last + 1 {
+            // A crafted u64::MAX must not wrap round to a "next" number.
+            if last.checked_add(1) != Some(seq) {
                 return Err(format!("the sequence jumps from {last} to {seq}"));
             }
         }
