@@ -13,8 +13,10 @@ pub struct NormalizedPath {
     /// upper-cased, dot-segments removed. Means exactly what the client's path meant.
     pub forward: String,
     /// What rules match against: `forward`, then every escape of a printable ASCII character
-    /// except `%25` decoded (so `%2F` is `/`), `\` taken as `/`, runs of `/` collapsed and
-    /// dot-segments removed again. Models the most lenient reading an upstream might apply.
+    /// decoded (so `%2F` is `/`) except `%25`, `%3F` and `%23` (a `%`, `?` or `#` that is
+    /// data, not syntax), `\` taken as `/`, runs of `/` collapsed, and each segment's
+    /// parameters (from a `;` or a `%3B` on) dropped, as Tomcat, Jetty and Spring drop them.
+    /// Models the most lenient reading an upstream might apply.
     pub matching: String,
 }
 
@@ -32,7 +34,9 @@ pub enum PathError {
     EncodedNul,
     #[error("\"?\" in path (split off the query first)")]
     Query,
-    #[error("an encoded separator (%2F, %5C or \\) forms a \".\" or \"..\" segment")]
+    #[error(
+        "an encoded separator (%2F, %5C or \\) or a segment parameter (\";\") forms a \".\" or \"..\" segment"
+    )]
     EncodedDotSegment,
 }
 
@@ -57,17 +61,27 @@ pub fn normalize_path(raw: &str) -> Result<NormalizedPath, PathError> {
 
 /// The `matching` form of an already-`forward` path.
 fn matching_form(forward: &str) -> Result<String, PathError> {
-    let decoded = canonical_escapes(forward, |b| b.is_ascii_graphic() && b != b'%')?;
+    let decoded = canonical_escapes(forward, |b| {
+        b.is_ascii_graphic() && !matches!(b, b'%' | b'?' | b'#')
+    })?;
+    // Runs of separators collapse; the trailing one is kept.
+    let trailing = decoded.ends_with(['/', '\\']);
     let mut collapsed = String::with_capacity(decoded.len());
-    for c in decoded.chars() {
-        let c = if c == '\\' { '/' } else { c };
-        if !(c == '/' && collapsed.ends_with('/')) {
-            collapsed.push(c);
+    for seg in decoded.split(['/', '\\']) {
+        // `/a;jsessionid=1/b`, `/a;/b` and `/a%3Bx/b` all name `/a/b` to some servers.
+        let seg = seg.split(';').next().unwrap_or("");
+        if !seg.is_empty() {
+            collapsed.push('/');
+            collapsed.push_str(seg);
         }
     }
-    // `forward` has no dot-segments left, so any here were made by decoding a separator.
-    // Upstreams differ on whether they decode it; a path whose meaning depends on that is
-    // refused, so an allow rule can never be matched on a form the upstream does not see.
+    if collapsed.is_empty() || trailing {
+        collapsed.push('/');
+    }
+    // `forward` has no dot-segments left, so any here were made by decoding a separator or
+    // dropping a parameter (`..;`). Upstreams differ on whether they do either; a path whose
+    // meaning depends on that is refused, so an allow rule can never be matched on a form the
+    // upstream does not see.
     if collapsed.split('/').any(|seg| seg == "." || seg == "..") {
         return Err(PathError::EncodedDotSegment);
     }
@@ -85,7 +99,7 @@ pub(crate) fn is_matching_form(path: &str) -> bool {
     }
     let b = path.as_bytes();
     if b.iter()
-        .any(|&c| c == b'%' || c == b'\\' || c == b'?' || c.is_ascii_control())
+        .any(|&c| matches!(c, b'%' | b'\\' | b'?' | b';') || c.is_ascii_control())
     {
         // Escapes are rare in matching paths; let the slow path decide.
         return false;
@@ -264,7 +278,13 @@ mod tests {
             ("/a%2fb", "/a/b"),
             ("/a%5Cb", "/a/b"),
             ("/a\\b", "/a/b"),
-            ("/a%3Bb", "/a;b"),
+            ("/a%3Bb", "/a"),
+            ("/a;b", "/a"),
+            ("/private;jsessionid=1/x", "/private/x"),
+            ("/private;/x", "/private/x"),
+            ("/private%3Bx/y", "/private/y"),
+            ("/a%3Fb", "/a%3Fb"),
+            ("/a%23b", "/a%23b"),
             ("/100%25", "/100%25"),
             ("/a%20b", "/a%20b"),
             ("/a/b/", "/a/b/"),
@@ -295,6 +315,17 @@ mod tests {
         assert!(!is_matching_form("/a/.."));
         assert!(!is_matching_form("/a%2Fb"));
         assert!(!is_matching_form("a/b"));
+        assert!(!is_matching_form("/a;b"));
+    }
+
+    #[test]
+    fn a_parameter_that_hides_a_dot_segment_is_refused() {
+        for raw in ["/public/..;/private/x", "/a/.;/b", "/a/..%3B/b", "/..;x/y"] {
+            assert!(
+                matches!(normalize_path(raw), Err(PathError::EncodedDotSegment)),
+                "{raw}"
+            );
+        }
     }
 
     #[test]

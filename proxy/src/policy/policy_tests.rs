@@ -247,6 +247,13 @@ fn url_tricks_cannot_reach_what_a_rule_denies() {
         "/admin/.",
         "/admin/x/..",
         "/../../admin",
+        // Segment parameters, as Tomcat, Jetty and Spring drop them.
+        "/admin;jsessionid=1/x",
+        "/admin;/x",
+        "/admin;",
+        "/admin%3Bx/y",
+        "/public/..;/admin/x",
+        "/x/..%3B/admin",
     ];
     for path in paths {
         for host in ["pkg.example", "PKG.example.", "pkg.example:443"] {
@@ -265,7 +272,14 @@ fn url_tricks_cannot_reach_what_a_rule_denies() {
             );
         }
     }
-    for ok in ["/administrator", "/x/admin", "/admin.html", "/"] {
+    for ok in [
+        "/administrator",
+        "/x/admin",
+        "/admin.html",
+        "/",
+        "/x%3Fadmin",
+        "/x;admin",
+    ] {
         let d = decide_url(&p, "GET", &format!("https://pkg.example{ok}")).expect("valid");
         assert_eq!(d.action, Action::Allow, "{ok}");
     }
