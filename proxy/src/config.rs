@@ -228,7 +228,7 @@ impl std::fmt::Display for AgentUser {
 }
 
 /// Upstream (proxy → internet) settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     /// PEM files trusted in addition to the system roots.
@@ -237,6 +237,25 @@ pub struct Upstream {
     /// Ranges the private-address guard lets through.
     #[serde(default)]
     pub allow_private: Vec<IpNet>,
+    /// Protocols a request may switch to (`Upgrade`), compared without regard to case.
+    /// Anything else is refused (`upgrade_refused`): after a switch, bytes flow with no path
+    /// rule and no secret check.
+    #[serde(default = "default_upgrades")]
+    pub upgrades: Vec<String>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Upstream {
+            extra_ca: Vec::new(),
+            allow_private: Vec::new(),
+            upgrades: default_upgrades(),
+        }
+    }
+}
+
+fn default_upgrades() -> Vec<String> {
+    vec!["websocket".into()]
 }
 
 /// The proxy's own resolver.
@@ -487,6 +506,14 @@ impl Config {
                 "limits.max_header_bytes must be at least 8192".into(),
             ));
         }
+        for p in &f.upstream.upgrades {
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b);
+            if p.is_empty() || !p.bytes().all(token) {
+                return Err(invalid(format!(
+                    "upstream.upgrades: {p:?} is not a protocol name (like \"websocket\")"
+                )));
+            }
+        }
         if f.secrets.scan_body_bytes > MAX_SCAN_BODY_BYTES {
             return Err(invalid(format!(
                 "secrets.scan_body_bytes must be at most {MAX_SCAN_BODY_BYTES}"
@@ -512,6 +539,7 @@ impl Config {
         let upstream = Upstream {
             extra_ca: f.upstream.extra_ca.iter().map(|p| relative(p)).collect(),
             allow_private: f.upstream.allow_private,
+            upgrades: f.upstream.upgrades,
         };
         let admin = match f.listen.admin {
             Some(p) => relative(&p),

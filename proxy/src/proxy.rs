@@ -39,6 +39,8 @@ pub(crate) struct Proxy {
     pub audit_query_values: bool,
     /// Connections served at once, over all listeners and the tunnels they spawn.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Protocols a request may switch to (`upstream.upgrades`).
+    pub upgrades: Vec<String>,
     next_conn: AtomicU64,
 }
 
@@ -55,6 +57,7 @@ pub(crate) struct ProxyParts {
     pub forwarder: Forwarder,
     pub limits: Limits,
     pub approvals: Approvals,
+    pub upgrades: Vec<String>,
 }
 
 impl Proxy {
@@ -76,6 +79,7 @@ impl Proxy {
             audit: p.audit,
             audit_query_values: p.audit_query_values,
             slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
+            upgrades: p.upgrades,
             next_conn: AtomicU64::new(1),
         }
     }

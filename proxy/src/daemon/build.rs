@@ -105,6 +105,7 @@ pub(super) async fn build_proxy(
         forwarder,
         limits: cfg.limits.clone(),
         approvals: Approvals::new(cfg.approvals.timeout),
+        upgrades: cfg.upstream.upgrades.clone(),
     }))
 }
 

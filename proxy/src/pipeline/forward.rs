@@ -14,7 +14,7 @@ use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::control::metrics::ConnProtocol;
 use crate::proxy::Proxy;
-use crate::upstream::client::{Forwarded, Upgrades};
+use crate::upstream::client::{upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
 
 pub(super) async fn send(
@@ -41,6 +41,22 @@ pub(super) async fn send(
     let resp = match forwarded {
         Forwarded::Response(resp) => resp,
         Forwarded::Upgraded(resp, upgrades) => {
+            // The upstream switched to what was asked for, and only that.
+            let to = resp
+                .headers()
+                .get(http::header::UPGRADE)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            let asked = ctx.upgrade.as_deref().unwrap_or("");
+            let offered = asked
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case(to.trim()));
+            if !offered || !upgrade_allowed(&to, &ctx.proxy.upgrades) {
+                return Err(Refusal::new(
+                    ErrorCode::UpstreamError,
+                    format!("the upstream switched to {to:?}, which was not asked for"),
+                ));
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
             ctx.on_recorded = Some(tx);
             tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, rx));

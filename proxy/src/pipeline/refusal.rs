@@ -46,12 +46,14 @@ pub(crate) enum ErrorCode {
     BadClientHello,
     /// The client went away before its request was decided. Request records only.
     ClientGone,
+    /// The request asks to switch to a protocol not in `upstream.upgrades`.
+    UpgradeRefused,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 19] = [
+    pub(crate) const ALL: [ErrorCode; 20] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -71,6 +73,7 @@ impl ErrorCode {
         ErrorCode::TlsHandshakeFailed,
         ErrorCode::BadClientHello,
         ErrorCode::ClientGone,
+        ErrorCode::UpgradeRefused,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -79,7 +82,8 @@ impl ErrorCode {
             | ErrorCode::HostMismatch
             | ErrorCode::DestinationForbidden
             | ErrorCode::SecretScope
-            | ErrorCode::SecretLeak => StatusCode::FORBIDDEN,
+            | ErrorCode::SecretLeak
+            | ErrorCode::UpgradeRefused => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -108,7 +112,8 @@ impl ErrorCode {
             | ErrorCode::SecretLeak
             | ErrorCode::BadRequest
             | ErrorCode::HeadTooLarge
-            | ErrorCode::BadClientHello => Verdict::Deny,
+            | ErrorCode::BadClientHello
+            | ErrorCode::UpgradeRefused => Verdict::Deny,
             ErrorCode::RateLimited | ErrorCode::Busy => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
@@ -143,6 +148,7 @@ impl ErrorCode {
             ErrorCode::TlsHandshakeFailed => "tls_handshake_failed",
             ErrorCode::BadClientHello => "bad_client_hello",
             ErrorCode::ClientGone => "client_gone",
+            ErrorCode::UpgradeRefused => "upgrade_refused",
         }
     }
 

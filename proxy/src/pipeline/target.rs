@@ -2,7 +2,8 @@
 //! every name the client gave for it agrees (SNI, Host / :authority, and the destination it
 //! connected or CONNECTed to), its path normalizes, and its head is within
 //! `limits.max_header_bytes` (the HTTP server's own cap is set above that, so the agent gets
-//! this refusal, with its JSON body and its record, rather than a bare 431).
+//! this refusal, with its JSON body and its record, rather than a bare 431), and any protocol
+//! it asks to switch to is in `upstream.upgrades`.
 
 use http::{header, Request};
 
@@ -10,11 +11,23 @@ use super::refusal::{ErrorCode, Refusal};
 use super::RequestCtx;
 use crate::conn::{ConnCtx, DestHost};
 use crate::policy::{normalize_host, normalize_path, Scheme};
+use crate::upstream::client::upgrade_allowed;
 
 /// Finds the target and normalizes the path (`ctx.path` becomes the form sent upstream).
 pub(super) fn find<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
     head_within(req, ctx.proxy.limits.max_header_bytes)?;
     ctx.target = Some(for_request(&ctx.conn, req)?);
+    if let Some(offered) = &ctx.upgrade {
+        if !upgrade_allowed(offered, &ctx.proxy.upgrades) {
+            return Err(Refusal::new(
+                ErrorCode::UpgradeRefused,
+                format!(
+                    "switching protocols to {offered:?} is not allowed (upstream.upgrades: {})",
+                    ctx.proxy.upgrades.join(", ")
+                ),
+            ));
+        }
+    }
     let path = normalize_path(req.uri().path())
         .map_err(|e| Refusal::new(ErrorCode::BadRequest, format!("invalid request path: {e}")))?;
     ctx.path = path.forward;

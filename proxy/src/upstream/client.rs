@@ -154,17 +154,34 @@ impl Upgrades {
     }
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to (`Upgrade` with `Connection:
-/// upgrade`), if it does; its first token, or the whole value shown lossily if it is not
-/// ASCII (the request still counts as an upgrade).
+/// The protocols an HTTP/1.1 request asks to switch to (`Upgrade` with `Connection:
+/// upgrade`), if it does: the header's value, shown lossily if it is not ASCII (the request
+/// still counts as an upgrade).
 pub(crate) fn upgrade_token<B>(req: &Request<B>) -> Option<String> {
     if req.version() != Version::HTTP_11
         || !connection_tokens(req.headers()).any(|t| t.eq_ignore_ascii_case("upgrade"))
     {
         return None;
     }
-    let value = String::from_utf8_lossy(req.headers().get(header::UPGRADE)?.as_bytes());
-    Some(value.split(',').next().unwrap_or(&value).trim().to_string())
+    let values: Vec<String> = req
+        .headers()
+        .get_all(header::UPGRADE)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string())
+        .collect();
+    if values.is_empty() {
+        return None;
+    }
+    Some(values.join(", "))
+}
+
+/// Whether every protocol `offered` (an `Upgrade` value: comma-separated, with optional
+/// `/version`s) is one of `allowed`. Any one not allowed refuses the lot: the upstream picks
+/// which to switch to.
+pub(crate) fn upgrade_allowed(offered: &str, allowed: &[String]) -> bool {
+    let mut tokens = offered.split(',').map(str::trim).peekable();
+    tokens.peek().is_some()
+        && tokens.all(|t| !t.is_empty() && allowed.iter().any(|a| a.eq_ignore_ascii_case(t)))
 }
 
 fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -304,6 +321,16 @@ mod tests {
             .body(())
             .expect("req");
         assert_eq!(upgrade_token(&req).as_deref(), Some("websocket"));
+        let allowed = ["websocket".to_string()];
+        assert!(upgrade_allowed("websocket", &allowed));
+        assert!(upgrade_allowed("WebSocket", &allowed));
+        assert!(!upgrade_allowed("h2c", &allowed));
+        assert!(
+            !upgrade_allowed("websocket, h2c", &allowed),
+            "the upstream picks"
+        );
+        assert!(!upgrade_allowed("", &allowed));
+        assert!(!upgrade_allowed("websocket,", &allowed));
         let plain = Request::builder().body(()).expect("req");
         assert_eq!(upgrade_token(&plain), None);
         let no_connection = Request::builder()

@@ -1,0 +1,213 @@
+//! A hostile or broken agent, against the real daemon: protocol upgrades other than WebSocket,
+//! path tricks with segment parameters, escapes that are data, a crafted audit log. Each
+//! refusal is a JSON body and a record; nothing refused reaches the upstream.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use agenshield_e2e::audit;
+use agenshield_e2e::curl::{curl, CurlOut};
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use serde_json::Value;
+
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "api"
+hosts = ["api.test"]
+action = "allow"
+
+[[rule]]
+id = "no-private"
+hosts = ["api.test"]
+paths = ["/private", "/private/**"]
+action = "deny"
+priority = 10
+"#;
+
+struct World {
+    up: Upstream,
+    daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn new() -> World {
+        let ca = TestCa::new("hardening upstream CA");
+        let up = Upstream::start(UpstreamOptions {
+            tls: Some(ca.leaf(&["api.test", "127.0.0.1"])),
+            name: "up".into(),
+        })
+        .await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_file = dir.path().join("upstream-ca.pem");
+        ca.write_pem(&ca_file).expect("write CA");
+        let daemon = Daemon::start(DaemonOptions {
+            policies: vec![("main.toml".into(), POLICY.into())],
+            extra_ca: vec![ca_file],
+            hosts: vec![("api.test".into(), LOCAL)],
+            orig_dst: Some(up.addr),
+            ..Default::default()
+        });
+        World {
+            up,
+            daemon,
+            _dir: dir,
+        }
+    }
+
+    /// curl to `https://api.test:PORT{path}` through the transparent listener, the path as
+    /// given (no dot-segment clean-up by curl).
+    async fn get(&self, path: &str, extra: &[&str]) -> CurlOut {
+        let port = self.up.addr.port();
+        let connect_to = format!(
+            "api.test:{port}:127.0.0.1:{}",
+            self.daemon.transparent.port()
+        );
+        let url = format!("https://api.test:{port}{path}");
+        let ca = self.daemon.ca_path.display().to_string();
+        let mut args = vec!["--cacert", &ca, "--connect-to", &connect_to, "--path-as-is"];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        curl(&args, false).await
+    }
+
+    fn seen(&self, path: &str) -> bool {
+        self.up.requests().iter().any(|r| r.path_and_query == path)
+    }
+
+    fn records(&self) -> Vec<Value> {
+        audit::lines(&self.daemon.audit_path())
+            .into_iter()
+            .filter(|v| v["kind"] == "request")
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_websocket_may_be_switched_to() {
+    let w = World::new().await;
+    let h2c = [
+        "--http1.1",
+        "-H",
+        "Connection: Upgrade, HTTP2-Settings",
+        "-H",
+        "Upgrade: h2c",
+        "-H",
+        "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
+    ];
+    let out = w.get("/echo/h2c", &h2c).await;
+    assert_eq!(out.status, 403, "{out:?}");
+    assert_eq!(out.json()["error_code"], "upgrade_refused");
+    // A list with one protocol not allowed is refused whole: the upstream picks.
+    let mixed = [
+        "--http1.1",
+        "-H",
+        "Connection: Upgrade",
+        "-H",
+        "Upgrade: websocket, h2c",
+    ];
+    let out = w.get("/echo/mixed", &mixed).await;
+    assert_eq!(out.status, 403, "{out:?}");
+    assert!(
+        !w.seen("/echo/h2c") && !w.seen("/echo/mixed"),
+        "nothing reached the upstream"
+    );
+    let refused: Vec<Value> = w
+        .records()
+        .into_iter()
+        .filter(|v| v["error_code"] == "upgrade_refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert_eq!(refused[0]["decision"], "deny");
+    assert_eq!(refused[0]["upgrade"], "h2c");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_parameters_cannot_reach_a_denied_path() {
+    let w = World::new().await;
+    for path in [
+        "/private/x",
+        "/private;jsessionid=1/x",
+        "/private;/x",
+        "/private%3Bx/y",
+        "/PRIVATE/../private;/x",
+    ] {
+        let out = w.get(path, &[]).await;
+        assert_eq!(out.status, 403, "{path}: {out:?}");
+        assert_eq!(out.json()["rule_id"], "no-private", "{path}");
+    }
+    // `..;` is `..` to some servers and a name to others: refused whatever it hides.
+    for path in ["/public/..;/private/x", "/x/..%3B/private"] {
+        let out = w.get(path, &[]).await;
+        assert_eq!(out.status, 400, "{path}: {out:?}");
+        assert_eq!(out.json()["error_code"], "bad_request", "{path}");
+    }
+    assert!(
+        w.up.requests()
+            .iter()
+            .all(|r| !r.path_and_query.contains("private")),
+        "no private path reached the upstream: {:?}",
+        w.up.requests()
+    );
+    // A parameter on an allowed path is not a refusal.
+    let out = w.get("/echo;v=1", &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escaped_question_mark_is_data_not_a_refusal() {
+    let w = World::new().await;
+    let out = w.get("/echo/a%3Fb", &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
+    assert_eq!(out.json()["path"], "/echo/a%3Fb", "forwarded as sent");
+    let out = w.get("/echo/c%23d", &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
+}
+
+/// A line sealed as `docs/audit.md` says: SHA-256 (hex) of the bytes up to `,"hash":`.
+fn sealed(body: &str, prev: &str) -> (String, String) {
+    use sha2::Digest;
+    let open = format!("{body},\"prev\":\"{prev}\"");
+    let hash: String = sha2::Sha256::digest(open.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (format!("{open},\"hash\":\"{hash}\"}}\n"), hash)
+}
+
+#[test]
+fn a_crafted_sequence_number_is_reported_as_a_break() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crafted.jsonl");
+    let entry = r#""kind":"stop","version":"0.1.0","pid":1,"policy":"sha256:0""#;
+    let genesis = "0".repeat(64);
+    // Sealed and chained correctly; only the numbers are impossible: u64::MAX, then 0.
+    let (l1, h1) = sealed(
+        &format!(
+            "{{\"v\":2,\"seq\":{},\"time\":\"2026-11-23T10:00:00.000Z\",{entry}",
+            u64::MAX
+        ),
+        &genesis,
+    );
+    let (l2, _) = sealed(
+        &format!("{{\"v\":2,\"seq\":0,\"time\":\"2026-11-23T10:00:00.001Z\",{entry}"),
+        &h1,
+    );
+    std::fs::write(&path, l1 + &l2).expect("write");
+    let out = std::process::Command::new(agenshield_e2e::daemon::binary())
+        .args(["proxy", "ctl", "audit", "verify"])
+        .arg(&path)
+        .output()
+        .expect("run ctl");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "reported, not a panic: {text}");
+    assert!(text.contains("crafted.jsonl:2:"), "the second line: {text}");
+    assert!(text.contains("jumps"), "{text}");
+}
