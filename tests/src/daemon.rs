@@ -43,6 +43,8 @@ pub struct DaemonOptions {
     /// `[testing] broker_orig_dst`: the worker asks the supervisor for original destinations
     /// (the macOS path, taken on Linux).
     pub broker_orig_dst: bool,
+    /// Where the audit log goes (default: `audit.jsonl` in the state directory).
+    pub audit_path: Option<PathBuf>,
 }
 
 pub struct Daemon {
@@ -56,6 +58,7 @@ pub struct Daemon {
     pub ca_pem: String,
     pub ca_path: PathBuf,
     log_path: PathBuf,
+    audit_path: PathBuf,
 }
 
 /// The binary cargo built beside this test executable (target/<profile>/agenshield).
@@ -93,6 +96,10 @@ impl Daemon {
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
             child,
+            audit_path: opts
+                .audit_path
+                .clone()
+                .unwrap_or_else(|| dir.path().join("audit.jsonl")),
             log_path: dir.path().join("daemon.log"),
             dir,
             transparent,
@@ -129,7 +136,7 @@ impl Daemon {
 
     /// The audit log.
     pub fn audit_path(&self) -> PathBuf {
-        self.dir.path().join("audit.jsonl")
+        self.audit_path.clone()
     }
 
     /// The admin socket.
@@ -334,7 +341,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
         dir.join("policies"),
         dir.join("certs"),
         dir.join("vault"),
-        dir.join("audit.jsonl")
+        opts.audit_path
+            .clone()
+            .unwrap_or_else(|| dir.join("audit.jsonl"))
     );
     if let Some(n) = opts.scan_body_bytes {
         let _ = writeln!(c, "[secrets]\nscan_body_bytes = {n}\n");

@@ -211,3 +211,127 @@ fn a_crafted_sequence_number_is_reported_as_a_break() {
     assert!(text.contains("crafted.jsonl:2:"), "the second line: {text}");
     assert!(text.contains("jumps"), "{text}");
 }
+
+/// Unmounts when dropped, pass or fail.
+#[cfg(target_os = "linux")]
+struct Mounted(std::path::PathBuf);
+
+#[cfg(target_os = "linux")]
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
+    use agenshield_e2e::netlab::{root_or_skip, sh};
+    let Some(_serial) = root_or_skip("audit_disk_full") else {
+        return;
+    };
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let dir = mnt.path().to_path_buf();
+    sh(&[
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=4m,mode=0755",
+        "agenshield-audit-test",
+        dir.to_str().expect("utf-8"),
+    ]);
+    let _mounted = Mounted(dir.clone());
+    let ca = TestCa::new("disk-full upstream CA");
+    let up = Upstream::start(UpstreamOptions {
+        tls: Some(ca.leaf(&["api.test"])),
+        name: "up".into(),
+    })
+    .await;
+    let state = tempfile::tempdir().expect("tempdir");
+    let ca_file = state.path().join("upstream-ca.pem");
+    ca.write_pem(&ca_file).expect("write CA");
+    let daemon = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        extra_ca: vec![ca_file],
+        hosts: vec![("api.test".into(), LOCAL)],
+        orig_dst: Some(up.addr),
+        audit_path: Some(dir.join("audit.jsonl")),
+        ..Default::default()
+    });
+    let w = World {
+        up,
+        daemon,
+        _dir: state,
+    };
+    let body = state_body();
+    let post = |path: &'static str| {
+        let w = &w;
+        let body = body.clone();
+        async move {
+            let data = format!("@{}", body.display());
+            w.get(
+                path,
+                &[
+                    "--data-binary",
+                    &data,
+                    "-H",
+                    "Content-Type: application/octet-stream",
+                ],
+            )
+            .await
+        }
+    };
+    let out = post("/echo/before").await;
+    assert_eq!(out.status, 200, "{out:?}");
+
+    // Fill the file system to under the 1 MiB the log must keep free.
+    let st = nix::sys::statvfs::statvfs(&dir).expect("statvfs");
+    let free = st.blocks_available() * st.fragment_size();
+    let filler = dir.join("filler");
+    std::fs::write(&filler, vec![0u8; (free - 300 * 1024) as usize]).expect("fill");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let out = post("/echo/while-full").await;
+    assert_eq!(out.status, 503, "{out:?}");
+    assert_eq!(out.json()["error_code"], "audit_unavailable");
+    assert!(
+        !w.seen("/echo/while-full"),
+        "the POST never reached the upstream"
+    );
+    let (code, status, _) = w.daemon.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0);
+    let status: Value = serde_json::from_str(&status).expect("json");
+    assert_eq!(status["audit"]["ready"], false, "{status}");
+    let metrics = curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false)
+        .await
+        .text();
+    assert!(
+        metrics.contains("agenshield_proxy_audit_ready 0"),
+        "{metrics}"
+    );
+
+    // Room again: requests go through again, and every one of them is in the log.
+    std::fs::remove_file(&filler).expect("free");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let out = post("/echo/after").await;
+    assert_eq!(out.status, 200, "{out:?}");
+    let lines = audit::lines(&w.daemon.audit_path());
+    for path in ["/echo/before", "/echo/while-full", "/echo/after"] {
+        assert!(
+            lines.iter().any(|l| l["path"] == path),
+            "{path} is recorded: {lines:#?}"
+        );
+    }
+}
+
+/// A 1 MiB request body, in a file curl can read.
+fn state_body() -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("agenshield-post-{}", std::process::id()));
+    if !path.exists() {
+        std::fs::write(&path, vec![b'p'; 1 << 20]).expect("body");
+    }
+    path
+}

@@ -10,6 +10,7 @@
 //! be dropped then, which is counted and written into the next record (`dropped_before`).
 
 pub(crate) mod chain;
+mod health;
 pub(crate) mod record;
 pub(crate) mod verify;
 mod writer;
@@ -20,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+use health::Health;
 pub(crate) use record::{Entry, LifecycleEntry, ReloadEntry, ReloadResult};
 pub(crate) use writer::Head;
 use writer::{Msg, Writer};
@@ -43,6 +45,7 @@ pub(crate) struct Audit {
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     path: std::path::PathBuf,
+    health: Arc<Health>,
 }
 
 impl Audit {
@@ -54,12 +57,15 @@ impl Audit {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Arc<Audit>> {
         let dropped = Arc::new(AtomicU64::new(0));
+        let health = Arc::new(Health::new(path, metrics.audit_ready.clone()));
+        health.check_space();
         let writer = Writer::open(
             path,
             cfg.max_bytes,
             cfg.keep,
             dropped.clone(),
             metrics.clone(),
+            health.clone(),
         )?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let audit = Arc::new(Audit {
@@ -73,6 +79,7 @@ impl Audit {
             dropped,
             metrics,
             path: path.to_path_buf(),
+            health,
         });
         let weak = Arc::downgrade(&audit);
         tokio::spawn(async move {
@@ -83,6 +90,7 @@ impl Audit {
                 let Some(audit) = weak.upgrade() else { return };
                 audit.drive();
                 audit.sync_if_due();
+                audit.health.check_space();
             }
         });
         Ok(audit)
@@ -139,6 +147,12 @@ impl Audit {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// `Err(why)` while the log cannot take records (its last write failed, or its file
+    /// system is nearly full): nothing new may happen until it can.
+    pub(crate) fn ready(&self) -> Result<(), String> {
+        self.health.ready()
     }
 
     /// The last record written: its sequence number and hash.

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::chain::{seal, unseal, GENESIS};
+use super::health::Health;
 use super::record::Entry;
 use crate::control::metrics::Metrics;
 
@@ -64,6 +65,7 @@ pub(crate) struct Writer {
     dirty_since: Instant,
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
 impl Writer {
@@ -73,6 +75,7 @@ impl Writer {
         keep: u32,
         dropped: Arc<AtomicU64>,
         metrics: Arc<Metrics>,
+        health: Arc<Health>,
     ) -> io::Result<Writer> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()
@@ -112,6 +115,7 @@ impl Writer {
             dirty_since: Instant::now(),
             dropped,
             metrics,
+            health,
         })
     }
 
@@ -145,7 +149,9 @@ impl Writer {
                     tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
                 }
             }
-            match self.file.write_all(buf) {
+            let written = self.file.write_all(buf);
+            self.health.wrote(written.as_ref().map(|_| ()));
+            match written {
                 Ok(()) => {
                     self.size += buf.len() as u64;
                     self.head = head;

@@ -119,13 +119,14 @@ where
     record::tunnel_closed(&proxy, &rec, &relayed, started).await;
 }
 
-/// The policy's outcome, then the rule's limits.
+/// The audit log's readiness, the policy's outcome, then the rule's limits.
 fn admit(
     proxy: &Proxy,
     ctx: &ConnCtx,
     tcp: &TcpDecision,
     shown: &str,
 ) -> Result<Option<ConcurrencyPermit>, Refusal> {
+    record::ready(proxy)?;
     let d = tcp.decision.as_ref().map_err(Clone::clone)?;
     decide::connection_outcome(d, shown, ctx.dest.port)?;
     limit::connection(proxy, d, &tcp.host)

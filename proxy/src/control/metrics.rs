@@ -68,6 +68,7 @@ pub struct Metrics {
     pub audit_records: IntCounter,
     pub audit_dropped: IntCounter,
     pub audit_write_errors: IntCounter,
+    pub audit_ready: IntGauge,
     pub firewall_active: IntGauge,
 }
 
@@ -261,6 +262,14 @@ impl Metrics {
                 ))
             ),
             audit_records,
+            audit_ready: reg!(
+                r,
+                IntGauge::with_opts(opts(
+                    "audit_ready",
+                    "1 while the audit log can take records; 0 after a failed write or with \
+                     under 1 MiB free (requests are then refused, 503 audit_unavailable)."
+                ))
+            ),
             firewall_active: reg!(
                 r,
                 IntGauge::with_opts(opts(

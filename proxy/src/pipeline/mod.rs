@@ -1,6 +1,7 @@
 //! One request through the proxy, as a list of phases over one [`RequestCtx`]:
 //!
-//! `target` (which upstream, SNI/Host/port agree, the path normalized, the head within
+//! `record::ready` (the audit log can take the record) → `target` (which upstream,
+//! SNI/Host/port agree, the path normalized, the head within
 //! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
 //! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
 //! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
@@ -88,6 +89,7 @@ async fn phases(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Refusal> {
+    record::ready(&ctx.proxy)?;
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
     secrets::inspect(ctx, &req)?;

@@ -65,10 +65,15 @@ pub(super) fn status(v: &Value) -> String {
         format!("firewall      {firewall}"),
         match v["audit"].as_object() {
             Some(a) => format!(
-                "audit log     {}  record {}  hash {}",
+                "audit log     {}  record {}  hash {}{}",
                 a.get("path").map(s).unwrap_or("-"),
                 a.get("seq").cloned().unwrap_or_default(),
-                a.get("hash").map(s).unwrap_or("-")
+                a.get("hash").map(s).unwrap_or("-"),
+                match a.get("problem").and_then(|p| p.as_str()) {
+                    Some(why) =>
+                        format!("\n              NOT RECORDING: {why}; requests are refused"),
+                    None => String::new(),
+                }
             ),
             None => "audit log     off".into(),
         },

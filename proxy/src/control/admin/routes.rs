@@ -111,6 +111,10 @@ struct AuditHead {
     path: String,
     seq: u64,
     hash: String,
+    /// Whether it can take records now; while not, requests are refused.
+    ready: bool,
+    /// Why not.
+    problem: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -148,10 +152,13 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             firewall,
             audit: admin.proxy.audit.as_ref().map(|a| {
                 let head = a.head();
+                let ready = a.ready();
                 AuditHead {
                     path: a.path().display().to_string(),
                     seq: head.seq,
                     hash: head.hash,
+                    ready: ready.is_ok(),
+                    problem: ready.err(),
                 }
             }),
             policy: admin.proxy.policies.info(),

@@ -38,6 +38,18 @@ use crate::upstream::relay::Relayed;
 /// sent whole (see `body::ready`); larger or still-arriving bodies stream.
 const READY_BODY_LIMIT: usize = 64 * 1024;
 
+/// Whether the audit log can take this request's record. While it cannot (a write failed,
+/// or its file system is nearly full) nothing is forwarded: `503 audit_unavailable`.
+pub(crate) fn ready(proxy: &Proxy) -> Result<(), Refusal> {
+    match proxy.audit.as_ref().map(|a| a.ready()) {
+        Some(Err(why)) => Err(Refusal::new(
+            ErrorCode::AuditUnavailable,
+            format!("{why}; nothing is forwarded until the audit log can record it"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// How a request ended, for its record.
 pub(super) enum Ending<'a> {
     Responded(&'a Response<ProxyBody>),

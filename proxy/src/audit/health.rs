@@ -1,0 +1,109 @@
+//! Whether the audit log can take records now: its last write did not fail, and its file
+//! system has room for at least [`RESERVE`] bytes more. While it cannot, the pipeline refuses
+//! new requests and tunnels (`503 audit_unavailable`) before anything reaches an upstream, so
+//! no side effect happens unrecorded; the refusals' own records are still attempted, and the
+//! first that is written (or the room coming back) ends the refusals.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use prometheus::IntGauge;
+
+/// Free space the log's file system must keep: a few thousand records, so that a write
+/// about to fail is seen before it fails (the ticker looks every 100 ms).
+pub(crate) const RESERVE: u64 = 1 << 20;
+
+pub(crate) struct Health {
+    /// The directory the log lives in (where free space is measured).
+    dir: PathBuf,
+    write_failed: AtomicBool,
+    low_space: AtomicBool,
+    /// Why, for `ctl status` and the refusal's message.
+    why: Mutex<Option<String>>,
+    /// `agenshield_proxy_audit_ready`.
+    gauge: IntGauge,
+}
+
+impl Health {
+    pub(crate) fn new(log: &Path, gauge: IntGauge) -> Health {
+        gauge.set(1);
+        Health {
+            dir: log
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+            write_failed: AtomicBool::new(false),
+            low_space: AtomicBool::new(false),
+            why: Mutex::new(None),
+            gauge,
+        }
+    }
+
+    /// `Err(why)` while the log cannot take records.
+    pub(crate) fn ready(&self) -> Result<(), String> {
+        if !self.write_failed.load(Ordering::Relaxed) && !self.low_space.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        Err(self
+            .why
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default()
+            .unwrap_or_else(|| "the audit log cannot be written".into()))
+    }
+
+    /// A batch was written (`Ok`) or failed.
+    pub(crate) fn wrote(&self, outcome: Result<(), &std::io::Error>) {
+        let failed = outcome.is_err();
+        if self.write_failed.swap(failed, Ordering::Relaxed) != failed {
+            match outcome {
+                Err(e) => self.turned(
+                    false,
+                    format!("the last write to the audit log failed: {e}"),
+                ),
+                Ok(()) => self.turned(true, "the audit log is written again".into()),
+            }
+        }
+    }
+
+    /// Measures the free space where the log lives (the ticker calls this).
+    pub(crate) fn check_space(&self) {
+        let free = match nix::sys::statvfs::statvfs(&self.dir) {
+            Ok(st) => {
+                u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()))
+            }
+            // Not measurable: the writes themselves will tell.
+            Err(_) => return,
+        };
+        let low = free < RESERVE;
+        if self.low_space.swap(low, Ordering::Relaxed) != low {
+            if low {
+                self.turned(
+                    false,
+                    format!(
+                        "the audit log's file system ({}) has {} KiB free, under the {} KiB it must keep",
+                        self.dir.display(),
+                        free / 1024,
+                        RESERVE / 1024
+                    ),
+                );
+            } else {
+                self.turned(true, "the audit log's file system has room again".into());
+            }
+        }
+    }
+
+    fn turned(&self, ok: bool, why: String) {
+        if ok {
+            tracing::info!("{why}");
+        } else {
+            tracing::error!("{why}: refusing requests until it can record them");
+            if let Ok(mut w) = self.why.lock() {
+                *w = Some(why);
+            }
+        }
+        self.gauge.set(i64::from(self.ready().is_ok()));
+    }
+}
