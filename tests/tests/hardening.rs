@@ -228,6 +228,8 @@ impl Drop for Mounted {
 
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises the root tests for the whole test; no task of this test takes it.
+#[allow(clippy::await_holding_lock)]
 async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
     use agenshield_e2e::netlab::{root_or_skip, sh};
     let Some(_serial) = root_or_skip("audit_disk_full") else {
