@@ -330,6 +330,7 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
 }
 
 /// A 1 MiB request body, in a file curl can read.
+#[cfg(target_os = "linux")]
 fn state_body() -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("agenshield-post-{}", std::process::id()));
     if !path.exists() {

@@ -107,3 +107,10 @@ impl Health {
         self.gauge.set(i64::from(self.ready().is_ok()));
     }
 }
+
+/// Bytes an unprivileged writer may still use.
+// The field types are narrower on macOS.
+#[allow(clippy::useless_conversion)]
+fn free_bytes(st: &nix::sys::statvfs::Statvfs) -> u64 {
+    u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()))
+}
