@@ -71,9 +71,7 @@ impl Health {
     /// Measures the free space where the log lives (the ticker calls this).
     pub(crate) fn check_space(&self) {
         let free = match nix::sys::statvfs::statvfs(&self.dir) {
-            Ok(st) => {
-                u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()))
-            }
+            Ok(st) => free_bytes(&st),
             // Not measurable: the writes themselves will tell.
             Err(_) => return,
         };
