@@ -338,3 +338,82 @@ fn state_body() -> std::path::PathBuf {
     }
     path
 }
+
+/// The rule `ctl policy check` says decides `GET https://api.test/`.
+fn deciding_rule(d: &Daemon) -> String {
+    let (code, out, err) = d.ctl(
+        &[],
+        &["policy", "check", "GET", "https://api.test/", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).expect("json");
+    v["rule_id"].as_str().unwrap_or("default").to_string()
+}
+
+/// Waits (bounded) for `want` to decide; how long it took.
+fn until_rule(d: &Daemon, want: &str, within: std::time::Duration) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    loop {
+        if deciding_rule(d) == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "rule {want} not in force within {within:?} (got {})",
+            deciding_rule(d)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn policy_named(id: &str) -> String {
+    format!("version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"{id}\"\nhosts = [\"api.test\"]\naction = \"allow\"\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_watcher_follows_a_directory_that_is_replaced() {
+    let w = World::new().await;
+    let d = &w.daemon;
+    let policies = d.dir.path().join("policies");
+    let second = std::time::Duration::from_secs(5);
+    assert_eq!(deciding_rule(d), "api");
+
+    // Rename-swapped, as a deploy does: the new directory is in force…
+    let new = d.dir.path().join("policies.new");
+    std::fs::create_dir(&new).expect("mkdir");
+    std::fs::write(new.join("main.toml"), policy_named("swapped")).expect("write");
+    let old = d.dir.path().join("policies.old");
+    std::fs::rename(&policies, &old).expect("mv policies policies.old");
+    std::fs::rename(&new, &policies).expect("mv policies.new policies");
+    until_rule(d, "swapped", second);
+    // …and an edit inside it takes effect within 200 ms.
+    std::fs::write(policies.join("main.toml"), policy_named("edited")).expect("edit");
+    let took = until_rule(d, "edited", second);
+    assert!(
+        took < std::time::Duration::from_millis(200),
+        "took {took:?}"
+    );
+    // Edits to the old directory are not the policy any more.
+    std::fs::write(old.join("main.toml"), policy_named("stale")).expect("edit old");
+
+    // Deleted and recreated.
+    std::fs::remove_dir_all(&policies).expect("rm -rf");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    std::fs::create_dir(&policies).expect("mkdir");
+    std::fs::write(policies.join("main.toml"), policy_named("recreated")).expect("write");
+    until_rule(d, "recreated", second);
+    std::fs::write(policies.join("main.toml"), policy_named("again")).expect("edit");
+    let took = until_rule(d, "again", second);
+    assert!(
+        took < std::time::Duration::from_millis(200),
+        "took {took:?}"
+    );
+
+    let (code, out, _) = d.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["policy"]["watch"]["active"], true, "{v}");
+    assert!(v["policy"]["watch"]["rearmed"].as_u64() >= Some(2), "{v}");
+    let (_, human, _) = d.ctl(&[], &["status"]);
+    assert!(human.contains("hot reload    watching"), "{human}");
+}

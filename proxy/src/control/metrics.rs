@@ -69,6 +69,8 @@ pub struct Metrics {
     pub audit_dropped: IntCounter,
     pub audit_write_errors: IntCounter,
     pub audit_ready: IntGauge,
+    pub policy_watch_active: IntGauge,
+    pub policy_watch_rearms: IntCounter,
     pub firewall_active: IntGauge,
 }
 
@@ -268,6 +270,21 @@ impl Metrics {
                     "audit_ready",
                     "1 while the audit log can take records; 0 after a failed write or with \
                      under 1 MiB free (requests are then refused, 503 audit_unavailable)."
+                ))
+            ),
+            policy_watch_active: reg!(
+                r,
+                IntGauge::with_opts(opts(
+                    "policy_watch_active",
+                    "1 while edits to the policy directory are seen (hot reload), else 0."
+                ))
+            ),
+            policy_watch_rearms: reg!(
+                r,
+                IntCounter::with_opts(opts(
+                    "policy_watch_rearms_total",
+                    "Times the policy directory was replaced (moved, recreated) and the watch \
+                     moved to the new one."
                 ))
             ),
             firewall_active: reg!(

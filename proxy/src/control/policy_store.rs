@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use super::policy_watch::{WatchHealth, WatchStatus};
 use crate::clock::now_rfc3339;
 use crate::policy::{Policy, PolicyError};
 
@@ -26,12 +27,16 @@ pub(crate) struct PolicyInfo {
     pub loaded_at: String,
     /// The last reload that failed, if no successful one came after it.
     pub last_error: Option<ReloadFailure>,
+    /// Whether edits to the directory are seen (hot reload).
+    pub watch: WatchStatus,
 }
 
 /// Whether the secret store holds a secret: a policy binding a missing one is refused.
 pub(crate) type SecretCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 pub(crate) struct PolicyStore {
+    /// The hot-reload watcher's health (`policy_watch.rs` keeps it up to date).
+    pub watch: Arc<WatchHealth>,
     dir: PathBuf,
     secrets: SecretCheck,
     current: ArcSwap<Policy>,
@@ -43,6 +48,7 @@ impl PolicyStore {
         let policy = Policy::load_dir(dir)?;
         policy.check_secrets(&*secrets)?;
         Ok(PolicyStore {
+            watch: Arc::default(),
             dir: dir.to_path_buf(),
             secrets,
             current: ArcSwap::from_pointee(policy),
@@ -100,6 +106,7 @@ impl PolicyStore {
             mode: format!("{:?}", p.mode()).to_lowercase(),
             loaded_at,
             last_error,
+            watch: self.watch.status(),
         }
     }
 }

@@ -156,13 +156,12 @@ pub async fn serve(
     ));
     tasks.spawn(admin::serve(admin_listener, admin));
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.
-    let _watcher = match watch_policies(proxy.clone()) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!("policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work", cfg.policies.display());
-            None
-        }
-    };
+    if let Err(e) = watch_policies(proxy.clone()) {
+        tracing::warn!(
+            "policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work",
+            cfg.policies.display()
+        );
+    }
 
     // One stable line on stdout that scripts and tests wait for.
     println!(

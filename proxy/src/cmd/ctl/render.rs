@@ -50,7 +50,19 @@ pub(super) fn status(v: &Value) -> String {
             e.get("at").map(s).unwrap_or("-"),
             e.get("message").map(s).unwrap_or("-")
         ),
-        None => "none".into(),
+        None => format!("ok ({})", s(&p["loaded_at"])),
+    };
+    let w = &p["watch"];
+    let watch = match (w["active"].as_bool(), w["error"].as_str()) {
+        (Some(true), None) => format!("watching {}", s(&p["dir"])),
+        (Some(true), Some(e)) => format!("watching {} ({e})", s(&p["dir"])),
+        (_, e) => format!(
+            "NOT WATCHING: {}; SIGHUP or ctl reload to apply edits",
+            e.unwrap_or("unknown")
+        ),
+    } + &match w["rearmed"].as_u64() {
+        Some(n) if n > 0 => format!("; directory replaced {n}x, watch moved"),
+        _ => String::new(),
     };
     [
         format!(
@@ -86,6 +98,7 @@ pub(super) fn status(v: &Value) -> String {
         ),
         format!("policy dir    {}", s(&p["dir"])),
         format!("last reload   {last_error}"),
+        format!("hot reload    {watch}"),
         format!(
             "requests      allowed {}  denied {}  limited {}  errors {}",
             c["allowed"], c["denied"], c["limited"], c["errors"]
