@@ -63,8 +63,13 @@ impl WatchHealth {
     }
 }
 
-/// Which directory a path is now (device, inode); `None` if there is none.
-fn identity(path: &Path) -> Option<(u64, u64)> {
+/// Which directory a path names now (device, inode); `None` if it names none.
+type Identity = Option<(u64, u64)>;
+
+/// What is being watched: the policy directory and its parent.
+type Armed = (Identity, Identity);
+
+fn identity(path: &Path) -> Identity {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path)
         .ok()
@@ -149,7 +154,7 @@ fn arm(
     parent: &Path,
     health: &WatchHealth,
     proxy: &Proxy,
-) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+) -> Armed {
     let parent_watch = watcher.watch(parent, RecursiveMode::NonRecursive);
     let dir_watch = watcher.watch(dir, RecursiveMode::Recursive);
     match (dir_watch, parent_watch) {
