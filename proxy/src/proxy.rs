@@ -12,6 +12,7 @@ use crate::control::approvals::Approvals;
 use crate::control::events::Events;
 use crate::control::metrics::Metrics;
 use crate::control::policy_store::PolicyStore;
+use crate::control::tunnels::Tunnels;
 use crate::policy::Policy;
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
 use crate::secrets::Vault;
@@ -41,6 +42,8 @@ pub(crate) struct Proxy {
     pub slots: Arc<tokio::sync::Semaphore>,
     /// Protocols a request may switch to (`upstream.upgrades`).
     pub upgrades: Vec<String>,
+    /// Live tunnels, decided again on every policy change.
+    pub tunnels: Arc<Tunnels>,
     next_conn: AtomicU64,
 }
 
@@ -80,6 +83,7 @@ impl Proxy {
             audit_query_values: p.audit_query_values,
             slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
             upgrades: p.upgrades,
+            tunnels: Arc::default(),
             next_conn: AtomicU64::new(1),
         }
     }
@@ -117,6 +121,13 @@ impl Proxy {
         match result {
             Ok(p) => {
                 counters.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                let closed = self.tunnels.revise(&p);
+                if closed > 0 {
+                    tracing::info!(
+                        closed,
+                        "the new policy no longer allows {closed} open tunnel(s): closing them"
+                    );
+                }
                 tracing::info!(
                     hash = p.hash(),
                     rules = p.rule_count(),

@@ -350,3 +350,18 @@ fn websocket(req: &mut Request<Incoming>, info: &ConnInfo) -> Response<Body> {
         .body(Full::new(Bytes::new()).boxed())
         .expect("valid response")
 }
+
+/// A raw TCP server on 127.0.0.1 that echoes what it gets, until the test ends.
+pub async fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}

@@ -8,7 +8,7 @@ use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::{echo_server, Upstream, UpstreamOptions};
 use serde_json::Value;
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -416,4 +416,93 @@ async fn the_policy_watcher_follows_a_directory_that_is_replaced() {
     assert!(v["policy"]["watch"]["rearmed"].as_u64() >= Some(2), "{v}");
     let (_, human, _) = d.ctl(&[], &["status"]);
     assert!(human.contains("hot reload    watching"), "{human}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_denies_a_host_closes_its_open_tunnels() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let echo = echo_server().await;
+    let w = World::new().await;
+    let d = &w.daemon;
+    let both = format!(
+        "{POLICY}\n[[rule]]\nid = \"raw\"\nhosts = [\"127.0.0.1\"]\nports = [{}]\nschemes = [\"tcp\"]\naction = \"allow\"\n",
+        echo.port()
+    );
+    std::fs::write(d.dir.path().join("policies/main.toml"), &both).expect("policy");
+    let (code, _, err) = d.ctl(&[], &["reload"]);
+    assert_eq!(code, 0, "{err}");
+
+    // A WebSocket to api.test through the transparent listener…
+    let tls = tokio_rustls::TlsConnector::from(agenshield_e2e::pki::client_config(
+        &[&d.ca_pem],
+        &[b"http/1.1"],
+    ));
+    let tcp = tokio::net::TcpStream::connect(d.transparent)
+        .await
+        .expect("connect");
+    let stream = tls
+        .connect(
+            rustls_pki_types::ServerName::try_from("api.test").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("TLS");
+    let url = format!("wss://api.test:{}/ws", w.up.addr.port());
+    let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), stream)
+        .await
+        .expect("websocket");
+    ws.send(Message::text("ping")).await.expect("send");
+    assert!(ws.next().await.is_some(), "echo");
+    // …and raw TCP to the echo server through a CONNECT tunnel.
+    let mut raw = tokio::net::TcpStream::connect(d.explicit)
+        .await
+        .expect("connect");
+    let connect = format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n");
+    raw.write_all(connect.as_bytes()).await.expect("write");
+    // The response head, byte by byte: nothing of the tunnel may be read ahead.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        raw.read_exact(&mut b).await.expect("read");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&head)
+    );
+    raw.write_all(b"\x01raw").await.expect("write");
+    let mut got = [0u8; 4];
+    raw.read_exact(&mut got).await.expect("echo");
+    let (_, status, _) = d.ctl(&[], &["status", "--json"]);
+    let status: Value = serde_json::from_str(&status).expect("json");
+    assert_eq!(status["tunnels"], 2, "{status}");
+
+    // The policy no longer allows either: both are closed, and their ends recorded.
+    let none = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"other\"\nhosts = [\"other.test\"]\naction = \"allow\"\n";
+    std::fs::write(d.dir.path().join("policies/main.toml"), none).expect("policy");
+    let within = std::time::Duration::from_secs(5);
+    let ws_end =
+        tokio::time::timeout(within, async { while let Some(Ok(_)) = ws.next().await {} }).await;
+    assert!(ws_end.is_ok(), "the WebSocket was closed");
+    let mut rest = Vec::new();
+    let raw_end = tokio::time::timeout(within, raw.read_to_end(&mut rest)).await;
+    assert!(raw_end.is_ok(), "the raw TCP relay was closed");
+    let deadline = std::time::Instant::now() + within;
+    let revoked = loop {
+        let revoked: Vec<Value> = audit::lines(&d.audit_path())
+            .into_iter()
+            .filter(|v| v["end"] == "revoked")
+            .collect();
+        if revoked.len() == 2 || std::time::Instant::now() > deadline {
+            break revoked;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(revoked.len(), 2, "{revoked:#?}");
+    assert!(revoked.iter().any(|v| v["protocol"] == "tcp"));
+    assert!(revoked.iter().any(|v| v["upgrade"] == "websocket"));
+    audit::assert_matches_schema(&audit::lines(&d.audit_path()));
 }

@@ -11,7 +11,7 @@ use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::{client_config, TestCa};
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::{echo_server, Upstream, UpstreamOptions};
 use futures_util::{SinkExt, StreamExt};
 use rustls_pki_types::ServerName;
 use serde_json::Value;
@@ -80,21 +80,6 @@ fn the_golden_audit_records_match_the_schema() {
             std::panic::catch_unwind(|| audit::assert_matches_schema(std::slice::from_ref(&bad)));
         assert!(refused.is_err(), "the schema let through {bad}");
     }
-}
-
-/// A server that echoes what it gets, on 127.0.0.1.
-async fn echo_server() -> SocketAddr {
-    let l = TcpListener::bind((LOCAL, 0)).await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
 }
 
 /// A server that speaks first, as SMTP does.

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::conn::ConnCtx;
 use crate::control::metrics::ConnProtocol;
+use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::{decide, limit, secrets};
@@ -114,8 +115,13 @@ where
     }
     let _open = proxy.metrics.connection(ConnProtocol::Tcp);
     let _permit: Option<ConcurrencyPermit> = permit;
+    let mut live = proxy.tunnels.open(TunnelFacts::Tcp {
+        host: tcp.host.clone(),
+        port: ctx.dest.port,
+    });
     let started = Instant::now();
-    let relayed = relay(client, upstream, proxy.limits.tunnel_idle_timeout).await;
+    let idle = proxy.limits.tunnel_idle_timeout;
+    let relayed = relay(client, upstream, idle, &mut live.revoked).await;
     record::tunnel_closed(&proxy, &rec, &relayed, started).await;
 }
 

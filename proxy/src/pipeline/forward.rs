@@ -13,6 +13,7 @@ use super::refusal::{ErrorCode, Refusal};
 use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::control::metrics::ConnProtocol;
+use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
 use crate::upstream::client::{upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
@@ -59,7 +60,13 @@ pub(super) async fn send(
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
             ctx.on_recorded = Some(tx);
-            tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, rx));
+            let facts = TunnelFacts::Upgrade {
+                host: target.host.clone(),
+                port: target.port,
+                scheme: target.scheme,
+                path: ctx.matching_path.clone(),
+            };
+            tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, facts, rx));
             resp
         }
     };
@@ -80,6 +87,7 @@ pub(super) async fn send(
 async fn tunnel(
     proxy: Arc<Proxy>,
     upgrades: Upgrades,
+    facts: TunnelFacts,
     recorded: tokio::sync::oneshot::Receiver<Record>,
 ) {
     // No record (the audit log refused it): the agent got a refusal, not the 101.
@@ -92,7 +100,9 @@ async fn tunnel(
         }
     };
     let _open = proxy.metrics.connection(ConnProtocol::Ws);
+    let mut live = proxy.tunnels.open(facts);
     let started = Instant::now();
-    let relayed = relay(client, upstream, proxy.limits.tunnel_idle_timeout).await;
+    let idle = proxy.limits.tunnel_idle_timeout;
+    let relayed = relay(client, upstream, idle, &mut live.revoked).await;
     record::tunnel_closed(&proxy, &decided, &relayed, started).await;
 }

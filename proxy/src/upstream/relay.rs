@@ -21,6 +21,8 @@ pub(crate) enum End {
     IdleTimeout,
     /// A read or write failed (a reset, say).
     Error,
+    /// A policy change no longer allows it.
+    Revoked,
 }
 
 /// What a relay moved, and how it ended.
@@ -35,13 +37,16 @@ pub(crate) struct Relayed {
     pub error: Option<io::Error>,
 }
 
-/// Copies both ways until either side closes, or nothing moves for `idle`. `client` is the
-/// agent's side. Counts what moved even when it ends in an error or a timeout.
-pub(crate) async fn relay<A, B>(client: A, upstream: B, idle: Duration) -> Relayed
+/// Copies both ways until either side closes, nothing moves for `idle`, or `stop` resolves
+/// (a policy change revoked the tunnel). `client` is the agent's side. Counts what moved
+/// whatever ends it.
+pub(crate) async fn relay<A, B, S>(client: A, upstream: B, idle: Duration, stop: S) -> Relayed
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
+    S: std::future::Future,
 {
+    tokio::pin!(stop);
     let epoch = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
     let mut a = Watched::new(client, epoch, last.clone());
@@ -56,6 +61,7 @@ where
                     Ok(_) => (End::Closed, None),
                     Err(e) => (End::Error, Some(e)),
                 },
+                _ = &mut stop => break (End::Revoked, None),
                 _ = tokio::time::sleep_until(quiet_since + idle) => {
                     let now_last = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
                     if now_last == quiet_since {
@@ -138,7 +144,12 @@ mod tests {
         let (a, mut a_peer) = tokio::io::duplex(64);
         let (b, mut b_peer) = tokio::io::duplex(64);
         a_peer.write_all(b"hello").await.expect("w");
-        let relay = tokio::spawn(relay(a, b, Duration::from_secs(30)));
+        let relay = tokio::spawn(relay(
+            a,
+            b,
+            Duration::from_secs(30),
+            std::future::pending::<()>(),
+        ));
         let mut got = [0u8; 5];
         b_peer.read_exact(&mut got).await.expect("r");
         let relayed = relay.await.expect("join");
@@ -150,7 +161,12 @@ mod tests {
     async fn bytes_flow_both_ways() {
         let (a, mut a_peer) = tokio::io::duplex(64);
         let (b, mut b_peer) = tokio::io::duplex(64);
-        let relay = tokio::spawn(relay(a, b, Duration::from_secs(5)));
+        let relay = tokio::spawn(relay(
+            a,
+            b,
+            Duration::from_secs(5),
+            std::future::pending::<()>(),
+        ));
         a_peer.write_all(b"ping").await.expect("w");
         let mut got = [0u8; 4];
         b_peer.read_exact(&mut got).await.expect("r");

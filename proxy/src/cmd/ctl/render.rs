@@ -104,8 +104,8 @@ pub(super) fn status(v: &Value) -> String {
             c["allowed"], c["denied"], c["limited"], c["errors"]
         ),
         format!(
-            "connections   {}   pending approvals {}",
-            c["connections"], v["pending"]
+            "connections   {}   tunnels open {}   pending approvals {}",
+            c["connections"], v["tunnels"], v["pending"]
         ),
     ]
     .join("\n")

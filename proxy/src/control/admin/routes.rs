@@ -95,6 +95,8 @@ struct Status {
     policy: crate::control::policy_store::PolicyInfo,
     counts: crate::control::events::CountersSnapshot,
     pending: usize,
+    /// Raw TCP relays and upgraded connections open now.
+    tunnels: usize,
 }
 
 #[derive(Serialize)]
@@ -164,6 +166,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             policy: admin.proxy.policies.info(),
             counts: admin.proxy.events.counters.snapshot(),
             pending: admin.proxy.approvals.len(),
+            tunnels: admin.proxy.tunnels.len(),
         },
     )
 }

@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(
             listed("end"),
             sorted(
-                [End::Closed, End::IdleTimeout, End::Error]
+                [End::Closed, End::IdleTimeout, End::Error, End::Revoked]
                     .iter()
                     .map(json)
                     .collect()
