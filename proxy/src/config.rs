@@ -274,8 +274,11 @@ pub struct ResolverConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Connections served at once, over all listeners; more wait in the kernel backlog.
+    /// Connections served at once, over all listeners; more are closed at once, recorded.
     pub max_connections: usize,
+    /// Connections one agent (a local uid; where the OS cannot tell, a client address) may
+    /// hold at once; more are closed at once, recorded.
+    pub max_connections_per_agent: usize,
     /// How long a new connection may take to send enough bytes to be classified, when raw
     /// TCP to its destination is refused.
     #[serde(with = "humantime_serde")]
@@ -287,9 +290,15 @@ pub struct Limits {
     pub server_first_wait: Duration,
     #[serde(with = "humantime_serde")]
     pub tls_handshake_timeout: Duration,
-    /// How long a client may take to send a request's headers (HTTP/1).
+    /// How long a client may take to send a request's headers once they start (HTTP/1).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// How long an HTTP connection may wait for its first request (after the TLS handshake).
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Duration,
+    /// How long an HTTP connection may sit with no request in flight (keep-alive, HTTP/2).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Largest request head accepted (HTTP/1 request line and headers; HTTP/2 fields as h2
     /// counts them): above it, a JSON 431. The HTTP server's own caps are twice this.
     pub max_header_bytes: usize,
@@ -307,10 +316,13 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 4096,
+            max_connections_per_agent: 1024,
             first_bytes_timeout: Duration::from_secs(5),
             server_first_wait: Duration::from_millis(250),
             tls_handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
             max_header_bytes: 64 * 1024,
             upstream_connect_timeout: Duration::from_secs(10),
             upstream_idle_timeout: Duration::from_secs(90),
@@ -497,6 +509,11 @@ impl Config {
             if name.is_empty() || name.contains(['/', ' ', ':']) {
                 return Err(invalid(format!("resolver.hosts: invalid name {name:?}")));
             }
+        }
+        if f.limits.max_connections_per_agent == 0 {
+            return Err(invalid(
+                "limits.max_connections_per_agent must be at least 1".into(),
+            ));
         }
         if f.limits.max_connections == 0 {
             return Err(invalid("limits.max_connections must be at least 1".into()));

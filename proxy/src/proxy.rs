@@ -8,6 +8,7 @@ use agenshield_certs::LeafCache;
 use crate::audit::{Audit, Entry, ReloadEntry, ReloadResult};
 use crate::config::Limits;
 use crate::conn::server_tls::InterceptTls;
+use crate::conn::Budgets;
 use crate::control::approvals::Approvals;
 use crate::control::events::Events;
 use crate::control::metrics::Metrics;
@@ -40,6 +41,8 @@ pub(crate) struct Proxy {
     pub audit_query_values: bool,
     /// Connections served at once, over all listeners and the tunnels they spawn.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Connections each agent may hold at once.
+    pub budgets: Arc<Budgets>,
     /// Protocols a request may switch to (`upstream.upgrades`).
     pub upgrades: Vec<String>,
     /// Live tunnels, decided again on every policy change.
@@ -82,6 +85,7 @@ impl Proxy {
             audit: p.audit,
             audit_query_values: p.audit_query_values,
             slots: Arc::new(tokio::sync::Semaphore::new(p.limits.max_connections)),
+            budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
             next_conn: AtomicU64::new(1),

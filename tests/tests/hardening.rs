@@ -506,3 +506,224 @@ async fn a_reload_that_denies_a_host_closes_its_open_tunnels() {
     assert!(revoked.iter().any(|v| v["upgrade"] == "websocket"));
     audit::assert_matches_schema(&audit::lines(&d.audit_path()));
 }
+
+/// Opens `n` TLS connections to `addr` (SNI api.test, trusting `ca`), at most 200 at a time,
+/// holds those that opened for `hold` seconds, and prints how many opened.
+#[cfg(target_os = "linux")]
+const HOLDER: &str = r#"
+import asyncio, ssl, sys
+host, port, n, ca, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+ctx = ssl.create_default_context(cafile=ca)
+held, gate = [], asyncio.Semaphore(200)
+async def one():
+    async with gate:
+        try:
+            _, w = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=ctx, server_hostname="api.test"), 10)
+            held.append(w)
+        except Exception:
+            pass
+async def main():
+    await asyncio.gather(*[one() for _ in range(n)])
+    print(len(held), flush=True)
+    await asyncio.sleep(hold)
+asyncio.run(main())
+"#;
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises the root tests for the whole test; no task of this test takes it.
+#[allow(clippy::await_holding_lock)]
+async fn one_agent_holding_thousands_of_idle_connections_cannot_lock_out_another() {
+    use agenshield_e2e::netlab::{root_or_skip, AgentUser};
+    use std::io::BufRead;
+    let Some(_serial) = root_or_skip("connection_budget") else {
+        return;
+    };
+    let hog = AgentUser::create(91);
+    let w = World::new().await;
+    let d = &w.daemon;
+    // The agent may read our CA (a copy in a directory it can enter).
+    let share = tempfile::tempdir().expect("tempdir");
+    let ca = share.path().join("ca.pem");
+    std::fs::copy(&d.ca_path, &ca).expect("copy CA");
+    let open = |p: &std::path::Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    open(share.path(), 0o755);
+    open(&ca, 0o644);
+    let mut cmd = std::process::Command::new(&hog.as_agent()[0]);
+    cmd.args(&hog.as_agent()[1..])
+        // The system Python (Debian's python3): the agent cannot run a per-user install.
+        .args(["/usr/bin/python3", "-c", HOLDER, "127.0.0.1"])
+        .arg(d.transparent.port().to_string())
+        .args(["5000", ca.to_str().expect("utf-8"), "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut holder = cmd.spawn().expect("python3 as the agent");
+    let stdout = holder.stdout.take().expect("stdout");
+    let opened: usize = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read");
+        line.trim().parse().unwrap_or(0)
+    })
+    .await
+    .expect("join");
+    // Its budget (max_connections_per_agent, 1024) held; the rest were closed at once.
+    assert!((900..=1024).contains(&opened), "the agent held {opened}");
+
+    // Another uid (this test's) is served at once.
+    let started = std::time::Instant::now();
+    let out = w.get("/echo/other-uid", &["--max-time", "5"]).await;
+    let took = started.elapsed();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status, 200, "{out:?}");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "served after {took:?}"
+    );
+
+    let refused: Vec<Value> = audit::lines(&d.audit_path())
+        .into_iter()
+        .filter(|v| v["error_code"] == "connection_budget")
+        .collect();
+    assert!(
+        refused.len() >= 5000 - 1024,
+        "{} refusals recorded",
+        refused.len()
+    );
+    assert!(refused
+        .iter()
+        .all(|v| v["agent_uid"] == hog.uid && v["decision"] == "limited"));
+    let metrics = curl(&[&format!("http://{}/metrics", d.metrics)], false)
+        .await
+        .text();
+    assert!(
+        metrics
+            .contains("agenshield_proxy_connections_refused_total{reason=\"connection_budget\"}"),
+        "{metrics}"
+    );
+}
+
+/// A TLS session to the transparent listener for api.test, offering `alpn`.
+async fn tls_session(
+    d: &Daemon,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tls =
+        tokio_rustls::TlsConnector::from(agenshield_e2e::pki::client_config(&[&d.ca_pem], &[alpn]));
+    let tcp = tokio::net::TcpStream::connect(d.transparent)
+        .await
+        .expect("connect");
+    tls.connect(
+        rustls_pki_types::ServerName::try_from("api.test").expect("name"),
+        tcp,
+    )
+    .await
+    .expect("TLS")
+}
+
+/// Reads until the server closes; how long that took (bounded by `within`).
+async fn closed_after<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    within: std::time::Duration,
+) -> std::time::Duration {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut sink = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(tokio::time::Instant::now() + within, s.read(&mut sink)).await
+        {
+            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("still open after {within:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_keep_alive_outlives_the_head_timeout() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let ca = TestCa::new("timeouts upstream CA");
+    let up = Upstream::start(UpstreamOptions {
+        tls: Some(ca.leaf(&["api.test"])),
+        name: "up".into(),
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_file = dir.path().join("upstream-ca.pem");
+    ca.write_pem(&ca_file).expect("write CA");
+    let d = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        extra_ca: vec![ca_file],
+        hosts: vec![("api.test".into(), LOCAL)],
+        orig_dst: Some(up.addr),
+        limits: vec![
+            "first_request_timeout = \"1s\"".into(),
+            "header_read_timeout = \"1s\"".into(),
+            "idle_timeout = \"3s\"".into(),
+        ],
+        ..Default::default()
+    });
+    let bound = Duration::from_secs(10);
+
+    // A TLS session that never asks anything (HTTP/1.1, and HTTP/2 with no stream).
+    let mut s = tls_session(&d, b"http/1.1").await;
+    let took = closed_after(&mut s, bound).await;
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "h1: {took:?}"
+    );
+    let mut s = tls_session(&d, b"h2").await;
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .expect("preface");
+    // The server says GOAWAY and waits for the client to acknowledge its PING; this bare
+    // client never does, so the close comes when the grace period (5 s) ends.
+    let took = closed_after(&mut s, bound).await;
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(7),
+        "h2: {took:?}"
+    );
+
+    // A head that starts and never ends.
+    let mut s = tls_session(&d, b"http/1.1").await;
+    s.write_all(b"GET /echo HTTP/1.1\r\nHost: api.test\r\n")
+        .await
+        .expect("write");
+    let took = closed_after(&mut s, bound).await;
+    assert!(took < Duration::from_secs(3), "slow head: {took:?}");
+
+    // Keep-alive: idle past the head timeout is fine; past the idle timeout it is closed.
+    let mut s = tls_session(&d, b"http/1.1").await;
+    let ask = b"GET /echo HTTP/1.1\r\nHost: api.test\r\n\r\n";
+    s.write_all(ask).await.expect("write");
+    assert!(answer(&mut s, bound).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.write_all(ask).await.expect("write after 2 s idle");
+    assert!(
+        answer(&mut s, bound).await.starts_with("HTTP/1.1 200"),
+        "kept alive past 1 s"
+    );
+    let took = closed_after(&mut s, bound).await;
+    assert!(
+        took >= Duration::from_millis(2900) && took < Duration::from_secs(5),
+        "idle: {took:?}"
+    );
+}
+
+/// What the server sends next (one read).
+async fn answer<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: std::time::Duration) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 65536];
+    let n = tokio::time::timeout(within, s.read(&mut buf))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}

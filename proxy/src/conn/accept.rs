@@ -1,5 +1,8 @@
 //! Accept loops. Each connection gets its own task and one tracing span carrying its
-//! addresses, so every log line inside it is attributable.
+//! addresses, so every log line inside it is attributable, and is admitted before it is
+//! served: a slot of the daemon's (`limits.max_connections`) and a seat in its agent's budget
+//! (`limits.max_connections_per_agent`). A connection refused either is closed at once, with
+//! a record, rather than left waiting.
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -8,25 +11,26 @@ use std::time::Duration;
 
 use agenshield_pf::OrigDst;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
+use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::serve_explicit;
 use crate::conn::{ConnCtx, Dest, ListenerKind};
+use crate::pipeline::record::{self, Record, RequestId};
+use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::proxy::Proxy;
 
-/// Accepts until the listener fails for good. `slots` bounds connections over all listeners.
-async fn accept_loop<F>(listener: TcpListener, slots: Arc<Semaphore>, mut on_conn: F)
+/// Accepts until the listener fails for good. Nothing is reserved while it waits, so an
+/// idle listener costs no slot.
+async fn accept_loop<F>(listener: TcpListener, mut on_conn: F)
 where
-    F: FnMut(TcpStream, SocketAddr, OwnedSemaphorePermit),
+    F: FnMut(TcpStream, SocketAddr),
 {
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         match listener.accept().await {
-            Ok((sock, peer)) => on_conn(sock, peer, permit),
+            Ok((sock, peer)) => on_conn(sock, peer),
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the backlog holds clients.
                 tracing::warn!("accept failed: {e}");
@@ -36,13 +40,71 @@ where
     }
 }
 
-pub(crate) async fn transparent(
-    proxy: Arc<Proxy>,
-    listener: TcpListener,
-    orig: Arc<dyn OrigDst>,
-    slots: Arc<Semaphore>,
-) {
-    accept_loop(listener, slots, move |sock, peer, permit| {
+/// What a connection holds while it is served.
+pub(crate) struct Admission {
+    _slot: OwnedSemaphorePermit,
+    _seat: Seat,
+}
+
+/// Admits a connection: a daemon slot, then a seat in its agent's budget. `None`: refused,
+/// recorded; the caller closes it.
+async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission> {
+    let refused = match admission(proxy, ctx) {
+        Ok(admitted) => return Some(admitted),
+        Err(r) => r,
+    };
+    let record = Record {
+        decision: refused.verdict,
+        error_code: Some(refused.code),
+        reason: Some(refused.message),
+        ..record::base(
+            proxy,
+            ctx,
+            &proxy.policy(),
+            RequestId::random(),
+            crate::clock::now_rfc3339().into(),
+            record::dest_host(proxy, ctx),
+        )
+    };
+    record::connection(proxy, record).await;
+    None
+}
+
+/// A daemon slot and a seat in the agent's budget, or why not (`busy`, `connection_budget`).
+pub(crate) fn admission(proxy: &Proxy, ctx: &ConnCtx) -> Result<Admission, Refusal> {
+    let slot = proxy.slots.clone().try_acquire_owned().map_err(|_| {
+        Refusal::new(
+            ErrorCode::Busy,
+            format!(
+                "the proxy holds {} connections already (limits.max_connections)",
+                proxy.limits.max_connections
+            ),
+        )
+    })?;
+    let agent = agent_of(ctx);
+    let seat = proxy.budgets.take(agent).ok_or_else(|| {
+        Refusal::new(
+            ErrorCode::ConnectionBudget,
+            format!(
+                "{agent} already holds {} connections (limits.max_connections_per_agent)",
+                proxy.budgets.per_agent()
+            ),
+        )
+    })?;
+    Ok(Admission {
+        _slot: slot,
+        _seat: seat,
+    })
+}
+
+/// The agent a connection counts against: its local uid, else its address.
+pub(crate) fn agent_of(ctx: &ConnCtx) -> Agent {
+    ctx.agent_uid
+        .map_or(Agent::Addr(ctx.client.ip()), Agent::Uid)
+}
+
+pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: Arc<dyn OrigDst>) {
+    accept_loop(listener, move |sock, peer| {
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);
         let local = match sock.local_addr() {
@@ -76,10 +138,12 @@ pub(crate) async fn transparent(
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
-                let _permit = permit;
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
+                let Some(_admitted) = admit(&proxy, &ctx).await else {
+                    return;
+                };
                 serve_stream(proxy, ctx, sock).await;
             }
             .instrument(span),
@@ -88,8 +152,8 @@ pub(crate) async fn transparent(
     .await;
 }
 
-pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semaphore>) {
-    accept_loop(listener, slots, move |sock, peer, permit| {
+pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
+    accept_loop(listener, move |sock, peer| {
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);
         let local = sock.local_addr().unwrap_or(peer);
@@ -105,8 +169,10 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Ar
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
-                let _permit = permit;
                 ctx.agent_uid = agent_uid(peer, &[local]);
+                let Some(_admitted) = admit(&proxy, &ctx).await else {
+                    return;
+                };
                 serve_explicit(proxy, ctx, sock).await;
             }
             .instrument(span),
@@ -116,7 +182,7 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener, slots: Ar
 }
 
 /// The uid owning the client's socket (`client`, connected to one of `peers`), if it is a
-/// local socket the OS will tell us about. Only for the record: no decision rests on it.
+/// local socket the OS will tell us about: the agent, for the record and its budget.
 fn agent_uid(client: std::net::SocketAddr, peers: &[std::net::SocketAddr]) -> Option<u32> {
     for peer in peers {
         match agenshield_pf::peer_uid::socket_uid(client, *peer) {

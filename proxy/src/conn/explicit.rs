@@ -12,8 +12,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use super::accept::admission;
 use super::dispatch::serve_stream;
-use super::http::{server_head_cap, unparsed};
+use super::http::{server_head_cap, unparsed, GRACE};
+use super::watchdog::{Activity, Expired, Watched};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
@@ -26,21 +28,43 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
     let base = Arc::new(base);
     let limits = proxy.limits.clone();
     let started = Instant::now();
+    let activity = Activity::new(true);
     let svc = {
-        let (proxy, base) = (proxy.clone(), base.clone());
+        let (proxy, base, activity) = (proxy.clone(), base.clone(), activity.clone());
         service_fn(move |req| {
+            let in_flight = activity.start();
             let proxy = proxy.clone();
             let base = base.clone();
-            async move { Ok::<_, Infallible>(handle(proxy, base, req).await) }
+            async move {
+                let resp = handle(proxy, base, req).await;
+                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
+            }
         })
     };
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
+        .header_read_timeout(None)
         .max_buf_size(server_head_cap(&limits))
-        .serve_connection(TokioIo::new(stream), svc)
+        .serve_connection(TokioIo::new(Watched::new(stream, activity.clone())), svc)
         .with_upgrades();
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    let served = tokio::select! {
+        r = conn.as_mut() => r,
+        why = activity.expired(&limits) => match why {
+            Expired::Idle => {
+                tracing::debug!("closing an idle explicit proxy connection");
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(GRACE, conn.as_mut()).await.unwrap_or(Ok(()))
+            }
+            // Cut off at once: a graceful close would wait for the head to finish.
+            Expired::SlowHead => {
+                tracing::debug!("closing: a request head did not finish within {:?}", limits.header_read_timeout);
+                Ok(())
+            }
+        },
+    };
+    if let Err(e) = served {
         if e.is_parse() {
             unparsed(&proxy, &base, &e, started).await;
         } else {
@@ -82,13 +106,14 @@ async fn handle(
     if let Err(r) = pipeline::target::head_within(&req, proxy.limits.max_header_bytes) {
         return refuse_connect(&proxy, &ctx, &req, r).await;
     }
-    // The tunnel outlives this HTTP connection's task, so it needs a connection slot of its own.
-    let Ok(permit) = proxy.slots.clone().try_acquire_owned() else {
-        let r = Refusal::new(ErrorCode::Busy, "too many connections; try again");
-        return refuse_connect(&proxy, &ctx, &req, r).await;
+    // The tunnel outlives this HTTP connection's task, so it needs a slot and a seat in its
+    // agent's budget of its own.
+    let admitted = match admission(&proxy, &ctx) {
+        Ok(a) => a,
+        Err(r) => return refuse_connect(&proxy, &ctx, &req, r).await,
     };
     tokio::spawn(async move {
-        let _permit = permit;
+        let _admitted = admitted;
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => serve_stream(proxy, ctx, TokioIo::new(upgraded)).await,
             Err(e) => tracing::debug!("CONNECT upgrade failed: {e}"),

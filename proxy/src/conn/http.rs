@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -10,6 +10,7 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 
+use super::watchdog::{Activity, Expired, Watched};
 use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record::{self, Protocol, Record, RequestId};
 use crate::pipeline::refusal::ErrorCode;
@@ -44,19 +45,26 @@ pub(super) async fn serve_http<S>(
         HttpVersions::Http1 | HttpVersions::Any => ConnProtocol::H1,
     });
     let started = Instant::now();
+    let activity = Activity::new(versions != HttpVersions::Http2);
     let svc = {
-        let (proxy, ctx) = (proxy.clone(), ctx.clone());
+        let (proxy, ctx, activity) = (proxy.clone(), ctx.clone(), activity.clone());
         service_fn(move |req| {
+            let in_flight = activity.start();
             let proxy = proxy.clone();
             let ctx = ctx.clone();
-            async move { Ok::<_, Infallible>(pipeline::handle(proxy, ctx, req).await) }
+            async move {
+                let resp = pipeline::handle(proxy, ctx, req).await;
+                // In flight until hyper has sent (or dropped) the whole body.
+                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
+            }
         })
     };
     let mut builder = auto::Builder::new(SpanExecutor);
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
+        .header_read_timeout(None)
         .max_buf_size(server_head_cap(&limits))
         .keep_alive(true);
     builder
@@ -69,16 +77,34 @@ pub(super) async fn serve_http<S>(
         HttpVersions::Http2 => builder.http2_only(),
         HttpVersions::Any => builder,
     };
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), svc)
-        .await
-    {
+    let io = TokioIo::new(Watched::new(io, activity.clone()));
+    let conn = builder.serve_connection_with_upgrades(io, svc);
+    tokio::pin!(conn);
+    let served = tokio::select! {
+        r = conn.as_mut() => r,
+        why = activity.expired(&limits) => match why {
+            Expired::Idle => {
+                tracing::debug!("closing an idle connection");
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(GRACE, conn.as_mut()).await.unwrap_or(Ok(()))
+            }
+            // Cut off at once: a graceful close would wait for the head to finish.
+            Expired::SlowHead => {
+                tracing::debug!("closing: a request head did not finish within {:?}", limits.header_read_timeout);
+                Ok(())
+            }
+        },
+    };
+    if let Err(e) = served {
         match e.downcast_ref::<hyper::Error>() {
             Some(h) if h.is_parse() => unparsed(&proxy, &ctx, h, started).await,
             _ => tracing::debug!("client connection ended: {e}"),
         }
     }
 }
+
+/// How long a connection closed for idleness may take to say goodbye (an h2 GOAWAY).
+pub(super) const GRACE: Duration = Duration::from_secs(5);
 
 /// The request head size the HTTP server itself accepts: twice `limits.max_header_bytes`, so
 /// that a head over the limit reaches the pipeline, which refuses it with the JSON 431 every

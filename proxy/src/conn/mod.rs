@@ -4,6 +4,7 @@
 //! request pipeline; or `opaque` (raw TCP); `explicit` is the CONNECT / absolute-URI listener.
 
 pub(crate) mod accept;
+mod budget;
 mod classify;
 mod ctx;
 mod dispatch;
@@ -13,5 +14,7 @@ mod intercept;
 mod opaque;
 mod prefixed;
 pub(crate) mod server_tls;
+mod watchdog;
 
+pub(crate) use budget::Budgets;
 pub(crate) use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};

@@ -69,6 +69,7 @@ pub struct Metrics {
     pub audit_dropped: IntCounter,
     pub audit_write_errors: IntCounter,
     pub audit_ready: IntGauge,
+    connections_refused: IntCounterVec,
     pub policy_watch_active: IntGauge,
     pub policy_watch_rearms: IntCounter,
     pub firewall_active: IntGauge,
@@ -272,6 +273,17 @@ impl Metrics {
                      under 1 MiB free (requests are then refused, 503 audit_unavailable)."
                 ))
             ),
+            connections_refused: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "connections_refused_total",
+                        "Connections closed at accept, by reason: busy (limits.max_connections) \
+                         or connection_budget (limits.max_connections_per_agent)."
+                    ),
+                    &["reason"],
+                )
+            ),
             policy_watch_active: reg!(
                 r,
                 IntGauge::with_opts(opts(
@@ -311,6 +323,9 @@ impl Metrics {
         }
         for code in TLS_FAILURES {
             m.tls_handshakes.with_label_values(&[code.as_str()]);
+        }
+        for code in [ErrorCode::Busy, ErrorCode::ConnectionBudget] {
+            m.connections_refused.with_label_values(&[code.as_str()]);
         }
         for result in ["ok", "error"] {
             m.reloads.with_label_values(&[result]);
@@ -362,6 +377,9 @@ impl Metrics {
             ErrorCode::UpstreamTls => (&self.upstream_errors, "tls"),
             ErrorCode::UpstreamError => (&self.upstream_errors, "protocol"),
             c if TLS_FAILURES.contains(&c) => (&self.tls_handshakes, c.as_str()),
+            ErrorCode::Busy | ErrorCode::ConnectionBudget if r.kind == RecordKind::Connection => {
+                (&self.connections_refused, code.as_str())
+            }
             _ => return,
         };
         family.with_label_values(&[label]).inc();

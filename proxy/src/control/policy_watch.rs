@@ -90,11 +90,13 @@ pub(crate) fn watch_policies(proxy: Arc<Proxy>) -> notify::Result<()> {
     let mut watcher =
         notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
             Ok(ev) if ev.kind.is_access() => {}
-            // Only what happens in (or to) the policy directory: the parent holds other files.
-            Ok(ev) => {
-                let ours = ev.paths.iter().any(|p| p.starts_with(&inside));
-                let _ = tx.send(Ok(ours));
+            // Only what happens in (or to) the policy directory: the parent holds other
+            // files, which may change all the time (an audit log beside it, say), and must
+            // not keep a reload waiting for quiet.
+            Ok(ev) if ev.paths.iter().any(|p| p.starts_with(&inside)) => {
+                let _ = tx.send(Ok(true));
             }
+            Ok(_) => {}
             Err(e) => {
                 let _ = tx.send(Err(e.to_string()));
             }

@@ -71,6 +71,7 @@ pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
     for key in &cfg.not_yet_effective {
         tracing::warn!("config key {key} is set but has no effect in this build yet");
     }
+    raise_open_files(&cfg.limits);
     Ok(())
 }
 
@@ -123,17 +124,11 @@ pub async fn serve(
     );
     let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
     let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
-    let slots = proxy.slots.clone();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
-        tasks.spawn(accept::transparent(
-            proxy.clone(),
-            l,
-            orig.clone(),
-            slots.clone(),
-        ));
+        tasks.spawn(accept::transparent(proxy.clone(), l, orig.clone()));
     }
-    tasks.spawn(accept::explicit(proxy.clone(), explicit, slots.clone()));
+    tasks.spawn(accept::explicit(proxy.clone(), explicit));
     let metrics_addr = match listeners.metrics {
         Some(l) => {
             let addr = l.local_addr()?;
@@ -227,6 +222,36 @@ fn lifecycle(policy: &str) -> LifecycleEntry {
         version: env!("CARGO_PKG_VERSION"),
         pid: std::process::id(),
         policy: policy.to_string(),
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: each connection may hold two (the
+/// agent's and the upstream's), and a soft limit of 1024 (a common default) would have
+/// `accept` fail long before `limits.max_connections`. Says so when even the hard limit is
+/// too low.
+fn raise_open_files(limits: &crate::config::Limits) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft < hard {
+        // macOS refuses an unlimited soft limit (above OPEN_MAX): settle for a finite one.
+        let raised = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+            .or_else(|_| setrlimit(Resource::RLIMIT_NOFILE, hard.min(10_240), hard));
+        if let Err(e) = raised {
+            tracing::warn!("raising the open-file limit from {soft} to {hard}: {e}");
+        }
+    }
+    let want = u64::try_from(limits.max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2)
+        .saturating_add(256);
+    if hard < want {
+        tracing::warn!(
+            "the open-file limit is {hard}, under the {want} that limits.max_connections = {} \
+             may need; raise it (systemd: LimitNOFILE) or lower max_connections",
+            limits.max_connections
+        );
     }
 }
 

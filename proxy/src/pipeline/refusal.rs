@@ -48,12 +48,14 @@ pub(crate) enum ErrorCode {
     ClientGone,
     /// The request asks to switch to a protocol not in `upstream.upgrades`.
     UpgradeRefused,
+    /// The agent holds `limits.max_connections_per_agent` connections already.
+    ConnectionBudget,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 20] = [
+    pub(crate) const ALL: [ErrorCode; 21] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -74,6 +76,7 @@ impl ErrorCode {
         ErrorCode::BadClientHello,
         ErrorCode::ClientGone,
         ErrorCode::UpgradeRefused,
+        ErrorCode::ConnectionBudget,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -86,7 +89,7 @@ impl ErrorCode {
             | ErrorCode::UpgradeRefused => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
-            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -114,7 +117,9 @@ impl ErrorCode {
             | ErrorCode::HeadTooLarge
             | ErrorCode::BadClientHello
             | ErrorCode::UpgradeRefused => Verdict::Deny,
-            ErrorCode::RateLimited | ErrorCode::Busy => Verdict::Limited,
+            ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
+                Verdict::Limited
+            }
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -149,6 +154,7 @@ impl ErrorCode {
             ErrorCode::BadClientHello => "bad_client_hello",
             ErrorCode::ClientGone => "client_gone",
             ErrorCode::UpgradeRefused => "upgrade_refused",
+            ErrorCode::ConnectionBudget => "connection_budget",
         }
     }
 
@@ -161,6 +167,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
                 | ErrorCode::Busy
+                | ErrorCode::ConnectionBudget
         )
     }
 }

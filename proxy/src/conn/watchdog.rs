@@ -1,0 +1,262 @@
+//! Idle HTTP connections are closed, so a client cannot hold a slot by saying nothing. With no
+//! request in flight, a connection waits at most `limits.first_request_timeout` for its first
+//! request (counted from when it was handed to the HTTP server, after any TLS handshake) and
+//! `limits.idle_timeout` between requests, HTTP/1 keep-alive and HTTP/2 alike. On HTTP/1 a
+//! request head that has started to arrive must be complete within
+//! `limits.header_read_timeout` (slow heads); hyper's own timer is off, since it also runs
+//! while a keep-alive connection is merely idle.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
+
+use crate::config::Limits;
+
+/// Why a connection is to be closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expired {
+    /// No request for too long: it may say goodbye (an h2 GOAWAY).
+    Idle,
+    /// A head that started did not finish: it is cut off at once.
+    SlowHead,
+}
+
+/// What one connection is doing, as far as its timeouts care.
+#[derive(Debug)]
+pub(super) struct Activity {
+    epoch: Instant,
+    /// HTTP/1: bytes read while idle start a head, which has `header_read_timeout`.
+    heads_timed: bool,
+    in_flight: AtomicUsize,
+    /// A request has been seen.
+    served: AtomicBool,
+    /// Milliseconds after `epoch` when the last request ended (or the connection began).
+    idle_since: AtomicU64,
+    /// Milliseconds after `epoch`, plus one, when bytes of a head began to arrive; 0: none.
+    head_since: AtomicU64,
+    changed: Notify,
+}
+
+/// A request in flight; dropped when its response is done.
+pub(super) struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        if a.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            a.idle_since.store(a.now_ms(), Ordering::Release);
+            a.head_since.store(0, Ordering::Release);
+            a.changed.notify_one();
+        }
+    }
+}
+
+impl Activity {
+    pub(super) fn new(heads_timed: bool) -> Arc<Activity> {
+        Arc::new(Activity {
+            epoch: Instant::now(),
+            heads_timed,
+            in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A request started; it is in flight until the returned guard drops.
+    pub(super) fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.served.store(true, Ordering::Relaxed);
+        self.head_since.store(0, Ordering::Release);
+        self.changed.notify_one();
+        InFlight(self.clone())
+    }
+
+    /// Bytes arrived from the client.
+    fn read(&self) {
+        if self.heads_timed
+            && self.head_since.load(Ordering::Acquire) == 0
+            && self.in_flight.load(Ordering::Acquire) == 0
+        {
+            self.head_since
+                .store(self.now_ms().saturating_add(1), Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection must be closed if nothing changes; `None` while a request is in
+    /// flight.
+    fn deadline(&self, limits: &Limits) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let at = |ms: u64, d: Duration| self.epoch + Duration::from_millis(ms) + d;
+        let head = self.head_since.load(Ordering::Acquire);
+        if head > 0 {
+            return Some(at(head - 1, limits.header_read_timeout));
+        }
+        let idle = if self.served.load(Ordering::Relaxed) {
+            limits.idle_timeout
+        } else {
+            limits.first_request_timeout
+        };
+        Some(at(self.idle_since.load(Ordering::Acquire), idle))
+    }
+
+    /// Resolves once the connection has been idle (or stuck in a head) too long, saying which.
+    pub(super) async fn expired(&self, limits: &Limits) -> Expired {
+        loop {
+            let changed = self.changed.notified();
+            match self.deadline(limits) {
+                None => changed.await,
+                Some(at) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = tokio::time::sleep_until(at) => {
+                            if self.deadline(limits).is_some_and(|d| d <= Instant::now()) {
+                                return if self.head_since.load(Ordering::Acquire) > 0 {
+                                    Expired::SlowHead
+                                } else {
+                                    Expired::Idle
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The client's side of a connection, telling its [`Activity`] when bytes arrive.
+pub(super) struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Watched<S> {
+    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Watched<S> {
+        Watched { inner, activity }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.read();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
+            header_read_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_asks_is_closed_after_the_first_request_timeout() {
+        let a = Activity::new(true);
+        let started = Instant::now();
+        assert_eq!(a.expired(&limits()).await, Expired::Idle);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_never_expires_and_idle_keep_alive_lasts_the_idle_timeout() {
+        let a = Activity::new(true);
+        let guard = a.start();
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                a.expired(&limits()).await;
+                started.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert!(!waiter.is_finished(), "a request in flight is not idle");
+        drop(guard);
+        let took = waiter.await.expect("join");
+        assert_eq!(
+            took,
+            Duration::from_secs(390),
+            "300 s in flight, then 90 s idle"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_started_must_finish_within_the_header_read_timeout() {
+        let a = Activity::new(true);
+        let guard = a.start();
+        drop(guard);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        a.read();
+        let started = Instant::now();
+        assert_eq!(a.expired(&limits()).await, Expired::SlowHead);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        // HTTP/2 bytes (pings, settings) are not heads.
+        let h2 = Activity::new(false);
+        let _ = h2.start();
+        h2.read();
+        let started = Instant::now();
+        h2.expired(&limits()).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(90));
+    }
+}
