@@ -15,7 +15,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -35,6 +35,9 @@ pub struct UpstreamOptions {
     pub tls: Option<TestLeaf>,
     /// Shown in response bodies (`hello from {name}\n`), to tell upstreams apart.
     pub name: String,
+    /// Close each connection gracefully once it has taken this many requests (HTTP/2: a
+    /// `GOAWAY(NO_ERROR)`), as nginx does after `keepalive_requests` (1000 by default).
+    pub goaway_every: Option<usize>,
 }
 
 /// One request as the upstream saw it.
@@ -73,6 +76,7 @@ struct ConnInfo {
     peer: SocketAddr,
     seen: Arc<Mutex<Vec<SeenRequest>>>,
     shutdown: watch::Receiver<()>,
+    goaway_every: Option<usize>,
 }
 
 impl Upstream {
@@ -108,6 +112,7 @@ impl Upstream {
             peer: addr,
             seen: seen.clone(),
             shutdown,
+            goaway_every: opts.goaway_every,
         };
         let accept_task = tokio::spawn(async move {
             loop {
@@ -156,16 +161,50 @@ fn spawn_guarded(shutdown: &watch::Receiver<()>, fut: impl Future<Output = ()> +
     });
 }
 
-async fn handle_conn(stream: TcpStream, acceptor: Option<TlsAcceptor>, mut info: ConnInfo) {
+/// Serves one connection; one that we close (`goaway_every`) is closed as nginx does
+/// (`lingering_close`): our side is shut and what the client still sends is read and dropped
+/// for a while, so the client reads every response before the end. (Closing a socket with unread bytes would send a reset instead, and
+/// a reset can destroy responses the client has not read yet.)
+async fn handle_conn(stream: TcpStream, acceptor: Option<TlsAcceptor>, info: ConnInfo) {
+    let linger = stream
+        .into_std()
+        .and_then(|s| Ok((s.try_clone()?, s)))
+        .and_then(|(linger, s)| Ok((TcpStream::from_std(linger)?, TcpStream::from_std(s)?)));
+    let Ok((mut linger, stream)) = linger else {
+        return eprintln!(
+            "upstream {}: cannot keep the socket for a lingering close",
+            info.name
+        );
+    };
+    if serve_conn(stream, acceptor, info).await != Ended::ClosedByUs {
+        return;
+    }
+    let _ = linger.shutdown().await;
+    let mut sink = [0u8; 16 * 1024];
+    let drain = async { while matches!(linger.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+}
+
+/// How a served connection ended.
+#[derive(PartialEq)]
+enum Ended {
+    /// The client closed it, it failed, or it was upgraded (the socket is still in use).
+    Otherwise,
+    /// We closed it gracefully after `goaway_every` requests.
+    ClosedByUs,
+}
+
+async fn serve_conn(stream: TcpStream, acceptor: Option<TlsAcceptor>, mut info: ConnInfo) -> Ended {
     let mut first = [0u8; 1];
     if !matches!(stream.peek(&mut first).await, Ok(1)) {
-        return;
+        return Ended::Otherwise;
     }
     if first[0] != 0x16 {
         return serve(stream, info).await;
     }
     let Some(acceptor) = acceptor else {
-        return eprintln!("upstream {}: TLS but no leaf configured", info.name);
+        eprintln!("upstream {}: TLS but no leaf configured", info.name);
+        return Ended::Otherwise;
     };
     match acceptor.accept(stream).await {
         Ok(tls) => {
@@ -176,18 +215,42 @@ async fn handle_conn(stream: TcpStream, acceptor: Option<TlsAcceptor>, mut info:
             info.alpn = alpn.map(Into::into);
             serve(tls, info).await
         }
-        Err(e) => eprintln!("upstream {}: TLS handshake: {e}", info.name),
+        Err(e) => {
+            eprintln!("upstream {}: TLS handshake: {e}", info.name);
+            Ended::Otherwise
+        }
     }
 }
 
 /// HTTP/1.1 or h2 (by preface, which also covers h2c prior knowledge) with upgrades.
-async fn serve(io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static, info: ConnInfo) {
-    let svc = service_fn(move |req| route(req, info.clone()));
+async fn serve(io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static, info: ConnInfo) -> Ended {
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let enough = Arc::new(tokio::sync::Notify::new());
+    let every = info.goaway_every;
+    let svc = {
+        let (taken, enough) = (taken.clone(), enough.clone());
+        service_fn(move |req| {
+            let n = taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if every.is_some_and(|every| n == every) {
+                enough.notify_one();
+            }
+            route(req, info.clone())
+        })
+    };
     let builder = auto::Builder::new(TokioExecutor::new());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
-    if let Err(e) = conn.await {
+    tokio::pin!(conn);
+    let (served, ended) = tokio::select! {
+        r = conn.as_mut() => (r, Ended::Otherwise),
+        () = enough.notified() => {
+            conn.as_mut().graceful_shutdown();
+            (conn.as_mut().await, Ended::ClosedByUs)
+        }
+    };
+    if let Err(e) = served {
         eprintln!("upstream: connection error: {e}");
     }
+    ended
 }
 
 fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Body> {

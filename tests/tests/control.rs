@@ -35,6 +35,7 @@ async fn world(policy_text: &str, approvals_timeout: Option<&str>) -> (Upstream,
     let up = Upstream::start(UpstreamOptions {
         tls: None,
         name: "plain".into(),
+        ..Default::default()
     })
     .await;
     let daemon = Daemon::start(DaemonOptions {

@@ -128,6 +128,7 @@ async fn exec_goes_through_the_proxy_and_cannot_go_around_it() {
     let up = Upstream::start(UpstreamOptions {
         tls: Some(upstream_ca.leaf(&["allowed.test"])),
         name: "exec".into(),
+        ..Default::default()
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");

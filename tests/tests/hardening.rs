@@ -42,6 +42,7 @@ impl World {
         let up = Upstream::start(UpstreamOptions {
             tls: Some(ca.leaf(&["api.test", "127.0.0.1"])),
             name: "up".into(),
+            ..Default::default()
         })
         .await;
         let dir = tempfile::tempdir().expect("tempdir");
@@ -251,6 +252,7 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
     let up = Upstream::start(UpstreamOptions {
         tls: Some(ca.leaf(&["api.test"])),
         name: "up".into(),
+        ..Default::default()
     })
     .await;
     let state = tempfile::tempdir().expect("tempdir");
@@ -653,6 +655,7 @@ async fn idle_connections_are_closed_and_keep_alive_outlives_the_head_timeout() 
     let up = Upstream::start(UpstreamOptions {
         tls: Some(ca.leaf(&["api.test"])),
         name: "up".into(),
+        ..Default::default()
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");

@@ -318,6 +318,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         UpstreamOptions {
             tls: Some(leaf),
             name: "install-e2e".into(),
+            ..Default::default()
         },
     );
     let share = tempfile::tempdir().expect("tempdir");

@@ -71,6 +71,7 @@ impl World {
         let up = Upstream::start(UpstreamOptions {
             tls: Some(ca.leaf(&names)),
             name: "up".into(),
+            ..Default::default()
         })
         .await;
         let dir = tempfile::tempdir().expect("tempdir");

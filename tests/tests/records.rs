@@ -270,6 +270,7 @@ impl Web {
         let up = Upstream::start(UpstreamOptions {
             tls: Some(ca.leaf(&["api.test", "127.0.0.1"])),
             name: "up".into(),
+            ..Default::default()
         })
         .await;
         let dir = tempfile::tempdir().expect("tempdir");

@@ -68,6 +68,7 @@ impl World {
         let up = Upstream::start(UpstreamOptions {
             tls: Some(ca.leaf(&HOSTS)),
             name: "up".into(),
+            ..Default::default()
         })
         .await;
         let dir = tempfile::tempdir().expect("tempdir");

@@ -55,6 +55,7 @@ async fn the_agent_holds_a_placeholder_the_api_gets_the_key_and_the_vault_is_clo
         UpstreamOptions {
             tls: Some(ca.leaf(&["api.test", "other.test"])),
             name: "api".into(),
+            ..Default::default()
         },
     );
     let share = tempfile::tempdir().expect("tempdir");

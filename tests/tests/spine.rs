@@ -61,6 +61,7 @@ impl World {
         let up = Upstream::start(UpstreamOptions {
             tls: Some(leaf),
             name: "main".into(),
+            ..Default::default()
         })
         .await;
         let dir = tempfile::tempdir().expect("tempdir");
@@ -279,11 +280,13 @@ async fn untrusted_or_wrong_name_upstream_certificate_is_502_never_a_pass() {
     let untrusted = Upstream::start(UpstreamOptions {
         tls: Some(stranger.leaf(&["untrusted.test"])),
         name: "untrusted".into(),
+        ..Default::default()
     })
     .await;
     let wrong = Upstream::start(UpstreamOptions {
         tls: Some(w.upstream_ca.leaf(&["someone-else.test"])),
         name: "wrong".into(),
+        ..Default::default()
     })
     .await;
     let proxy = format!("http://{}", w.daemon.explicit);

@@ -83,6 +83,7 @@ impl Lab {
                 UpstreamOptions {
                     tls: Some(leaf.clone()),
                     name: "allowed".into(),
+                    ..Default::default()
                 },
             ));
         }
@@ -91,6 +92,7 @@ impl Lab {
             UpstreamOptions {
                 tls: Some(leaf.clone()),
                 name: "other".into(),
+                ..Default::default()
             },
         );
         let raw = listeners.next().expect("raw listener");
@@ -515,6 +517,7 @@ async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
         UpstreamOptions {
             tls: Some(ca.leaf(&["allowed.test"])),
             name: "allowed".into(),
+            ..Default::default()
         },
     );
     let dir = tempfile::tempdir().expect("tempdir");

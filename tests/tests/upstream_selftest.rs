@@ -60,6 +60,7 @@ async fn upstream_serves_tls_plain_ws_and_curl() {
     let up = Upstream::start(UpstreamOptions {
         tls: Some(leaf),
         name: "alpha".into(),
+        ..Default::default()
     })
     .await;
     let hello = Bytes::from_static(b"hello from alpha\n");
@@ -210,6 +211,7 @@ async fn plain_only_upstream_and_drop_stops_it() {
     let up = Upstream::start(UpstreamOptions {
         tls: None,
         name: "plain".into(),
+        ..Default::default()
     })
     .await;
     let addr = up.addr;

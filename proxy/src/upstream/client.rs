@@ -1,31 +1,25 @@
-//! Forwarding an allowed request upstream: a pooled hyper-util client over verified rustls,
-//! connecting only through our dialer, streaming bodies both ways.
+//! Forwarding an allowed request upstream through the pool (`pool.rs`: verified rustls, our
+//! dialer, shared HTTP/2), streaming bodies both ways: the request's URI and Host rebuilt from
+//! the checked target, hop-by-hop headers dropped both ways, upgrades handed back to the
+//! pipeline, failures turned into what the agent is told.
 
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::Upgraded;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::body::{self, ProxyBody};
 use crate::config::Limits;
 use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::pipeline::target::Target;
-use crate::upstream::dial::{DialConnector, DialError, Dialer};
+use crate::policy::Scheme;
+use crate::upstream::dial::{DialError, Dialer};
+use crate::upstream::pool::{Key, Pool, PoolError};
 
-type Upstream = Client<HttpsConnector<DialConnector>, ProxyBody>;
-
-/// HTTP/2 flow-control windows towards upstreams: enough for ~100 MB/s at 10 ms RTT.
-const STREAM_WINDOW: u32 = 1024 * 1024;
-const CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
-
+/// Forwards checked requests to their upstreams through the pool.
 pub(crate) struct Forwarder {
-    /// h2 or http/1.1, whichever the upstream's ALPN picks.
-    any: Upstream,
-    /// http/1.1 only: protocol upgrades (WebSocket) need it end to end.
-    h1: Upstream,
+    pool: Arc<Pool>,
 }
 
 impl Forwarder {
@@ -34,32 +28,8 @@ impl Forwarder {
         tls: rustls::ClientConfig,
         limits: &Limits,
     ) -> Forwarder {
-        let build = |h2: bool| {
-            let b = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config(tls.clone())
-                .https_or_http();
-            let connector = if h2 {
-                b.enable_http1()
-                    .enable_http2()
-                    .wrap_connector(DialConnector(dialer.clone()))
-            } else {
-                b.enable_http1()
-                    .wrap_connector(DialConnector(dialer.clone()))
-            };
-            Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                .pool_idle_timeout(limits.upstream_idle_timeout)
-                // Fixed windows bound what one slow reader can make us buffer (the adaptive
-                // window grows to 16 MiB per stream).
-                .http2_initial_stream_window_size(STREAM_WINDOW)
-                .http2_initial_connection_window_size(CONNECTION_WINDOW)
-                .set_host(true)
-                .build(connector)
-        };
         Forwarder {
-            any: build(true),
-            h1: build(false),
+            pool: Pool::new(dialer, tls, limits.upstream_idle_timeout),
         }
     }
 
@@ -102,9 +72,14 @@ impl Forwarder {
         parts.version = Version::HTTP_11;
         let out = Request::from_parts(parts, req_body);
 
-        let client = if upgrade { &self.h1 } else { &self.any };
-        let mut resp = client
-            .request(out)
+        let key = Key {
+            tls: target.scheme == Scheme::Https,
+            host: target.host.as_str().into(),
+            port: target.port,
+        };
+        let mut resp = self
+            .pool
+            .send(&key, out, upgrade)
             .await
             .map_err(|e| refusal_for(target, &e))?;
 
@@ -123,12 +98,9 @@ impl Forwarder {
             ));
         }
 
-        let (mut parts, incoming) = resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Forwarded::Response(Response::from_parts(
-            parts,
-            body::stream(incoming),
-        )))
+        Ok(Forwarded::Response(Response::from_parts(parts, body)))
     }
 }
 
@@ -226,7 +198,11 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 /// Turns a client error into what the agent is told. The cause is found by walking the
 /// error chain (io::Error hides its payload from `source()`, so look inside it too).
-fn refusal_for(target: &Target, err: &hyper_util::client::legacy::Error) -> Refusal {
+fn refusal_for(target: &Target, err: &PoolError) -> Refusal {
+    // `Dial` is transparent: its `source()` skips the dial error itself.
+    if let PoolError::Dial(d) = err {
+        return dial_refusal(d);
+    }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         if let Some(r) = classify_cause(target, e) {

@@ -1,14 +1,9 @@
 //! Dialing upstreams: resolve with our resolver, check every address against the guard, and
 //! connect to exactly an address that passed. The agent's choice of IP is never trusted.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::upstream::guard::{AddressGuard, Forbidden};
@@ -37,8 +32,6 @@ pub(crate) enum DialError {
         addr: SocketAddr,
         after: Duration,
     },
-    #[error("{0}: request URI has no host")]
-    NoHost(String),
 }
 
 pub(crate) struct Dialer {
@@ -126,34 +119,5 @@ impl Dialer {
                 host: host.to_string(),
             })
         }))
-    }
-}
-
-/// The dialer as a hyper-util connector, so the pooled client connects only through it.
-#[derive(Clone)]
-pub(crate) struct DialConnector(pub Arc<Dialer>);
-
-impl tower_service::Service<http::Uri> for DialConnector {
-    type Response = TokioIo<TcpStream>;
-    type Error = DialError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, DialError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), DialError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let dialer = self.0.clone();
-        Box::pin(async move {
-            let host = uri
-                .host()
-                .ok_or_else(|| DialError::NoHost(uri.to_string()))?;
-            let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
-                Some("https") => 443,
-                _ => 80,
-            });
-            let (stream, _) = dialer.dial(host, port).await?;
-            Ok(TokioIo::new(stream))
-        })
     }
 }

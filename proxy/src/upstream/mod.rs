@@ -1,10 +1,12 @@
 //! Everything that faces upstreams: `resolve` (our resolver), `guard` (the private-address
 //! guard), `dial` (connect to exactly an address that passed), `trust` (verified rustls),
-//! `client` (the pooled hyper clients that forward requests) and `relay` (tunnels).
+//! `pool` (upstream connections kept and shared, HTTP/2 spread over several), `client`
+//! (forwarding a request through the pool) and `relay` (tunnels).
 
 pub(crate) mod client;
 pub(crate) mod dial;
 pub(crate) mod guard;
+pub(crate) mod pool;
 pub(crate) mod relay;
 pub(crate) mod resolve;
 pub(crate) mod trust;

@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use http::Response;
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::connect::HttpInfo;
 
 #[cfg(test)]
 pub(crate) use format::End;
@@ -32,6 +31,7 @@ use crate::body::ProxyBody;
 use crate::conn::ConnCtx;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
+use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;
 
 /// A response body up to this size that has fully arrived with its head is recorded and
@@ -112,7 +112,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
             Some(resp.status().as_u16()),
             None,
             // The address actually dialed, which the agent never chose.
-            resp.extensions().get::<HttpInfo>().map(|i| i.remote_addr()),
+            resp.extensions().get::<UpstreamAddr>().map(|a| a.0),
             None,
         ),
         Ending::Refused(r) => (

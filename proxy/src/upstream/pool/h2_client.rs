@@ -1,0 +1,205 @@
+//! One request on a shared HTTP/2 connection, on the `h2` crate directly (as pingora does).
+//!
+//! hyper's HTTP/2 client hides what a retry must know: when a `GOAWAY` arrives it can fail a
+//! request whose stream it had already handed to h2 (whose HEADERS still go out, so the
+//! upstream may process it) with the same error as a stream the upstream never saw. Here
+//! every step is ours: a stream h2 would not open comes back whole, and a stream's failure is
+//! classified by h2's own error and the transport's state ([`TransportEnd`]).
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::transport_end::TransportEnd;
+use crate::body::{BodyError, ProxyBody};
+
+/// How a request on a shared connection failed.
+pub(super) enum StreamFailure {
+    /// The connection would not open a stream (it is going away or gone): nothing was sent and
+    /// the request comes back whole.
+    NotOpened(Box<Request<ProxyBody>>, h2::Error),
+    /// The upstream provably did not process the stream: `REFUSED_STREAM`, or failed by a
+    /// `GOAWAY(NO_ERROR)` while the transport was open (above its last stream id).
+    Refused(h2::Error),
+    /// Anything else: the upstream may have processed it.
+    Failed(h2::Error),
+}
+
+/// Sends `req` on `send`; the response body streams from the upstream, giving flow-control
+/// credit back as the agent reads it.
+pub(super) async fn send(
+    send: &h2::client::SendRequest<Bytes>,
+    req: Request<ProxyBody>,
+    end: &TransportEnd,
+) -> Result<Response<RecvBody>, StreamFailure> {
+    let mut send = match send.clone().ready().await {
+        Ok(ready) => ready,
+        Err(e) => return Err(StreamFailure::NotOpened(Box::new(req), e)),
+    };
+    let head = head_of(&req);
+    let eos = req.body().is_end_stream();
+    let (response, out) = match send.send_request(head, eos) {
+        Ok(opened) => opened,
+        Err(e) => return Err(StreamFailure::NotOpened(Box::new(req), e)),
+    };
+    if !eos {
+        tokio::spawn(pump(req.into_body(), out));
+    }
+    match response.await {
+        Ok(resp) => {
+            let length = resp
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok());
+            Ok(resp.map(|recv| RecvBody::new(recv, length)))
+        }
+        Err(e) if unprocessed(&e, end) => Err(StreamFailure::Refused(e)),
+        Err(e) => Err(StreamFailure::Failed(e)),
+    }
+}
+
+/// The request's head as h2 sends it: method, absolute URI (`:scheme`, `:authority`,
+/// `:path`) and headers (hop-by-hop ones were removed before), with `content-length` when
+/// the body's size is known.
+fn head_of(req: &Request<ProxyBody>) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.headers_mut() = req.headers().clone();
+    if let Some(len) = req.body().size_hint().exact() {
+        let has_payload = !matches!(
+            *req.method(),
+            Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS | Method::CONNECT
+        );
+        if len != 0 || has_payload {
+            head.headers_mut()
+                .entry(header::CONTENT_LENGTH)
+                .or_insert_with(|| HeaderValue::from(len));
+        }
+    }
+    head
+}
+
+/// Whether a stream's failure proves the upstream did not process it: refused
+/// (`REFUSED_STREAM`), or failed by the peer's `GOAWAY(NO_ERROR)` while the transport was
+/// still open, i.e. above the last stream the upstream processed (see [`TransportEnd`]).
+fn unprocessed(e: &h2::Error, end: &TransportEnd) -> bool {
+    let refused = e.is_reset() && e.is_remote() && e.reason() == Some(h2::Reason::REFUSED_STREAM);
+    let going_away = e.is_go_away() && e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR);
+    refused || (going_away && !end.ended())
+}
+
+/// Streams the request body into the stream as the upstream grants window, then ends it (or
+/// sends the trailers). A failing body resets the stream; a stream the upstream reset stops
+/// the pump.
+async fn pump(mut body: ProxyBody, mut out: h2::SendStream<Bytes>) {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = poll_fn(|cx| out.poll_reset(cx)) => return,
+            frame = body.frame() => frame,
+        };
+        let frame = match frame {
+            None => {
+                let _ = out.send_data(Bytes::new(), true);
+                return;
+            }
+            Some(Err(e)) => {
+                tracing::debug!("request body failed; resetting the upstream stream: {e}");
+                out.send_reset(h2::Reason::CANCEL);
+                return;
+            }
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(mut data) => {
+                while !data.is_empty() {
+                    out.reserve_capacity(data.len());
+                    let granted = match poll_fn(|cx| out.poll_capacity(cx)).await {
+                        Some(Ok(granted)) => granted,
+                        // The stream was reset or the connection failed: the response says so.
+                        _ => return,
+                    };
+                    if granted == 0 {
+                        continue;
+                    }
+                    let chunk = data.split_to(granted.min(data.len()));
+                    if out.send_data(chunk, false).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    let _ = out.send_trailers(trailers);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A response body read from its stream; every chunk read gives its window back, so an agent
+/// that stops reading holds this one stream's window and nothing more.
+pub(super) struct RecvBody {
+    recv: h2::RecvStream,
+    data_done: bool,
+    /// What `content-length` says is still to come (h2 holds the stream to it).
+    remaining: Option<u64>,
+}
+
+impl RecvBody {
+    fn new(recv: h2::RecvStream, length: Option<u64>) -> RecvBody {
+        RecvBody {
+            recv,
+            data_done: false,
+            remaining: length,
+        }
+    }
+}
+
+impl Body for RecvBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if !self.data_done {
+            match std::task::ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = self.remaining.as_mut() {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => self.data_done = true,
+            }
+        }
+        match std::task::ready!(self.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (self.remaining, self.data_done) {
+            (_, true) => SizeHint::with_exact(0),
+            (Some(left), false) => SizeHint::with_exact(left),
+            (None, false) => SizeHint::default(),
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! Upstream connections, kept and shared. Every connection is dialed through our `Dialer`
+//! (our resolver, the private-address guard, the exact address checked) and, for `https`,
+//! verified with rustls; ALPN says whether the upstream speaks HTTP/2.
+//!
+//! HTTP/2 connections are shared: a request goes to the least loaded one of its host, and a new
+//! one is opened once every connection carries [`STREAMS_PER_CONN`] streams (up to
+//! [`MAX_SHARED`] per host). Each connection's flow-control window is that many stream windows,
+//! so streams whose readers stall can hold at most their own windows: never the connection's,
+//! never the others' (at most `MAX_SHARED × STREAMS_PER_CONN × STREAM_WINDOW` bytes per host
+//! wait for slow readers). HTTP/1.1 connections carry one request at a time and go back to the
+//! pool when its response has been read to the end.
+//!
+//! A request the upstream provably did not process is sent again, once, on another
+//! connection: one a closed connection never took (HTTP/1.1 and HTTP/2), and, when its body is
+//! small enough to have been kept ([`replay::REPLAY_LIMIT`]), one refused with `REFUSED_STREAM` or
+//! above the last stream a `GOAWAY(NO_ERROR)` said was processed (servers such as nginx close
+//! connections this way every thousand requests).
+
+mod h2_client;
+mod replay;
+mod returning;
+mod transport_end;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+
+use crate::body::ProxyBody;
+use crate::upstream::dial::Dialer;
+use h2_client::StreamFailure;
+use returning::Returning;
+use transport_end::{TransportEnd, Watched};
+
+/// HTTP/2 stream window towards upstreams: enough for ~100 MB/s per stream at 10 ms RTT.
+const STREAM_WINDOW: u32 = 1024 * 1024;
+/// Streams a shared connection carries before another is opened.
+const STREAMS_PER_CONN: usize = 32;
+/// A connection's window: room for every stream's, so stalled streams cannot exhaust it.
+const CONNECTION_WINDOW: u32 = STREAM_WINDOW * STREAMS_PER_CONN as u32;
+/// Shared connections per host at most (then the least loaded takes more streams).
+const MAX_SHARED: usize = 8;
+/// The largest response head an upstream may send over HTTP/2.
+const MAX_HEADER_LIST: u32 = 256 * 1024;
+
+/// The address an upstream response came from: the one we dialed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UpstreamAddr(pub SocketAddr);
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub tls: bool,
+    pub host: Arc<str>,
+    pub port: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PoolError {
+    #[error(transparent)]
+    Dial(#[from] crate::upstream::dial::DialError),
+    #[error("TLS with the upstream: {0}")]
+    Tls(#[source] std::io::Error),
+    #[error("{0:?} is not a name TLS can verify")]
+    Name(String),
+    #[error("the upstream's HTTP connection failed: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("the upstream's HTTP/2 connection failed: {0}")]
+    Http2(#[from] h2::Error),
+}
+
+pub(crate) struct Pool {
+    dialer: Arc<Dialer>,
+    /// ALPN h2 and http/1.1.
+    tls_any: tokio_rustls::TlsConnector,
+    /// ALPN http/1.1 only: upgrades need HTTP/1.1 end to end.
+    tls_h1: tokio_rustls::TlsConnector,
+    idle_timeout: Duration,
+    hosts: Mutex<HashMap<Key, Host>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct Host {
+    /// What ALPN said last time; `None`: not asked yet.
+    speaks_h2: Option<bool>,
+    shared: Vec<Shared>,
+    idle: Vec<Idle>,
+    /// One dial of a shareable connection at a time, so a burst of first requests does not
+    /// open one connection each.
+    dial_gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// An HTTP/2 connection shared by concurrent requests.
+struct Shared {
+    id: u64,
+    send: h2::client::SendRequest<Bytes>,
+    active: Arc<AtomicUsize>,
+    addr: SocketAddr,
+    end: TransportEnd,
+    last_used: Instant,
+}
+
+impl Shared {
+    /// Whether it can open streams: not going away, not closed.
+    fn usable(&mut self) -> bool {
+        if self.end.ended() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // The pool's own handle never has a stream waiting to open, so this only asks whether
+        // the connection has failed or been told to go away.
+        !matches!(self.send.poll_ready(&mut cx), Poll::Ready(Err(_)))
+    }
+
+    fn idle_for(&self, now: Instant) -> Option<Duration> {
+        (self.active.load(Ordering::Relaxed) == 0).then(|| now.duration_since(self.last_used))
+    }
+
+    fn stream(&mut self, now: Instant) -> Stream {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.last_used = now;
+        Stream {
+            id: self.id,
+            send: self.send.clone(),
+            in_flight: InFlight(self.active.clone()),
+            addr: self.addr,
+            end: self.end.clone(),
+        }
+    }
+}
+
+/// An HTTP/1.1 connection waiting for its next request.
+struct Idle {
+    send: http1::SendRequest<ProxyBody>,
+    addr: SocketAddr,
+    since: Instant,
+}
+
+/// A connection checked out for one request.
+enum Conn {
+    Shared(Stream),
+    Own(http1::SendRequest<ProxyBody>, SocketAddr),
+}
+
+/// A stream of a shared connection.
+struct Stream {
+    /// Which connection: the one to forget if it fails.
+    id: u64,
+    send: h2::client::SendRequest<Bytes>,
+    in_flight: InFlight,
+    addr: SocketAddr,
+    end: TransportEnd,
+}
+
+/// One stream of a shared connection, counted until its response body ends.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request that failed on its connection.
+enum Failed {
+    /// The connection closed before the request was written: it comes back whole.
+    NotSent(Box<Request<ProxyBody>>, PoolError),
+    /// Not processed, but its body is gone: refused (`REFUSED_STREAM`, or above a
+    /// `GOAWAY(NO_ERROR)`'s last stream). Sent again only if it was kept.
+    Refused(PoolError),
+    Other(PoolError),
+}
+
+impl Failed {
+    fn into_error(self) -> PoolError {
+        match self {
+            Failed::NotSent(_, e) | Failed::Refused(e) | Failed::Other(e) => e,
+        }
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(
+        dialer: Arc<Dialer>,
+        tls: rustls::ClientConfig,
+        idle_timeout: Duration,
+    ) -> Arc<Pool> {
+        let with_alpn = |alpn: &[&[u8]]| {
+            let mut c = tls.clone();
+            c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            tokio_rustls::TlsConnector::from(Arc::new(c))
+        };
+        let pool = Arc::new(Pool {
+            dialer,
+            tls_any: with_alpn(&[b"h2", b"http/1.1"]),
+            tls_h1: with_alpn(&[b"http/1.1"]),
+            idle_timeout,
+            hosts: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        });
+        // Idle connections are closed even when nothing asks for their host again.
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(sweep(weak, idle_timeout.min(Duration::from_secs(30))));
+        pool
+    }
+
+    /// Sends `req` to `key`, on a shared HTTP/2 connection when the upstream speaks it (never
+    /// for an `upgrade`), and once more on another connection if the upstream provably did not
+    /// process it.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        key: &Key,
+        req: Request<ProxyBody>,
+        upgrade: bool,
+    ) -> Result<Response<ProxyBody>, PoolError> {
+        let (req, replay) = replay::replayable(req, upgrade).await;
+        let conn = self.checkout(key, upgrade).await?;
+        let again = match self.send_on(key, conn, req).await {
+            Ok(resp) => return Ok(resp),
+            Err(Failed::NotSent(req, e)) => {
+                tracing::debug!("upstream connection closed before the request was sent ({e}); sending it again");
+                *req
+            }
+            Err(Failed::Refused(e)) => match replay {
+                Some(replay) => {
+                    tracing::debug!("upstream did not process the request ({e}); sending it again");
+                    replay.request()
+                }
+                None => return Err(e),
+            },
+            Err(Failed::Other(e)) => return Err(e),
+        };
+        let conn = self.checkout(key, upgrade).await?;
+        self.send_on(key, conn, again)
+            .await
+            .map_err(Failed::into_error)
+    }
+
+    async fn send_on(
+        self: &Arc<Self>,
+        key: &Key,
+        conn: Conn,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, Failed> {
+        match conn {
+            Conn::Shared(s) => match h2_client::send(&s.send, req, &s.end).await {
+                Ok(resp) => Ok(finish(resp, s.addr, move |b| {
+                    crate::body::guarded(crate::body::stream(b), s.in_flight)
+                })),
+                Err(failure) => {
+                    // It is going away (or gone): no further request goes there.
+                    self.forget(key, s.id);
+                    Err(match failure {
+                        StreamFailure::NotOpened(req, e) => Failed::NotSent(req, e.into()),
+                        StreamFailure::Refused(e) => Failed::Refused(e.into()),
+                        StreamFailure::Failed(e) => Failed::Other(e.into()),
+                    })
+                }
+            },
+            Conn::Own(mut send, addr) => {
+                if let Err(e) = send.ready().await {
+                    return Err(Failed::Other(e.into()));
+                }
+                match send.try_send_request(origin_form(req)).await {
+                    Ok(resp) => {
+                        let back = Returning {
+                            pool: Arc::downgrade(self),
+                            key: key.clone(),
+                            send,
+                            addr,
+                        };
+                        Ok(finish(resp, addr, move |b| back.wrap(b)))
+                    }
+                    Err(mut e) => match e.take_message() {
+                        Some(req) => Err(Failed::NotSent(Box::new(req), e.into_error().into())),
+                        None => Err(Failed::Other(e.into_error().into())),
+                    },
+                }
+            }
+        }
+    }
+
+    /// A connection for one request: a shared one with room, an idle one, or a new one.
+    async fn checkout(self: &Arc<Self>, key: &Key, upgrade: bool) -> Result<Conn, PoolError> {
+        if let Some(conn) = self.reuse(key, upgrade) {
+            return Ok(conn);
+        }
+        let shareable = !upgrade && key.tls && self.speaks_h2(key) != Some(false);
+        if !shareable {
+            return self.dial(key, upgrade).await;
+        }
+        let gate = self.gate(key);
+        let _one_at_a_time = gate.lock().await;
+        // Someone else may have just opened one.
+        if let Some(conn) = self.reuse(key, upgrade) {
+            return Ok(conn);
+        }
+        self.dial(key, upgrade).await
+    }
+
+    fn speaks_h2(&self, key: &Key) -> Option<bool> {
+        self.lock().get(key).and_then(|h| h.speaks_h2)
+    }
+
+    fn gate(&self, key: &Key) -> Arc<tokio::sync::Mutex<()>> {
+        self.lock()
+            .entry(key.clone())
+            .or_default()
+            .dial_gate
+            .clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Host>> {
+        self.hosts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connection already open that can take the request, if any.
+    fn reuse(&self, key: &Key, upgrade: bool) -> Option<Conn> {
+        let mut hosts = self.lock();
+        let host = hosts.get_mut(key)?;
+        let now = Instant::now();
+        host.prune(now, self.idle_timeout);
+        if !upgrade {
+            let full = host.shared.len() >= MAX_SHARED;
+            let least = host
+                .shared
+                .iter_mut()
+                .min_by_key(|c| c.active.load(Ordering::Relaxed));
+            if let Some(c) = least {
+                let load = c.active.load(Ordering::Relaxed);
+                // Every connection carries its share and no more may open: the least loaded
+                // takes more.
+                if load < STREAMS_PER_CONN || full {
+                    return Some(Conn::Shared(c.stream(now)));
+                }
+            }
+        }
+        // The most recently used idle connection: the likeliest to be alive.
+        host.idle
+            .pop()
+            .map(|Idle { send, addr, .. }| Conn::Own(send, addr))
+    }
+
+    /// Dials, verifies, and sets up HTTP/2 or HTTP/1.1 as ALPN says.
+    async fn dial(self: &Arc<Self>, key: &Key, upgrade: bool) -> Result<Conn, PoolError> {
+        let (tcp, addr) = self.dialer.dial(&key.host, key.port).await?;
+        if !key.tls {
+            return own(TokioIo::new(tcp), addr).await;
+        }
+        let name = ServerName::try_from(key.host.to_string())
+            .map_err(|_| PoolError::Name(key.host.to_string()))?;
+        let tls = if upgrade { &self.tls_h1 } else { &self.tls_any };
+        let stream = tls.connect(name, tcp).await.map_err(PoolError::Tls)?;
+        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        if !upgrade {
+            if let Some(host) = self.lock().get_mut(key) {
+                host.speaks_h2 = Some(h2);
+            }
+        }
+        if !h2 {
+            return own(TokioIo::new(stream), addr).await;
+        }
+        let end = TransportEnd::default();
+        let (send, conn) = h2::client::Builder::new()
+            .enable_push(false)
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .handshake::<_, Bytes>(Watched::new(stream, end.clone()))
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("upstream HTTP/2 connection ended: {e}");
+            }
+        });
+        let mut shared = Shared {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            send,
+            active: Arc::new(AtomicUsize::new(0)),
+            addr,
+            end,
+            last_used: Instant::now(),
+        };
+        let stream = shared.stream(Instant::now());
+        self.lock()
+            .entry(key.clone())
+            .or_default()
+            .shared
+            .push(shared);
+        Ok(Conn::Shared(stream))
+    }
+
+    /// Takes a shared connection out of use (it failed a request: it is going away).
+    fn forget(&self, key: &Key, id: u64) {
+        if let Some(host) = self.lock().get_mut(key) {
+            host.shared.retain(|c| c.id != id);
+        }
+    }
+
+    fn give_back(&self, key: &Key, send: http1::SendRequest<ProxyBody>, addr: SocketAddr) {
+        if send.is_closed() {
+            return;
+        }
+        self.lock().entry(key.clone()).or_default().idle.push(Idle {
+            send,
+            addr,
+            since: Instant::now(),
+        });
+    }
+}
+
+impl Host {
+    /// Drops connections that are closed, going away, or idle too long.
+    fn prune(&mut self, now: Instant, idle_timeout: Duration) {
+        self.shared
+            .retain_mut(|c| c.usable() && c.idle_for(now).is_none_or(|d| d <= idle_timeout));
+        self.idle
+            .retain(|c| !c.send.is_closed() && now.duration_since(c.since) <= idle_timeout);
+    }
+}
+
+/// An HTTP/1.1 connection of its own (with upgrades) over `io`.
+async fn own<T>(io: TokioIo<T>, addr: SocketAddr) -> Result<Conn, PoolError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = http1::Builder::new().handshake(io).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!("upstream HTTP/1.1 connection ended: {e}");
+        }
+    });
+    Ok(Conn::Own(send, addr))
+}
+
+/// Drops idle connections that no request came back for.
+async fn sweep(pool: Weak<Pool>, every: Duration) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        let now = Instant::now();
+        let idle_timeout = pool.idle_timeout;
+        pool.lock().retain(|_, host| {
+            host.prune(now, idle_timeout);
+            !(host.shared.is_empty() && host.idle.is_empty() && host.speaks_h2.is_none())
+        });
+    }
+}
+
+/// HTTP/1.1 sends the path as the request target and the authority as `Host`; the request
+/// comes with the absolute URI HTTP/2 takes.
+fn origin_form(mut req: Request<ProxyBody>) -> Request<ProxyBody> {
+    let uri = req.uri().clone();
+    if let Some(auth) = uri.authority() {
+        if let Ok(v) = http::HeaderValue::from_str(auth.as_str()) {
+            req.headers_mut().insert(http::header::HOST, v);
+        }
+    }
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(origin) = target.parse() {
+        *req.uri_mut() = origin;
+    }
+    req
+}
+
+/// The response as the pipeline takes it: the dialed address noted, the body wrapped.
+fn finish<B>(
+    resp: Response<B>,
+    addr: SocketAddr,
+    wrap: impl FnOnce(B) -> ProxyBody,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    parts.extensions.insert(UpstreamAddr(addr));
+    Response::from_parts(parts, wrap(body))
+}
