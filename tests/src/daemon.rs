@@ -45,6 +45,8 @@ pub struct DaemonOptions {
     pub broker_orig_dst: bool,
     /// Where the audit log goes (default: `audit.jsonl` in the state directory).
     pub audit_path: Option<PathBuf>,
+    /// `[upstream] proxy`, e.g. `http://user:pw@127.0.0.1:3128`.
+    pub upstream_proxy: Option<String>,
 }
 
 pub struct Daemon {
@@ -77,17 +79,24 @@ pub fn binary() -> PathBuf {
     bin
 }
 
+/// A state directory (policies, vault, `proxy.toml`) for `opts`, without starting anything:
+/// for tests that run the binary themselves (a start that must fail, say).
+pub fn prepare(opts: &DaemonOptions) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).expect("policy dir");
+    for (name, text) in &opts.policies {
+        std::fs::write(policies.join(name), text).expect("write policy");
+    }
+    write_vault(&dir.path().join("vault"), &opts.secrets);
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, render_config(opts, dir.path())).expect("write config");
+    dir
+}
+
 impl Daemon {
     pub fn start(opts: DaemonOptions) -> Daemon {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let policies = dir.path().join("policies");
-        std::fs::create_dir_all(&policies).expect("policy dir");
-        for (name, text) in &opts.policies {
-            std::fs::write(policies.join(name), text).expect("write policy");
-        }
-        write_vault(&dir.path().join("vault"), &opts.secrets);
-        let config = dir.path().join("proxy.toml");
-        std::fs::write(&config, render_config(&opts, dir.path())).expect("write config");
+        let dir = prepare(&opts);
         if let Some((_, uid)) = &opts.worker_user {
             chown_tree(dir.path(), *uid);
         }
@@ -353,10 +362,14 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     private.extend(opts.allow_private.iter().map(|r| format!("{r:?}")));
     let _ = writeln!(
         c,
-        "[upstream]\nextra_ca = [{}]\nallow_private = [{}]\n",
+        "[upstream]\nextra_ca = [{}]\nallow_private = [{}]",
         cas.join(", "),
         private.join(", ")
     );
+    if let Some(proxy) = &opts.upstream_proxy {
+        let _ = writeln!(c, "proxy = {proxy:?}");
+    }
+    let _ = writeln!(c);
     if let Some(uid) = opts.redirect_uid {
         let _ = writeln!(
             c,

@@ -2,6 +2,7 @@
 //! realistic upstream servers on loopback, so tests never touch the internet.
 
 pub mod audit;
+pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;
 #[cfg(target_os = "linux")]

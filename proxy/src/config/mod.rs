@@ -11,6 +11,9 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+mod upstream_proxy;
+pub use upstream_proxy::{authority, UpstreamProxy};
+
 /// Where the installed product keeps its configuration.
 pub const DEFAULT_CONFIG_PATH: &str = "/opt/agenshield/config/proxy.toml";
 /// The installed daemon's admin socket.
@@ -242,6 +245,9 @@ pub struct Upstream {
     /// rule and no secret check.
     #[serde(default = "default_upgrades")]
     pub upgrades: Vec<String>,
+    /// The operator's own HTTP proxy every upstream connection goes through, if any.
+    #[serde(default)]
+    pub proxy: Option<UpstreamProxy>,
 }
 
 impl Default for Upstream {
@@ -250,6 +256,7 @@ impl Default for Upstream {
             extra_ca: Vec::new(),
             allow_private: Vec::new(),
             upgrades: default_upgrades(),
+            proxy: None,
         }
     }
 }
@@ -557,6 +564,7 @@ impl Config {
             extra_ca: f.upstream.extra_ca.iter().map(|p| relative(p)).collect(),
             allow_private: f.upstream.allow_private,
             upgrades: f.upstream.upgrades,
+            proxy: f.upstream.proxy,
         };
         let admin = match f.listen.admin {
             Some(p) => relative(&p),

@@ -20,6 +20,7 @@ use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
 use crate::upstream::guard::AddressGuard;
+use crate::upstream::guard::Forbidden;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::trust::UpstreamTrust;
 
@@ -86,11 +87,16 @@ pub(super) async fn build_proxy(
     );
     let resolver = Resolver::new(&cfg.resolver)?;
     let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own);
+    if let Some(proxy) = &cfg.upstream.proxy {
+        check_proxy(proxy, &guard)?;
+        tracing::info!(%proxy, "upstream connections go through the operator's proxy");
+    }
     let dialer = Arc::new(Dialer::new(
         resolver,
         guard,
         cfg.limits.upstream_connect_timeout,
         metrics.upstream_connect.clone(),
+        cfg.upstream.proxy.clone(),
     ));
     let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
     Ok(Proxy::new(ProxyParts {
@@ -130,5 +136,27 @@ pub(super) fn admin_auth(cfg: &Config) -> AdminAuth {
             .flatten()
             .map(|g| g.gid.as_raw()),
         agent_uids,
+    }
+}
+
+/// An upstream proxy given as an address the guard forbids is refused at start, with the fix;
+/// one given by name is guarded each time it is dialed.
+fn check_proxy(proxy: &crate::config::UpstreamProxy, guard: &AddressGuard) -> anyhow::Result<()> {
+    let Ok(ip) = proxy.host.parse::<std::net::IpAddr>() else {
+        return Ok(());
+    };
+    let addr = std::net::SocketAddr::new(ip, proxy.port);
+    match guard.check(addr) {
+        Ok(()) => Ok(()),
+        Err(reason @ Forbidden::OwnListener) => Err(BadInput(format!(
+            "upstream.proxy: {addr} is {reason}: traffic would loop"
+        ))
+        .into()),
+        Err(reason) => Err(BadInput(format!(
+            "upstream.proxy: {addr} is a {reason}, which the private-address guard refuses; \
+             allow it with upstream.allow_private = [\"{ip}/{}\"]",
+            if ip.is_ipv4() { 32 } else { 128 }
+        ))
+        .into()),
     }
 }

@@ -1,12 +1,20 @@
 //! Dialing upstreams: resolve with our resolver, check every address against the guard, and
 //! connect to exactly an address that passed. The agent's choice of IP is never trusted.
+//!
+//! With `[upstream] proxy` set, every destination is reached through the operator's proxy
+//! instead: the proxy's own address is resolved and guarded as any upstream's, and the tunnel
+//! asked for by name. The proxy then resolves the name, so the guard sees the addresses of
+//! destinations given as IPs (raw TCP) only; a name is left to the proxy.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+use crate::config::UpstreamProxy;
+use crate::upstream::connection::Connection;
 use crate::upstream::guard::{AddressGuard, Forbidden};
+use crate::upstream::proxy_connect::{self, TunnelError};
 use crate::upstream::resolve::{ResolveError, Resolver};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +40,19 @@ pub(crate) enum DialError {
         addr: SocketAddr,
         after: Duration,
     },
+    #[error("the upstream proxy {proxy} gave no tunnel to {target}: {source}")]
+    Tunnel {
+        proxy: String,
+        target: String,
+        #[source]
+        source: TunnelError,
+    },
+    #[error("the upstream proxy {proxy} gave no tunnel to {target} within {after:?}")]
+    TunnelTimeout {
+        proxy: String,
+        target: String,
+        after: Duration,
+    },
 }
 
 pub(crate) struct Dialer {
@@ -39,6 +60,8 @@ pub(crate) struct Dialer {
     guard: AddressGuard,
     connect_timeout: Duration,
     connect_time: prometheus::Histogram,
+    /// The operator's proxy every destination is reached through, if any.
+    proxy: Option<UpstreamProxy>,
 }
 
 impl Dialer {
@@ -48,27 +71,90 @@ impl Dialer {
         guard: AddressGuard,
         connect_timeout: Duration,
         connect_time: prometheus::Histogram,
+        proxy: Option<UpstreamProxy>,
     ) -> Dialer {
         Dialer {
             resolver,
             guard,
             connect_timeout,
             connect_time,
+            proxy,
         }
     }
 
-    /// Connects to `host:port`, trying each permitted address in resolver order.
+    /// The operator's proxy, when destinations are reached through one.
+    pub(crate) fn proxy(&self) -> Option<&UpstreamProxy> {
+        self.proxy.as_ref()
+    }
+
+    /// A connection to `host:port`: directly, trying each permitted address in resolver
+    /// order, or through the operator's proxy. Also the address dialed (the proxy's).
     pub(crate) async fn dial(
         &self,
         host: &str,
         port: u16,
-    ) -> Result<(TcpStream, SocketAddr), DialError> {
+    ) -> Result<(Connection, SocketAddr), DialError> {
         let started = std::time::Instant::now();
-        let dialed = self.dial_untimed(host, port).await;
+        let dialed = match &self.proxy {
+            None => self
+                .dial_untimed(host, port)
+                .await
+                .map(|(tcp, addr)| (Connection::Direct(tcp), addr)),
+            Some(proxy) => self.through(proxy, host, port).await,
+        };
         if dialed.is_ok() {
             self.connect_time.observe(started.elapsed().as_secs_f64());
         }
         dialed
+    }
+
+    /// A connection to the operator's proxy itself (plain HTTP goes to it in absolute form).
+    pub(crate) async fn dial_proxy(&self) -> Option<Result<(TcpStream, SocketAddr), DialError>> {
+        let proxy = self.proxy.as_ref()?;
+        Some(self.dial_untimed(&proxy.host, proxy.port).await)
+    }
+
+    /// A tunnel to `host:port` through `proxy`. A destination given as an address is guarded
+    /// here, before the proxy is asked.
+    async fn through(
+        &self,
+        proxy: &UpstreamProxy,
+        host: &str,
+        port: u16,
+    ) -> Result<(Connection, SocketAddr), DialError> {
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
+            let addr = SocketAddr::new(ip, port);
+            if let Err(reason) = self.guard.check(addr) {
+                return Err(DialError::Forbidden {
+                    host: host.to_string(),
+                    addr,
+                    reason,
+                });
+            }
+        }
+        let (tcp, addr) = self.dial_untimed(&proxy.host, proxy.port).await?;
+        let target = crate::config::authority(host, port);
+        let opened = tokio::time::timeout(
+            self.connect_timeout,
+            proxy_connect::open(proxy, tcp, host, port),
+        );
+        match opened.await {
+            Ok(Ok(tunnel)) => Ok((Connection::Tunnel(tunnel), addr)),
+            Ok(Err(source)) => Err(DialError::Tunnel {
+                proxy: proxy.to_string(),
+                target,
+                source,
+            }),
+            Err(_) => Err(DialError::TunnelTimeout {
+                proxy: proxy.to_string(),
+                target,
+                after: self.connect_timeout,
+            }),
+        }
     }
 
     async fn dial_untimed(

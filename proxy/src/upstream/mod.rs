@@ -1,12 +1,15 @@
 //! Everything that faces upstreams: `resolve` (our resolver), `guard` (the private-address
-//! guard), `dial` (connect to exactly an address that passed), `trust` (verified rustls),
-//! `pool` (upstream connections kept and shared, HTTP/2 spread over several), `client`
-//! (forwarding a request through the pool) and `relay` (tunnels).
+//! guard), `dial` (connect to exactly an address that passed, or through the operator's proxy:
+//! `proxy_connect`, giving a `connection`), `trust` (verified rustls), `pool` (upstream
+//! connections kept and shared, HTTP/2 spread over several), `client` (forwarding a request
+//! through the pool) and `relay` (tunnels).
 
 pub(crate) mod client;
+pub(crate) mod connection;
 pub(crate) mod dial;
 pub(crate) mod guard;
 pub(crate) mod pool;
+pub(crate) mod proxy_connect;
 pub(crate) mod relay;
 pub(crate) mod resolve;
 pub(crate) mod trust;

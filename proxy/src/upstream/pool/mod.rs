@@ -138,17 +138,33 @@ impl Shared {
     }
 }
 
+/// An HTTP/1.1 connection, carrying one request at a time.
+struct Own {
+    send: http1::SendRequest<ProxyBody>,
+    /// The address dialed: the upstream's, or the operator's proxy's.
+    addr: SocketAddr,
+    form: Form,
+}
+
+/// How an HTTP/1.1 connection names the request's target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// `GET /path` to the upstream itself (directly or through a `CONNECT` tunnel).
+    Origin,
+    /// `GET http://host/path` to the operator's proxy (plain HTTP through `[upstream] proxy`).
+    Absolute,
+}
+
 /// An HTTP/1.1 connection waiting for its next request.
 struct Idle {
-    send: http1::SendRequest<ProxyBody>,
-    addr: SocketAddr,
+    own: Own,
     since: Instant,
 }
 
 /// A connection checked out for one request.
 enum Conn {
     Shared(Stream),
-    Own(http1::SendRequest<ProxyBody>, SocketAddr),
+    Own(Own),
 }
 
 /// A stream of a shared connection.
@@ -266,17 +282,21 @@ impl Pool {
                     })
                 }
             },
-            Conn::Own(mut send, addr) => {
-                if let Err(e) = send.ready().await {
+            Conn::Own(mut own) => {
+                if let Err(e) = own.send.ready().await {
                     return Err(Failed::Other(e.into()));
                 }
-                match send.try_send_request(origin_form(req)).await {
+                let req = match own.form {
+                    Form::Origin => origin_form(req),
+                    Form::Absolute => self.absolute_form(req),
+                };
+                match own.send.try_send_request(req).await {
                     Ok(resp) => {
+                        let addr = own.addr;
                         let back = Returning {
                             pool: Arc::downgrade(self),
                             key: key.clone(),
-                            send,
-                            addr,
+                            own,
                         };
                         Ok(finish(resp, addr, move |b| back.wrap(b)))
                     }
@@ -344,17 +364,27 @@ impl Pool {
                 }
             }
         }
-        // The most recently used idle connection: the likeliest to be alive.
-        host.idle
-            .pop()
-            .map(|Idle { send, addr, .. }| Conn::Own(send, addr))
+        // The most recently used idle connection (the likeliest to be alive); an upgrade
+        // needs one to the upstream itself, not to a proxy.
+        let usable = host
+            .idle
+            .iter()
+            .rposition(|c| !upgrade || c.own.form == Form::Origin)?;
+        Some(Conn::Own(host.idle.remove(usable).own))
     }
 
-    /// Dials, verifies, and sets up HTTP/2 or HTTP/1.1 as ALPN says.
+    /// Dials, verifies, and sets up HTTP/2 or HTTP/1.1 as ALPN says. Plain HTTP through the
+    /// operator's proxy goes to the proxy itself (an upgrade through a tunnel instead).
     async fn dial(self: &Arc<Self>, key: &Key, upgrade: bool) -> Result<Conn, PoolError> {
+        if !key.tls && !upgrade {
+            if let Some(dialed) = self.dialer.dial_proxy().await {
+                let (tcp, addr) = dialed?;
+                return own(TokioIo::new(tcp), addr, Form::Absolute).await;
+            }
+        }
         let (tcp, addr) = self.dialer.dial(&key.host, key.port).await?;
         if !key.tls {
-            return own(TokioIo::new(tcp), addr).await;
+            return own(TokioIo::new(tcp), addr, Form::Origin).await;
         }
         let name = ServerName::try_from(key.host.to_string())
             .map_err(|_| PoolError::Name(key.host.to_string()))?;
@@ -367,7 +397,7 @@ impl Pool {
             }
         }
         if !h2 {
-            return own(TokioIo::new(stream), addr).await;
+            return own(TokioIo::new(stream), addr, Form::Origin).await;
         }
         let end = TransportEnd::default();
         let (send, conn) = h2::client::Builder::new()
@@ -406,15 +436,26 @@ impl Pool {
         }
     }
 
-    fn give_back(&self, key: &Key, send: http1::SendRequest<ProxyBody>, addr: SocketAddr) {
-        if send.is_closed() {
+    fn give_back(&self, key: &Key, own: Own) {
+        if own.send.is_closed() {
             return;
         }
         self.lock().entry(key.clone()).or_default().idle.push(Idle {
-            send,
-            addr,
+            own,
             since: Instant::now(),
         });
+    }
+
+    /// The request as the operator's proxy takes it: the absolute URI kept, `Host` from it,
+    /// our credentials for the proxy (the agent's `Proxy-Authorization` was removed as
+    /// hop-by-hop).
+    fn absolute_form(&self, mut req: Request<ProxyBody>) -> Request<ProxyBody> {
+        set_host(&mut req);
+        if let Some(auth) = self.dialer.proxy().and_then(|p| p.authorization()) {
+            req.headers_mut()
+                .insert(http::header::PROXY_AUTHORIZATION, auth);
+        }
+        req
     }
 }
 
@@ -424,12 +465,12 @@ impl Host {
         self.shared
             .retain_mut(|c| c.usable() && c.idle_for(now).is_none_or(|d| d <= idle_timeout));
         self.idle
-            .retain(|c| !c.send.is_closed() && now.duration_since(c.since) <= idle_timeout);
+            .retain(|c| !c.own.send.is_closed() && now.duration_since(c.since) <= idle_timeout);
     }
 }
 
 /// An HTTP/1.1 connection of its own (with upgrades) over `io`.
-async fn own<T>(io: TokioIo<T>, addr: SocketAddr) -> Result<Conn, PoolError>
+async fn own<T>(io: TokioIo<T>, addr: SocketAddr, form: Form) -> Result<Conn, PoolError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -439,7 +480,7 @@ where
             tracing::debug!("upstream HTTP/1.1 connection ended: {e}");
         }
     });
-    Ok(Conn::Own(send, addr))
+    Ok(Conn::Own(Own { send, addr, form }))
 }
 
 /// Drops idle connections that no request came back for.
@@ -460,17 +501,23 @@ async fn sweep(pool: Weak<Pool>, every: Duration) {
 /// HTTP/1.1 sends the path as the request target and the authority as `Host`; the request
 /// comes with the absolute URI HTTP/2 takes.
 fn origin_form(mut req: Request<ProxyBody>) -> Request<ProxyBody> {
-    let uri = req.uri().clone();
-    if let Some(auth) = uri.authority() {
-        if let Ok(v) = http::HeaderValue::from_str(auth.as_str()) {
-            req.headers_mut().insert(http::header::HOST, v);
-        }
-    }
-    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    set_host(&mut req);
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     if let Ok(origin) = target.parse() {
         *req.uri_mut() = origin;
     }
     req
+}
+
+/// `Host` from the request's absolute URI.
+fn set_host(req: &mut Request<ProxyBody>) {
+    let host = req
+        .uri()
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    if let Some(host) = host {
+        req.headers_mut().insert(http::header::HOST, host);
+    }
 }
 
 /// The response as the pipeline takes it: the dialed address noted, the body wrapped.

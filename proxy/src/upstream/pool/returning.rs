@@ -1,7 +1,6 @@
 //! An HTTP/1.1 connection on loan to one request: back to the pool once its response has been
 //! read to the end, closed if the response is dropped before.
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{Context, Poll};
@@ -10,16 +9,14 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
 
-use super::{Key, Pool};
+use super::{Key, Own, Pool};
 use crate::body::{BodyError, ProxyBody};
 
 pub(super) struct Returning {
     pub(super) pool: Weak<Pool>,
     pub(super) key: Key,
-    pub(super) send: http1::SendRequest<ProxyBody>,
-    pub(super) addr: SocketAddr,
+    pub(super) own: Own,
 }
 
 impl Returning {
@@ -34,7 +31,7 @@ impl Returning {
 
     fn give_back(self) {
         if let Some(pool) = self.pool.upgrade() {
-            pool.give_back(&self.key, self.send, self.addr);
+            pool.give_back(&self.key, self.own);
         }
     }
 }
