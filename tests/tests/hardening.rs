@@ -243,7 +243,7 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
         "-t",
         "tmpfs",
         "-o",
-        "size=4m,mode=0755",
+        "size=1m,mode=0755",
         "agenshield-audit-test",
         dir.to_str().expect("utf-8"),
     ]);
@@ -292,11 +292,11 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
     let out = post("/echo/before").await;
     assert_eq!(out.status, 200, "{out:?}");
 
-    // Fill the file system to under the 1 MiB the log must keep free.
+    // Fill the (1 MiB) file system to 8 KiB free: under the eighth the log must keep free.
     let st = nix::sys::statvfs::statvfs(&dir).expect("statvfs");
     let free = st.blocks_available() * st.fragment_size();
     let filler = dir.join("filler");
-    std::fs::write(&filler, vec![0u8; (free - 300 * 1024) as usize]).expect("fill");
+    std::fs::write(&filler, vec![0u8; (free - 8 * 1024) as usize]).expect("fill");
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     let out = post("/echo/while-full").await;
     assert_eq!(out.status, 503, "{out:?}");

@@ -1,5 +1,6 @@
 //! Whether the audit log can take records now: its last write did not fail, and its file
-//! system has room for at least [`RESERVE`] bytes more. While it cannot, the pipeline refuses
+//! system has room for at least [`RESERVE`] bytes more (an eighth of a file system smaller
+//! than 8 MiB, so a small one can be seen to have room again). While it cannot, the pipeline refuses
 //! new requests and tunnels (`503 audit_unavailable`) before anything reaches an upstream, so
 //! no side effect happens unrecorded; the refusals' own records are still attempted, and the
 //! first that is written (or the room coming back) ends the refusals.
@@ -70,12 +71,13 @@ impl Health {
 
     /// Measures the free space where the log lives (the ticker calls this).
     pub(crate) fn check_space(&self) {
-        let free = match nix::sys::statvfs::statvfs(&self.dir) {
-            Ok(st) => free_bytes(&st),
+        let (free, size) = match nix::sys::statvfs::statvfs(&self.dir) {
+            Ok(st) => space(&st),
             // Not measurable: the writes themselves will tell.
             Err(_) => return,
         };
-        let low = free < RESERVE;
+        let reserve = RESERVE.min(size / 8);
+        let low = free < reserve;
         if self.low_space.swap(low, Ordering::Relaxed) != low {
             if low {
                 self.turned(
@@ -84,7 +86,7 @@ impl Health {
                         "the audit log's file system ({}) has {} KiB free, under the {} KiB it must keep",
                         self.dir.display(),
                         free / 1024,
-                        RESERVE / 1024
+                        reserve / 1024
                     ),
                 );
             } else {
@@ -106,9 +108,13 @@ impl Health {
     }
 }
 
-/// Bytes an unprivileged writer may still use.
+/// Bytes an unprivileged writer may still use, and the file system's size.
 // The field types are narrower on macOS.
 #[allow(clippy::useless_conversion)]
-fn free_bytes(st: &nix::sys::statvfs::Statvfs) -> u64 {
-    u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size()))
+fn space(st: &nix::sys::statvfs::Statvfs) -> (u64, u64) {
+    let unit = u64::from(st.fragment_size());
+    (
+        u64::from(st.blocks_available()).saturating_mul(unit),
+        u64::from(st.blocks()).saturating_mul(unit),
+    )
 }
