@@ -730,3 +730,31 @@ async fn answer<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: std::time::D
         .expect("read");
     String::from_utf8_lossy(&buf[..n]).to_string()
 }
+
+/// A burst of connections larger than tokio's default listen backlog (1024) is queued by the
+/// kernel, not dropped: every listener is made with a backlog of 4096 (capped by somaxconn).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_queue_a_burst_of_connections() {
+    let w = World::new().await;
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("somaxconn")
+        .trim()
+        .parse()
+        .expect("number");
+    for addr in [w.daemon.transparent, w.daemon.explicit] {
+        let filter = format!("sport = :{}", addr.port());
+        let out = std::process::Command::new("ss")
+            .args(["-Hltn", &filter])
+            .output()
+            .expect("ss (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        // For a listening socket, Send-Q is its backlog.
+        let backlog: u32 = text
+            .split_whitespace()
+            .nth(2)
+            .and_then(|q| q.parse().ok())
+            .unwrap_or_else(|| panic!("no listener in ss output: {text:?}"));
+        assert_eq!(backlog, somaxconn.min(4096), "{addr}: {text}");
+    }
+}

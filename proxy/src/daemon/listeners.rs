@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 use crate::config::Config;
 use crate::control::admin;
@@ -36,7 +36,7 @@ impl Listeners {
     pub async fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
         let mut transparent = Vec::new();
         for addr in &cfg.transparent {
-            match TcpListener::bind(addr).await {
+            match listen(*addr) {
                 Ok(l) => transparent.push(l),
                 // The default [::1] listener is optional on hosts without IPv6 loopback.
                 Err(e) if cfg.transparent_is_default && addr.is_ipv6() => {
@@ -47,15 +47,12 @@ impl Listeners {
                 }
             }
         }
-        let explicit = TcpListener::bind(cfg.explicit)
-            .await
+        let explicit = listen(cfg.explicit)
             .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
         let metrics = match cfg.metrics {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding metrics listener {addr}"))?,
-            ),
+            Some(addr) => {
+                Some(listen(addr).with_context(|| format!("binding metrics listener {addr}"))?)
+            }
             None => None,
         };
         Ok(Listeners {
@@ -76,4 +73,22 @@ impl Listeners {
         own.push(self.explicit_addr);
         own
     }
+}
+
+/// Connections the kernel may queue for a listener before we accept them (capped by the
+/// system's `somaxconn`). tokio's default (1024) overflows when an agent opens a thousand
+/// connections at once: the kernel then drops the handshake's last ACK, and a client that
+/// waits to be spoken to (or sends nothing) is stuck on a connection we never saw.
+const BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`BACKLOG`] (and `SO_REUSEADDR`, as `TcpListener::bind`).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
