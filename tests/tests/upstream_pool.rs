@@ -212,6 +212,15 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
         panic!("processed twice: {twice:?}; the daemon sent again: {again:#?}");
     }
     assert_eq!(seen.len(), total, "every request reached the upstream");
+    // Those the upstream turned away were sent again, and counted.
+    let metrics = metrics_text(&w.daemon).await;
+    let retried: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("agenshield_proxy_upstream_retries_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!("retried transparently: {retried}");
+    assert!(retried > 0.0, "{metrics}");
 
     // HTTP/1.1 upstream connections (plain http through the explicit listener): a pooled
     // connection the upstream closed is not an error either.
@@ -237,4 +246,10 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
     kinds.sort();
     kinds.dedup();
     assert_eq!(bad, 0, "{bad} of 400 not 200: {kinds:?}");
+}
+
+/// The daemon's `/metrics` text.
+async fn metrics_text(d: &Daemon) -> String {
+    let url = format!("http://{}/metrics", d.metrics);
+    agenshield_e2e::curl::curl(&[&url], false).await.text()
 }

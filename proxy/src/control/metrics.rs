@@ -51,6 +51,7 @@ pub struct Metrics {
     pub request_duration: HistogramVec,
     pub upstream_connect: Histogram,
     pub upstream_errors: IntCounterVec,
+    pub upstream_retries: IntCounterVec,
     pub bytes_up: IntCounter,
     pub bytes_down: IntCounter,
     connections_active: IntGaugeVec,
@@ -169,6 +170,18 @@ impl Metrics {
                     )
                     .namespace(NS)
                     .buckets(LATENCY.to_vec())
+                )
+            ),
+            upstream_retries: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "upstream_retries_total",
+                        "Requests sent again because the upstream provably did not process \
+                         them: not_sent (a pooled connection closed before taking it), refused \
+                         (REFUSED_STREAM, or above a GOAWAY's last stream)."
+                    ),
+                    &["reason"],
                 )
             ),
             upstream_errors: reg!(
@@ -329,6 +342,9 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             m.reloads.with_label_values(&[result]);
+        }
+        for reason in ["not_sent", "refused"] {
+            m.upstream_retries.with_label_values(&[reason]);
         }
         m
     }

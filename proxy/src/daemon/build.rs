@@ -98,7 +98,12 @@ pub(super) async fn build_proxy(
         metrics.upstream_connect.clone(),
         cfg.upstream.proxy.clone(),
     ));
-    let forwarder = Forwarder::new(dialer.clone(), trust.client_config()?, &cfg.limits);
+    let forwarder = Forwarder::new(
+        dialer.clone(),
+        trust.client_config()?,
+        &cfg.limits,
+        metrics.upstream_retries.clone(),
+    );
     Ok(Proxy::new(ProxyParts {
         vault,
         metrics,

@@ -27,9 +27,10 @@ impl Forwarder {
         dialer: Arc<Dialer>,
         tls: rustls::ClientConfig,
         limits: &Limits,
+        retries: prometheus::IntCounterVec,
     ) -> Forwarder {
         Forwarder {
-            pool: Pool::new(dialer, tls, limits.upstream_idle_timeout),
+            pool: Pool::new(dialer, tls, limits.upstream_idle_timeout, retries),
         }
     }
 

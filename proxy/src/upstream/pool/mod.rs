@@ -86,6 +86,8 @@ pub(crate) struct Pool {
     idle_timeout: Duration,
     hosts: Mutex<HashMap<Key, Host>>,
     next_id: AtomicU64,
+    /// `agenshield_proxy_upstream_retries_total{reason}`.
+    retries: prometheus::IntCounterVec,
 }
 
 #[derive(Default)]
@@ -209,6 +211,7 @@ impl Pool {
         dialer: Arc<Dialer>,
         tls: rustls::ClientConfig,
         idle_timeout: Duration,
+        retries: prometheus::IntCounterVec,
     ) -> Arc<Pool> {
         let with_alpn = |alpn: &[&[u8]]| {
             let mut c = tls.clone();
@@ -222,6 +225,7 @@ impl Pool {
             idle_timeout,
             hosts: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            retries,
         });
         // Idle connections are closed even when nothing asks for their host again.
         let weak = Arc::downgrade(&pool);
@@ -244,11 +248,13 @@ impl Pool {
             Ok(resp) => return Ok(resp),
             Err(Failed::NotSent(req, e)) => {
                 tracing::debug!("upstream connection closed before the request was sent ({e}); sending it again");
+                self.retries.with_label_values(&["not_sent"]).inc();
                 *req
             }
             Err(Failed::Refused(e)) => match replay {
                 Some(replay) => {
                     tracing::debug!("upstream did not process the request ({e}); sending it again");
+                    self.retries.with_label_values(&["refused"]).inc();
                     replay.request()
                 }
                 None => return Err(e),
