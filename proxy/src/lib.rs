@@ -30,3 +30,4 @@ mod proxy;
 mod ratelimit;
 mod secrets;
 mod upstream;
+mod write_through;
