@@ -14,8 +14,8 @@ use tokio::net::TcpStream;
 
 use super::accept::admission;
 use super::dispatch::serve_stream;
-use super::http::{server_head_cap, unparsed, GRACE};
-use super::watchdog::{Activity, Expired, Watched};
+use super::http::{server_head_cap, unparsed};
+use super::watchdog::{serve_until_expired, Activity, Watched};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
@@ -49,21 +49,8 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
         .serve_connection(TokioIo::new(Watched::new(stream, activity.clone())), svc)
         .with_upgrades();
     tokio::pin!(conn);
-    let served = tokio::select! {
-        r = conn.as_mut() => r,
-        why = activity.expired(&limits) => match why {
-            Expired::Idle => {
-                tracing::debug!("closing an idle explicit proxy connection");
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(GRACE, conn.as_mut()).await.unwrap_or(Ok(()))
-            }
-            // Cut off at once: a graceful close would wait for the head to finish.
-            Expired::SlowHead => {
-                tracing::debug!("closing: a request head did not finish within {:?}", limits.header_read_timeout);
-                Ok(())
-            }
-        },
-    };
+    let served =
+        serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown()).await;
     if let Err(e) = served {
         if e.is_parse() {
             unparsed(&proxy, &base, &e, started).await;

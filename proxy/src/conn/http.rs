@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -10,7 +10,7 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 
-use super::watchdog::{Activity, Expired, Watched};
+use super::watchdog::{serve_until_expired, Activity, Watched};
 use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record::{self, Protocol, Record, RequestId};
 use crate::pipeline::refusal::ErrorCode;
@@ -80,21 +80,8 @@ pub(super) async fn serve_http<S>(
     let io = TokioIo::new(Watched::new(io, activity.clone()));
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
-    let served = tokio::select! {
-        r = conn.as_mut() => r,
-        why = activity.expired(&limits) => match why {
-            Expired::Idle => {
-                tracing::debug!("closing an idle connection");
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(GRACE, conn.as_mut()).await.unwrap_or(Ok(()))
-            }
-            // Cut off at once: a graceful close would wait for the head to finish.
-            Expired::SlowHead => {
-                tracing::debug!("closing: a request head did not finish within {:?}", limits.header_read_timeout);
-                Ok(())
-            }
-        },
-    };
+    let served =
+        serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown()).await;
     if let Err(e) = served {
         match e.downcast_ref::<hyper::Error>() {
             Some(h) if h.is_parse() => unparsed(&proxy, &ctx, h, started).await,
@@ -102,9 +89,6 @@ pub(super) async fn serve_http<S>(
         }
     }
 }
-
-/// How long a connection closed for idleness may take to say goodbye (an h2 GOAWAY).
-pub(super) const GRACE: Duration = Duration::from_secs(5);
 
 /// The request head size the HTTP server itself accepts: twice `limits.max_header_bytes`, so
 /// that a head over the limit reaches the pipeline, which refuses it with the JSON 431 every

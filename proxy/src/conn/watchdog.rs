@@ -139,6 +139,39 @@ impl Activity {
     }
 }
 
+/// How long a connection closed for idleness may take to say goodbye (an h2 GOAWAY).
+pub(super) const GRACE: Duration = Duration::from_secs(5);
+
+/// Serves `conn` until it ends or `activity` expires: idle, it is shut down gracefully (with
+/// [`GRACE`] to finish); a head too slow is cut off at once (a graceful close would wait for it).
+pub(super) async fn serve_until_expired<C, E>(
+    mut conn: Pin<&mut C>,
+    activity: &Activity,
+    limits: &Limits,
+    graceful_shutdown: impl FnOnce(Pin<&mut C>),
+) -> Result<(), E>
+where
+    C: std::future::Future<Output = Result<(), E>>,
+{
+    tokio::select! {
+        r = conn.as_mut() => r,
+        why = activity.expired(limits) => match why {
+            Expired::Idle => {
+                tracing::debug!("closing an idle connection");
+                graceful_shutdown(conn.as_mut());
+                tokio::time::timeout(GRACE, conn).await.unwrap_or(Ok(()))
+            }
+            Expired::SlowHead => {
+                tracing::debug!(
+                    "closing: a request head did not finish within {:?}",
+                    limits.header_read_timeout
+                );
+                Ok(())
+            }
+        },
+    }
+}
+
 /// The client's side of a connection, telling its [`Activity`] when bytes arrive.
 pub(super) struct Watched<S> {
     inner: S,
