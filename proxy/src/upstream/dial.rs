@@ -114,6 +114,17 @@ impl Dialer {
         Some(self.dial_untimed(&proxy.host, proxy.port).await)
     }
 
+    /// The guard's verdict on `addr`, which `host` names.
+    fn check(&self, host: &str, addr: SocketAddr) -> Result<(), DialError> {
+        self.guard
+            .check(addr)
+            .map_err(|reason| DialError::Forbidden {
+                host: host.to_string(),
+                addr,
+                reason,
+            })
+    }
+
     /// A tunnel to `host:port` through `proxy`. A destination given as an address is guarded
     /// here, before the proxy is asked.
     async fn through(
@@ -127,14 +138,7 @@ impl Dialer {
             .trim_end_matches(']')
             .parse::<IpAddr>()
         {
-            let addr = SocketAddr::new(ip, port);
-            if let Err(reason) = self.guard.check(addr) {
-                return Err(DialError::Forbidden {
-                    host: host.to_string(),
-                    addr,
-                    reason,
-                });
-            }
+            self.check(host, SocketAddr::new(ip, port))?;
         }
         let (tcp, addr) = self.dial_untimed(&proxy.host, proxy.port).await?;
         let target = crate::config::authority(host, port);
@@ -166,14 +170,7 @@ impl Dialer {
         // One forbidden address taints the name: an attacker-controlled DNS answer must not
         // mix a public and a private address and hope we try the public one first.
         for ip in &ips {
-            let addr = SocketAddr::new(*ip, port);
-            if let Err(reason) = self.guard.check(addr) {
-                return Err(DialError::Forbidden {
-                    host: host.to_string(),
-                    addr,
-                    reason,
-                });
-            }
+            self.check(host, SocketAddr::new(*ip, port))?;
         }
         let mut last_err = None;
         for ip in ips {
