@@ -27,11 +27,22 @@ pub fn render(spec: &RedirectSpec) -> String {
         uids.join(", ")
     );
 
-    let (dns4, dns6): (Vec<IpAddr>, Vec<IpAddr>) =
-        spec.dns_servers.iter().partition(|ip| ip.is_ipv4());
+    let (pass4, pass6): (Vec<IpAddr>, Vec<IpAddr>) =
+        spec.dns_passthrough.iter().partition(|ip| ip.is_ipv4());
     let _ = writeln!(s, "\tchain nat_output {{");
     let _ = writeln!(s, "\t\ttype nat hook output priority -100; policy accept;");
-    dns_rules(&mut s, agent, &dns4, &dns6, &["tcp"]);
+    passthrough_rules(&mut s, agent, &pass4, &pass6);
+    // All other DNS, to any address (exempt ranges included), ends at the stub.
+    for (family, port) in [("ipv4", spec.dns_v4), ("ipv6", spec.dns_v6)] {
+        if let Some(port) = port {
+            for proto in ["udp", "tcp"] {
+                let _ = writeln!(
+                    s,
+                    "\t\t{agent} meta nfproto {family} {proto} dport 53 redirect to :{port}"
+                );
+            }
+        }
+    }
     exempt_rules(&mut s, agent, &v4, &v6);
     for (family, port) in [("ipv4", spec.redirect_v4), ("ipv6", spec.redirect_v6)] {
         if let Some(port) = port {
@@ -47,19 +58,22 @@ pub fn render(spec: &RedirectSpec) -> String {
     let _ = writeln!(s, "\t\ttype filter hook output priority 0; policy accept;");
     // Only what our own redirect produced: another tool's DNAT (Docker, kube-proxy) must
     // not become a way around the proxy.
-    if let Some(port) = spec.redirect_v4 {
-        let _ = writeln!(
-            s,
-            "\t\t{agent} ct status dnat ip daddr 127.0.0.1 tcp dport {port} accept"
-        );
+    for (family, addr, port, protos) in [
+        ("ip", "127.0.0.1", spec.redirect_v4, &["tcp"][..]),
+        ("ip6", "::1", spec.redirect_v6, &["tcp"][..]),
+        ("ip", "127.0.0.1", spec.dns_v4, &["udp", "tcp"][..]),
+        ("ip6", "::1", spec.dns_v6, &["udp", "tcp"][..]),
+    ] {
+        if let Some(port) = port {
+            for proto in protos {
+                let _ = writeln!(
+                    s,
+                    "\t\t{agent} ct status dnat {family} daddr {addr} {proto} dport {port} accept"
+                );
+            }
+        }
     }
-    if let Some(port) = spec.redirect_v6 {
-        let _ = writeln!(
-            s,
-            "\t\t{agent} ct status dnat ip6 daddr ::1 tcp dport {port} accept"
-        );
-    }
-    dns_rules(&mut s, agent, &dns4, &dns6, &["udp", "tcp"]);
+    passthrough_rules(&mut s, agent, &pass4, &pass6);
     exempt_rules(&mut s, agent, &v4, &v6);
     let _ = writeln!(
         s,
@@ -71,14 +85,14 @@ pub fn render(spec: &RedirectSpec) -> String {
     s
 }
 
-/// DNS to the configured resolvers only: port 53 elsewhere is ordinary traffic.
-fn dns_rules(s: &mut String, agent: &str, v4: &[IpAddr], v6: &[IpAddr], protos: &[&str]) {
+/// The operator's opt-out (`redirect.dns_passthrough`): DNS to these resolvers unchanged.
+fn passthrough_rules(s: &mut String, agent: &str, v4: &[IpAddr], v6: &[IpAddr]) {
     for (family, servers) in [("ip", v4), ("ip6", v6)] {
         if servers.is_empty() {
             continue;
         }
         let list: Vec<String> = servers.iter().map(ToString::to_string).collect();
-        for proto in protos {
+        for proto in ["udp", "tcp"] {
             let _ = writeln!(
                 s,
                 "\t\t{agent} {family} daddr {{ {} }} {proto} dport 53 accept",
@@ -253,10 +267,9 @@ mod tests {
             agent_uids: vec![5200, 5202],
             redirect_v4: Some(15001),
             redirect_v6: Some(15001),
-            dns_servers: vec![
-                "127.0.0.53".parse().expect("ip"),
-                "fd00::53".parse().expect("ip"),
-            ],
+            dns_v4: Some(15053),
+            dns_v6: Some(15053),
+            dns_passthrough: Vec::new(),
             exempt: vec![
                 ("10.99.0.0".parse().expect("ip"), 24),
                 ("fd00:99::".parse().expect("ip"), 64),
@@ -264,10 +277,35 @@ mod tests {
         }
     }
 
+    /// `UPDATE_GOLDEN=1` rewrites the file; review the diff before committing it.
+    fn check_golden(name: &str, spec: &RedirectSpec) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("golden")
+            .join(name);
+        let got = render(spec);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &got).expect("write golden");
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{} ({e}; UPDATE_GOLDEN=1 writes it)", path.display()));
+        assert_eq!(got, want, "the nftables table for {name} changed");
+    }
+
     #[test]
     fn ruleset_matches_golden_file() {
-        let golden = include_str!("../golden/nftables-default.nft");
-        assert_eq!(render(&spec()), golden);
+        check_golden("nftables-default.nft", &spec());
+    }
+
+    /// The operator's opt-out: DNS to the named resolvers passes, all other DNS still
+    /// ends at the stub.
+    #[test]
+    fn dns_passthrough_matches_golden_file() {
+        let mut s = spec();
+        s.dns_passthrough = vec![
+            "127.0.0.53".parse().expect("ip"),
+            "fd00::53".parse().expect("ip"),
+        ];
+        check_golden("nftables-dns-passthrough.nft", &s);
     }
 
     #[test]
@@ -275,12 +313,13 @@ mod tests {
         let mut s = spec();
         s.redirect_v6 = None;
         s.exempt.clear();
-        s.dns_servers.clear();
+        s.dns_v6 = None;
         let r = render(&s);
         assert!(r.contains("nfproto ipv4 meta l4proto tcp redirect to :15001"));
         assert!(!r.contains("nfproto ipv6"));
         assert!(!r.contains("ip6 daddr ::1"));
-        assert!(!r.contains("dport 53"));
+        assert!(r.contains("meta nfproto ipv4 udp dport 53 redirect to :15053"));
+        assert!(!r.contains("meta nfproto ipv6 udp dport 53"));
         assert!(r.contains("meta l4proto tcp counter reject with tcp reset"));
     }
 

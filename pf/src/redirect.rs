@@ -12,9 +12,14 @@ pub struct RedirectSpec {
     pub redirect_v4: Option<u16>,
     /// The transparent listener's port on ::1; `None` refuses agent IPv6 TCP instead.
     pub redirect_v6: Option<u16>,
-    /// Let agent DNS (udp/tcp 53) through unchanged, to these resolvers only (port 53 to any
-    /// other address is treated like all other traffic). Empty: no DNS for the agent.
-    pub dns_servers: Vec<IpAddr>,
+    /// The DNS stub's port on 127.0.0.1: agent DNS (udp and tcp 53, to any IPv4 address) is
+    /// redirected there. `None`: agent IPv4 UDP 53 is refused and TCP 53 goes to the proxy.
+    pub dns_v4: Option<u16>,
+    /// The DNS stub's port on ::1, for agent DNS to any IPv6 address.
+    pub dns_v6: Option<u16>,
+    /// The operator's opt-out: agent DNS to these resolvers passes unchanged, around the stub
+    /// (and around policy). Empty, as it should be, unless `redirect.dns_passthrough` is set.
+    pub dns_passthrough: Vec<IpAddr>,
     /// Destinations the agent may reach directly, unredirected: (network address, prefix).
     pub exempt: Vec<(IpAddr, u8)>,
 }
@@ -24,8 +29,8 @@ impl RedirectSpec {
     pub fn normalized(mut self) -> Result<RedirectSpec, RedirectError> {
         self.agent_uids.sort_unstable();
         self.agent_uids.dedup();
-        self.dns_servers.sort_unstable();
-        self.dns_servers.dedup();
+        self.dns_passthrough.sort_unstable();
+        self.dns_passthrough.dedup();
         if self.agent_uids.is_empty() {
             return Err(RedirectError::Invalid("no agent uid to redirect".into()));
         }

@@ -12,14 +12,16 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
-/// The daemon's default: agent uid 5200, listeners 127.0.0.1:15001 and [::1]:15001, DNS to
-/// the system resolver.
+/// The daemon's default: agent uid 5200, listeners 127.0.0.1:15001 and [::1]:15001, all
+/// agent DNS into the stub on 127.0.0.1:15053 and [::1]:15053.
 fn default_spec() -> RedirectSpec {
     RedirectSpec {
         agent_uids: vec![5200],
         redirect_v4: Some(15001),
         redirect_v6: Some(15001),
-        dns_servers: vec![ip("192.168.1.1")],
+        dns_v4: Some(15053),
+        dns_v6: Some(15053),
+        dns_passthrough: Vec::new(),
         exempt: Vec::new(),
     }
 }
@@ -29,7 +31,9 @@ fn multi_uid_exempt_spec() -> RedirectSpec {
         agent_uids: vec![5200, 5202],
         redirect_v4: Some(15001),
         redirect_v6: Some(15001),
-        dns_servers: vec![ip("127.0.0.1"), ip("fd00::53")],
+        dns_v4: Some(15053),
+        dns_v6: Some(15053),
+        dns_passthrough: vec![ip("127.0.0.1"), ip("fd00::53")],
         exempt: vec![(ip("10.99.0.0"), 24), (ip("fd00:99::"), 64)],
     }
 }
@@ -39,14 +43,27 @@ fn v4_only_spec() -> RedirectSpec {
         agent_uids: vec![5200],
         redirect_v4: Some(15001),
         redirect_v6: None,
-        dns_servers: vec![ip("192.168.1.1")],
+        dns_v4: Some(15053),
+        dns_v6: None,
+        dns_passthrough: Vec::new(),
         exempt: Vec::new(),
     }
 }
 
+/// No stub listener (`listen.dns = []`): agent UDP 53 is refused, TCP 53 goes to the proxy
+/// like any TCP.
 fn no_dns_spec() -> RedirectSpec {
     RedirectSpec {
-        dns_servers: Vec::new(),
+        dns_v4: None,
+        dns_v6: None,
+        ..default_spec()
+    }
+}
+
+/// The operator's opt-out: DNS to one resolver passes around the stub.
+fn passthrough_spec() -> RedirectSpec {
+    RedirectSpec {
+        dns_passthrough: vec![ip("192.168.1.1")],
         ..default_spec()
     }
 }
@@ -87,6 +104,11 @@ fn golden_no_dns() {
     check_golden("pf-no-dns.conf", &no_dns_spec());
 }
 
+#[test]
+fn golden_dns_passthrough() {
+    check_golden("pf-dns-passthrough.conf", &passthrough_spec());
+}
+
 fn rules(text: &str) -> Vec<&str> {
     text.lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -102,6 +124,7 @@ fn every_render_touches_only_the_agent() {
         multi_uid_exempt_spec(),
         v4_only_spec(),
         no_dns_spec(),
+        passthrough_spec(),
     ] {
         let text = render(&spec);
         let lines = rules(&text);
@@ -164,6 +187,7 @@ fn a_missing_listener_refuses_instead_of_redirecting() {
 
     let mut none = v4_only_spec();
     none.redirect_v4 = None;
+    none.dns_v4 = None;
     let text = render(&none);
     assert!(!text.contains("rdr"), "{text}");
     assert!(!text.contains("route-to"), "{text}");
@@ -171,15 +195,40 @@ fn a_missing_listener_refuses_instead_of_redirecting() {
 }
 
 #[test]
-fn dns_only_to_the_configured_resolvers() {
+fn all_agent_dns_goes_to_the_stub() {
     let text = render(&default_spec());
-    assert!(text.contains("table <agenshield_dns> const { 192.168.1.1 }"));
-    assert!(
-        text.contains("pass out quick proto udp from any to <agenshield_dns> port 53 user = 5200")
-    );
+    for (af, target) in [("inet", "127.0.0.1"), ("inet6", "::1")] {
+        for proto in ["udp", "tcp"] {
+            assert!(
+                text.contains(&format!(
+                    "rdr pass on lo0 {af} proto {proto} from any to any port 53 -> {target} port 15053"
+                )),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!(
+                    "pass out quick on ! lo0 route-to (lo0 {target}) {af} proto {proto} from any to any port 53 user = 5200"
+                )),
+                "{text}"
+            );
+        }
+    }
+    // Other users' DNS to the host's own resolvers is never translated.
+    assert!(text.contains("no rdr on lo0 inet proto udp from any to 127.0.0.0/8"));
+    assert!(!text.contains("agenshield_dns_passthrough"), "{text}");
+    // The stub's rdr comes before the catch-all TCP rdr (pf: first match wins).
+    let dns = text.find("port 53 -> 127.0.0.1").expect("dns rdr");
+    let tcp = text.find("from any to any -> 127.0.0.1 port 15001").expect("tcp rdr");
+    assert!(dns < tcp, "{text}");
+
     let text = render(&no_dns_spec());
     assert!(!text.contains("port 53"), "{text}");
-    assert!(!text.contains("agenshield_dns"), "{text}");
+
+    let text = render(&passthrough_spec());
+    assert!(text.contains("table <agenshield_dns_passthrough> const { 192.168.1.1 }"));
+    assert!(text.contains(
+        "pass out quick proto udp from any to <agenshield_dns_passthrough> port 53 user = 5200"
+    ));
 }
 
 /// What `status` decides when the anchor was wiped by another tool's `pfctl -f

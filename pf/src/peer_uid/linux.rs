@@ -3,9 +3,11 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+};
 use netlink_packet_sock_diag::constants::{
-    AF_INET, AF_INET6, IPPROTO_TCP, TCP_LISTEN, TCP_TIME_WAIT,
+    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_LISTEN, TCP_TIME_WAIT,
 };
 use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
 use netlink_packet_sock_diag::SockDiagMessage;
@@ -146,6 +148,98 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
     Err(invalid_data("sock_diag reply without an answer".to_owned()))
 }
 
+/// The uid owning the UDP socket bound to `local` (a datagram's source address as its
+/// receiver sees it). The kernel's exact UDP lookup needs the socket's peer, which a
+/// redirected datagram no longer names, so this dumps the family's UDP sockets and picks the
+/// one on that port: bound to exactly that address if there is one, else to the wildcard.
+/// An IPv4 source is also looked for among IPv6 (dual-stack) sockets.
+pub(super) fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
+    let ip = local.ip().to_canonical();
+    let families: &[u8] = if ip.is_ipv4() {
+        &[AF_INET, AF_INET6]
+    } else {
+        &[AF_INET6]
+    };
+    let mut wildcard = None;
+    for family in families {
+        for (id, uid) in dump_udp(*family)? {
+            if id.source_port != local.port() {
+                continue;
+            }
+            let bound = id.source_address.to_canonical();
+            if bound == ip {
+                return Ok(Some(uid));
+            }
+            if bound.is_unspecified() && wildcard.is_none() {
+                wildcard = Some(uid);
+            }
+        }
+    }
+    Ok(wildcard)
+}
+
+/// Every UDP socket of `family` in this network namespace: (its id, its owner).
+fn dump_udp(family: u8) -> io::Result<Vec<(SocketId, u32)>> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = SEQ;
+    let any = match family {
+        AF_INET => IpAddr::from([0u8; 4]),
+        _ => IpAddr::from([0u8; 16]),
+    };
+    let mut request = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol: IPPROTO_UDP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: SocketId {
+                source_port: 0,
+                destination_port: 0,
+                source_address: any,
+                destination_address: any,
+                interface_id: 0,
+                cookie: NO_COOKIE,
+            },
+        })
+        .into(),
+    );
+    request.finalize();
+    let mut out = vec![0u8; request.buffer_len()];
+    request.serialize(&mut out);
+    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
+    socket.connect(&NetlinkAddr::new(0, 0))?;
+    socket.send(&out, 0)?;
+    let mut found = Vec::new();
+    loop {
+        let mut reply = Vec::with_capacity(RECV_BUF_LEN * 4);
+        let n = socket.recv(&mut reply, MsgFlags::MSG_TRUNC.bits())?;
+        if n > reply.capacity() {
+            return Err(invalid_data(format!("sock_diag dump part truncated ({n} bytes)")));
+        }
+        let mut buf = &reply[..];
+        while !buf.is_empty() {
+            let msg = NetlinkMessage::<SockDiagMessage>::deserialize(buf)
+                .map_err(|e| invalid_data(format!("malformed sock_diag dump: {e}")))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(resp)) => {
+                    found.push((resp.header.socket_id.clone(), resp.header.uid));
+                }
+                NetlinkPayload::Done(_) => return Ok(found),
+                NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
+                _ => {}
+            }
+            if len == 0 || len >= buf.len() {
+                break;
+            }
+            buf = &buf[len.next_multiple_of(4).min(buf.len())..];
+        }
+    }
+}
+
 /// Whether the record `got` describes the socket `wanted` (addresses compared with
 /// IPv4-mapped IPv6 folded to IPv4, since an `AF_INET6` socket talking IPv4 is reported
 /// with mapped addresses).
@@ -250,6 +344,24 @@ mod tests {
 
         // Mixed families cannot name a socket.
         assert_eq!(socket_uid(a, b6).expect("lookup"), None);
+    }
+
+    #[test]
+    fn udp_sockets_are_found_by_their_bound_address() {
+        use super::udp_socket_uid;
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let addr = sock.local_addr().expect("addr");
+        assert_eq!(udp_socket_uid(addr).expect("lookup"), Some(euid()));
+        // Connected, as glibc's resolver leaves its socket: still found.
+        sock.connect("127.0.0.1:9").expect("connect");
+        assert_eq!(udp_socket_uid(addr).expect("lookup"), Some(euid()));
+        // A wildcard-bound socket answers for any address on its port.
+        let any = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        let port = any.local_addr().expect("addr").port();
+        let seen: SocketAddr = ([127, 0, 0, 1], port).into();
+        assert_eq!(udp_socket_uid(seen).expect("lookup"), Some(euid()));
+        drop((sock, any));
+        assert_eq!(udp_socket_uid(addr).expect("lookup"), None);
     }
 
     #[test]

@@ -63,5 +63,26 @@ pub fn socket_uid(client: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32
     ))
 }
 
+/// The uid owning the local UDP socket bound to `local` (a datagram's source as its receiver
+/// sees it; nftables `REDIRECT` leaves the source alone). `Ok(None)` if no socket is bound
+/// there (the sender closed it already).
+///
+/// Blocking but fast: one `sock_diag` dump of the UDP sockets (the kernel's exact UDP lookup
+/// needs the socket's peer, which a redirected datagram no longer names). Needs no privileges.
+#[cfg(target_os = "linux")]
+pub fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
+    linux::udp_socket_uid(local)
+}
+
+/// Not supported on this platform: always an error of kind [`io::ErrorKind::Unsupported`].
+#[cfg(not(target_os = "linux"))]
+pub fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
+    let _ = local;
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "looking up the uid owning a UDP socket is only supported on Linux",
+    ))
+}
+
 #[cfg(target_os = "linux")]
 mod linux;

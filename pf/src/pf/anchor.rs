@@ -35,8 +35,9 @@ use crate::redirect::RedirectSpec;
 
 /// The anchor we own. The stock main ruleset evaluates `com.apple/*` for rdr and filter.
 pub const ANCHOR: &str = "com.apple/agenshield";
-/// Table of the resolvers the agent may send DNS to.
-pub const TABLE_DNS: &str = "agenshield_dns";
+/// Table of the resolvers the agent's DNS may reach around the stub (the operator's
+/// `redirect.dns_passthrough` opt-out; normally absent).
+pub const TABLE_DNS: &str = "agenshield_dns_passthrough";
 /// Table of the ranges the agent may reach directly.
 pub const TABLE_EXEMPT: &str = "agenshield_exempt";
 /// Prefix of the label on every filter rule; the rest is the render's digest.
@@ -93,7 +94,8 @@ fn render_with(spec: &RedirectSpec, label: &str) -> String {
     }
 
     let families = redirected_families(spec);
-    if !families.is_empty() {
+    let dns_families = dns_families(spec);
+    if !families.is_empty() || !dns_families.is_empty() {
         let _ = writeln!(
             s,
             "# Translation: only what the route-to rules below send through lo0. The host's"
@@ -102,15 +104,40 @@ fn render_with(spec: &RedirectSpec, label: &str) -> String {
             s,
             "# own addresses are reached over lo0 too: those connections are left alone."
         );
-        for (af, target, port) in &families {
-            let _ = writeln!(s, "no rdr on lo0 {af} proto tcp from any to self");
-            if *af == "inet" {
-                let _ = writeln!(s, "no rdr on lo0 inet proto tcp from any to 127.0.0.0/8");
+        for af in ["inet", "inet6"] {
+            let dns = dns_families.iter().find(|(f, _, _)| *f == af);
+            let tcp = families.iter().find(|(f, _, _)| *f == af);
+            if dns.is_none() && tcp.is_none() {
+                continue;
             }
-            let _ = writeln!(
-                s,
-                "rdr pass on lo0 {af} proto tcp from any to any -> {target} port {port}"
-            );
+            let protos: &[&str] = if dns.is_some() {
+                &["tcp", "udp"]
+            } else {
+                &["tcp"]
+            };
+            for proto in protos {
+                let _ = writeln!(s, "no rdr on lo0 {af} proto {proto} from any to self");
+                if af == "inet" {
+                    let _ = writeln!(
+                        s,
+                        "no rdr on lo0 inet proto {proto} from any to 127.0.0.0/8"
+                    );
+                }
+            }
+            if let Some((_, target, port)) = dns {
+                for proto in ["udp", "tcp"] {
+                    let _ = writeln!(
+                        s,
+                        "rdr pass on lo0 {af} proto {proto} from any to any port 53 -> {target} port {port}"
+                    );
+                }
+            }
+            if let Some((_, target, port)) = tcp {
+                let _ = writeln!(
+                    s,
+                    "rdr pass on lo0 {af} proto tcp from any to any -> {target} port {port}"
+                );
+            }
         }
         let _ = writeln!(s);
     }
@@ -119,13 +146,21 @@ fn render_with(spec: &RedirectSpec, label: &str) -> String {
         let user = format!("user = {uid}");
         let _ = writeln!(
             s,
-            "# uid {uid}: DNS to the resolvers, the exempt ranges, TCP into the proxy; the rest refused."
+            "# uid {uid}: DNS into the stub, the exempt ranges, TCP into the proxy; the rest refused."
         );
         if !dns.is_empty() {
             for proto in ["udp", "tcp"] {
                 let _ = writeln!(
                     s,
                     "pass out quick proto {proto} from any to <{TABLE_DNS}> port 53 {user} keep state label \"{label}\""
+                );
+            }
+        }
+        for (af, target, _) in &dns_families {
+            for proto in ["udp", "tcp"] {
+                let _ = writeln!(
+                    s,
+                    "pass out quick on ! lo0 route-to (lo0 {target}) {af} proto {proto} from any to any port 53 {user} keep state label \"{label}\""
                 );
             }
         }
@@ -153,6 +188,31 @@ fn render_with(spec: &RedirectSpec, label: &str) -> String {
     s
 }
 
+/// (pf address family, stub address, port) for each family whose agent DNS goes to the stub.
+fn dns_families(spec: &RedirectSpec) -> Vec<(&'static str, &'static str, u16)> {
+    let mut out = Vec::new();
+    if let Some(port) = spec.dns_v4 {
+        out.push(("inet", "127.0.0.1", port));
+    }
+    if let Some(port) = spec.dns_v6 {
+        out.push(("inet6", "::1", port));
+    }
+    out
+}
+
+/// Every `rdr pass` rule the anchor holds: (family, what it matches, target, port).
+fn expected_rdr(spec: &RedirectSpec) -> Vec<(&'static str, &'static str, &'static str, u16)> {
+    let mut out = Vec::new();
+    for (af, target, port) in dns_families(spec) {
+        out.push((af, "udp", target, port));
+        out.push((af, "tcp", target, port));
+    }
+    for (af, target, port) in redirected_families(spec) {
+        out.push((af, "tcp", target, port));
+    }
+    out
+}
+
 /// (pf address family, redirect target, port) for each family whose agent TCP goes to the
 /// proxy. A family without a listener gets no rdr and no route-to: its TCP hits `block`.
 fn redirected_families(spec: &RedirectSpec) -> Vec<(&'static str, &'static str, u16)> {
@@ -168,7 +228,7 @@ fn redirected_families(spec: &RedirectSpec) -> Vec<(&'static str, &'static str, 
 
 fn dns_entries(spec: &RedirectSpec) -> Vec<(IpAddr, u8)> {
     let set: BTreeSet<(IpAddr, u8)> = spec
-        .dns_servers
+        .dns_passthrough
         .iter()
         .map(|ip| (*ip, full_prefix(*ip)))
         .collect();
@@ -362,25 +422,26 @@ pub fn compare(spec: &RedirectSpec, live: &Live) -> Verdict {
         ));
     }
 
-    let families = redirected_families(spec);
+    let mut families = redirected_families(spec);
+    families.extend(dns_families(spec));
     let listed_rdr: Vec<&&str> = listed_nat
         .iter()
         .filter(|l| l.starts_with("rdr pass"))
         .collect();
-    if listed_rdr.len() != families.len() {
+    let want_rdr = expected_rdr(spec);
+    if listed_rdr.len() != want_rdr.len() {
         diffs.push(format!(
             "{} rdr rules listed, {} expected",
             listed_rdr.len(),
-            families.len()
+            want_rdr.len()
         ));
     }
-    for (af, target, port) in &families {
+    for (af, proto, target, port) in &want_rdr {
         let want = format!("-> {target} port {port}");
-        if !listed_rdr
-            .iter()
-            .any(|l| l.contains(&format!(" {af} ")) && l.contains(&want))
-        {
-            diffs.push(format!("no rdr rule for {af} {want}"));
+        if !listed_rdr.iter().any(|l| {
+            l.contains(&format!(" {af} ")) && l.contains(&format!(" proto {proto} ")) && l.contains(&want)
+        }) {
+            diffs.push(format!("no rdr rule for {af} {proto} {want}"));
         }
     }
     // `self` was expanded when the anchor was loaded: every current address of a redirected
@@ -456,7 +517,9 @@ mod tests {
             agent_uids: vec![5200],
             redirect_v4: Some(15001),
             redirect_v6: Some(15001),
-            dns_servers: vec!["192.168.1.1".parse().expect("ip")],
+            dns_v4: Some(15053),
+            dns_v6: Some(15053),
+            dns_passthrough: vec!["192.168.1.1".parse().expect("ip")],
             exempt: vec![("10.99.0.7".parse().expect("ip"), 24)],
         }
     }
@@ -652,7 +715,7 @@ mod tests {
     fn label_follows_the_spec() {
         let a = label(&spec());
         let mut other = spec();
-        other.dns_servers.clear();
+        other.dns_v6 = None;
         assert_ne!(a, label(&other));
         assert_eq!(a, label(&spec()));
         assert!(a.starts_with(LABEL_PREFIX) && a.len() == LABEL_PREFIX.len() + 16);

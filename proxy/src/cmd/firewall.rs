@@ -8,7 +8,7 @@ use crate::daemon::firewall::{report, spec};
 pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> u8 {
     let backend = agenshield_pf::platform_redirector();
     let spec = || {
-        spec(cfg, &cfg.transparent).map_err(|e| {
+        spec(cfg, &cfg.transparent, &cfg.dns).map_err(|e| {
             eprintln!("agenshield: firewall: {e}");
         })
     };

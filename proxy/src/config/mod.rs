@@ -166,10 +166,19 @@ impl Default for Approvals {
 struct FileListen {
     transparent: Option<Vec<SocketAddr>>,
     explicit: Option<SocketAddr>,
-    dns: Option<SocketAddr>,
+    /// One address or a list; `[]` turns the DNS stub off.
+    dns: Option<OneOrMany>,
     /// `IP:port`, or `"off"`.
     metrics: Option<String>,
     admin: Option<PathBuf>,
+}
+
+/// `"IP:port"` or `["IP:port", …]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(SocketAddr),
+    Many(Vec<SocketAddr>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -189,10 +198,15 @@ pub struct Redirect {
     pub enabled: bool,
     /// User names or uids whose traffic is redirected.
     pub agent_users: Vec<AgentUser>,
-    /// Let agent DNS (udp/tcp 53) through unchanged, to `dns_servers` only.
-    pub allow_dns: bool,
-    /// The resolvers the agent may use; empty: the nameservers of /etc/resolv.conf.
-    pub dns_servers: Vec<IpAddr>,
+    /// The opt-out from the DNS stub: agent DNS to these resolvers passes unchanged, around
+    /// policy (a channel out of the machine: warned about at start). Empty by default.
+    pub dns_passthrough: Vec<IpAddr>,
+    /// Removed (the agent's DNS goes to the stub now); kept only to explain that.
+    #[serde(default)]
+    allow_dns: Option<bool>,
+    /// Removed, see `allow_dns`.
+    #[serde(default)]
+    dns_servers: Option<Vec<IpAddr>>,
     /// Destinations the agent reaches directly, without the proxy.
     pub exempt: Vec<IpNet>,
     /// How often `run` checks that the rules are still in place (and restores them).
@@ -205,8 +219,9 @@ impl Default for Redirect {
         Redirect {
             enabled: false,
             agent_users: vec![AgentUser::Name("ash_default_agent".into())],
-            allow_dns: true,
-            dns_servers: Vec::new(),
+            dns_passthrough: Vec::new(),
+            allow_dns: None,
+            dns_servers: None,
             exempt: Vec::new(),
             reconcile_interval: Duration::from_secs(5),
         }
@@ -380,6 +395,10 @@ pub struct Config {
     pub transparent: Vec<SocketAddr>,
     /// Whether `transparent` came from the defaults (a missing IPv6 loopback is then tolerated).
     pub transparent_is_default: bool,
+    /// The DNS stub's addresses (UDP and TCP each); empty: no stub.
+    pub dns: Vec<SocketAddr>,
+    /// Whether `dns` came from the defaults (a missing IPv6 loopback is then tolerated).
+    pub dns_is_default: bool,
     pub explicit: SocketAddr,
     /// The admin API's Unix socket.
     pub admin: PathBuf,
@@ -410,6 +429,13 @@ fn default_transparent() -> Vec<SocketAddr> {
     vec![
         SocketAddr::from(([127, 0, 0, 1], 15001)),
         SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15001)),
+    ]
+}
+
+fn default_dns() -> Vec<SocketAddr> {
+    vec![
+        SocketAddr::from(([127, 0, 0, 1], 15053)),
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 15053)),
     ]
 }
 
@@ -501,12 +527,23 @@ impl Config {
                 "redirect.reconcile_interval must be at least 100ms".into(),
             ));
         }
-        let mut not_yet = Vec::new();
-        for (set, key) in [(f.listen.dns.is_some(), "listen.dns")] {
-            if set {
-                not_yet.push(key);
-            }
+        if f.redirect.allow_dns.is_some() || f.redirect.dns_servers.is_some() {
+            return Err(invalid(
+                "redirect.allow_dns and redirect.dns_servers were removed: the agent's DNS now \
+                 goes to the proxy's DNS stub (listen.dns), which answers only names some rule \
+                 could allow. Delete them. To send no DNS to the stub set listen.dns = []; to \
+                 let the agent's DNS reach resolvers unchanged (around policy: a channel out of \
+                 the machine) set redirect.dns_passthrough = [\"IP\", …]"
+                    .into(),
+            ));
         }
+        let not_yet = Vec::new();
+        let dns_is_default = f.listen.dns.is_none();
+        let dns = match f.listen.dns {
+            None => default_dns(),
+            Some(OneOrMany::One(a)) => vec![a],
+            Some(OneOrMany::Many(list)) => list,
+        };
         let transparent_is_default = f.listen.transparent.is_none();
         let transparent = f.listen.transparent.unwrap_or_else(default_transparent);
         for ns in &f.resolver.nameservers {
@@ -594,6 +631,8 @@ impl Config {
             state_dir,
             transparent,
             transparent_is_default,
+            dns,
+            dns_is_default,
             explicit: f.listen.explicit.unwrap_or_else(default_explicit),
             admin,
             policies: path_or(f.paths.policies, "policies"),
@@ -701,7 +740,45 @@ mod tests {
         assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
         assert_eq!(cfg.vault, Path::new("/opt/agenshield/vault"));
         assert_eq!(cfg.secrets.store, SecretStoreKind::File);
+        assert_eq!(cfg.dns, default_dns());
+        assert!(cfg.dns_is_default);
+        assert!(cfg.redirect.dns_passthrough.is_empty());
         assert!(cfg.not_yet_effective.is_empty());
+    }
+
+    #[test]
+    fn the_dns_stub_takes_one_address_a_list_or_none() {
+        let parse = |t: &str| Config::parse(t, Path::new("/etc/a/proxy.toml"));
+        let one = parse("[listen]\ndns = \"127.0.0.1:5353\"\n").expect("one");
+        assert_eq!(one.dns, vec![SocketAddr::from(([127, 0, 0, 1], 5353))]);
+        assert!(!one.dns_is_default);
+        let none = parse("[listen]\ndns = []\n").expect("none");
+        assert!(none.dns.is_empty());
+        let two = parse("[listen]\ndns = [\"127.0.0.1:1\", \"[::1]:1\"]\n").expect("two");
+        assert_eq!(two.dns.len(), 2);
+    }
+
+    /// A config written for the pass-through is refused with what to do instead, never
+    /// silently given a different meaning.
+    #[test]
+    fn the_removed_dns_pass_through_keys_explain_themselves() {
+        for text in [
+            "[redirect]\nallow_dns = true\n",
+            "[redirect]\nallow_dns = false\n",
+            "[redirect]\ndns_servers = [\"10.0.0.53\"]\n",
+        ] {
+            let err = Config::parse(text, Path::new("/etc/a/proxy.toml"))
+                .expect_err("removed key")
+                .to_string();
+            assert!(err.contains("dns_passthrough"), "{err}");
+            assert!(err.contains("listen.dns"), "{err}");
+        }
+        let cfg = Config::parse(
+            "[redirect]\ndns_passthrough = [\"10.0.0.53\"]\n",
+            Path::new("/etc/a/proxy.toml"),
+        )
+        .expect("opt-out");
+        assert_eq!(cfg.redirect.dns_passthrough.len(), 1);
     }
 
     #[test]

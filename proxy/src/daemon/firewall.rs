@@ -49,25 +49,23 @@ pub fn resolve_uids(users: &[AgentUser]) -> Result<Vec<u32>, FirewallError> {
         .collect()
 }
 
-/// The redirect spec for `cfg`, pointing at the transparent listeners `bound` (actual
-/// addresses, so ephemeral ports work). The agent must never be the proxy's own uid.
-pub fn spec(cfg: &Config, bound: &[SocketAddr]) -> Result<RedirectSpec, FirewallError> {
+/// The redirect spec for `cfg`, pointing at the transparent listeners `transparent` and the
+/// DNS stub's `dns` addresses (actual addresses, so ephemeral ports work). The agent must
+/// never be the proxy's own uid.
+pub fn spec(
+    cfg: &Config,
+    transparent: &[SocketAddr],
+    dns: &[SocketAddr],
+) -> Result<RedirectSpec, FirewallError> {
     let uids = resolve_uids(&cfg.redirect.agent_users)?;
     let own = nix::unistd::geteuid().as_raw();
     if uids.contains(&own) {
         return Err(FirewallError::OwnUid(own));
     }
-    // `redirect` sends v4 to 127.0.0.1 and v6 to ::1: only listeners there can receive it.
-    let port = |v4: bool| {
-        bound.iter().find_map(|a| {
-            let reachable = match a.ip() {
-                std::net::IpAddr::V4(ip) => v4 && (ip.is_loopback() || ip.is_unspecified()),
-                std::net::IpAddr::V6(ip) => !v4 && (ip.is_loopback() || ip.is_unspecified()),
-            };
-            (reachable && a.port() != 0).then_some(a.port())
-        })
-    };
-    let (redirect_v4, redirect_v6) = (port(true), port(false));
+    let (redirect_v4, redirect_v6) = (
+        loopback_port(transparent, true),
+        loopback_port(transparent, false),
+    );
     if redirect_v4.is_none() && redirect_v6.is_none() {
         return Err(FirewallError::Listener(
             "redirection needs a transparent listener on 127.0.0.1 or [::1] with a fixed port"
@@ -84,36 +82,24 @@ pub fn spec(cfg: &Config, bound: &[SocketAddr]) -> Result<RedirectSpec, Firewall
         agent_uids: uids,
         redirect_v4,
         redirect_v6,
-        dns_servers: dns_servers(cfg),
+        dns_v4: loopback_port(dns, true),
+        dns_v6: loopback_port(dns, false),
+        dns_passthrough: cfg.redirect.dns_passthrough.clone(),
         exempt,
     }
     .normalized()?)
 }
 
-/// The resolvers the agent may send DNS to: configured, else the system's.
-fn dns_servers(cfg: &Config) -> Vec<std::net::IpAddr> {
-    if !cfg.redirect.allow_dns {
-        return Vec::new();
-    }
-    if !cfg.redirect.dns_servers.is_empty() {
-        return cfg.redirect.dns_servers.clone();
-    }
-    match hickory_resolver::system_conf::read_system_conf() {
-        Ok((conf, _)) => {
-            let mut ips: Vec<_> = conf.name_servers().iter().map(|ns| ns.ip).collect();
-            ips.dedup();
-            if ips.is_empty() {
-                tracing::warn!(
-                    "firewall: no nameserver in the system configuration: the agent gets no DNS"
-                );
-            }
-            ips
-        }
-        Err(e) => {
-            tracing::warn!("firewall: reading the system DNS configuration: {e}; the agent gets no DNS (set redirect.dns_servers)");
-            Vec::new()
-        }
-    }
+/// The port of the first address in `bound` that a redirect of the family can reach:
+/// `redirect` sends IPv4 to 127.0.0.1 and IPv6 to ::1, so only listeners there count.
+fn loopback_port(bound: &[SocketAddr], v4: bool) -> Option<u16> {
+    bound.iter().find_map(|a| {
+        let reachable = match a.ip() {
+            std::net::IpAddr::V4(ip) => v4 && (ip.is_loopback() || ip.is_unspecified()),
+            std::net::IpAddr::V6(ip) => !v4 && (ip.is_loopback() || ip.is_unspecified()),
+        };
+        (reachable && a.port() != 0).then_some(a.port())
+    })
 }
 
 /// `status --json`.
@@ -284,10 +270,24 @@ pub async fn reconcile(
 pub fn install_firewall(
     cfg: &Config,
     transparent: &[SocketAddr],
+    dns: &[SocketAddr],
     metrics: Arc<Metrics>,
     report: Option<tokio::sync::watch::Sender<String>>,
 ) -> anyhow::Result<(Arc<dyn Redirector>, RedirectSpec)> {
-    let spec = spec(cfg, transparent).map_err(|e| BadInput(format!("firewall: {e}")))?;
+    let spec = spec(cfg, transparent, dns).map_err(|e| BadInput(format!("firewall: {e}")))?;
+    if !spec.dns_passthrough.is_empty() {
+        tracing::warn!(
+            resolvers = ?spec.dns_passthrough,
+            "firewall: redirect.dns_passthrough is set: the agent's DNS to these resolvers \
+             bypasses the DNS stub and policy; every name it asks for leaves the machine"
+        );
+    }
+    if spec.dns_v4.is_none() && spec.dns_v6.is_none() {
+        tracing::warn!(
+            "firewall: no DNS stub on 127.0.0.1 or [::1] (listen.dns): the agent's UDP DNS is \
+             refused and its TCP DNS is decided as raw TCP"
+        );
+    }
     let backend: Arc<dyn Redirector> = Arc::from(agenshield_pf::platform_redirector());
     backend
         .apply(&spec)
@@ -296,6 +296,8 @@ pub fn install_firewall(
         uids = ?spec.agent_uids,
         v4 = ?spec.redirect_v4,
         v6 = ?spec.redirect_v6,
+        dns_v4 = ?spec.dns_v4,
+        dns_v6 = ?spec.dns_v6,
         "firewall: {} in place",
         backend.describe()
     );
@@ -321,32 +323,43 @@ mod tests {
         Config::load(&file).expect("config")
     }
 
+    fn dns() -> Vec<SocketAddr> {
+        vec!["127.0.0.1:15053".parse().expect("a")]
+    }
+
     #[test]
     fn spec_points_each_family_at_its_loopback_listener() {
         let bound: Vec<SocketAddr> = vec![
             "127.0.0.1:15001".parse().expect("a"),
             "[::1]:15002".parse().expect("a"),
         ];
-        let s = spec(&cfg("exempt = [\"10.9.0.0/16\"]\n"), &bound).expect("spec");
+        let s = spec(&cfg("exempt = [\"10.9.0.0/16\"]\n"), &bound, &dns()).expect("spec");
         assert_eq!(s.agent_uids, vec![4242]);
         assert_eq!((s.redirect_v4, s.redirect_v6), (Some(15001), Some(15002)));
         assert_eq!(s.exempt, vec![("10.9.0.0".parse().expect("ip"), 16)]);
-        let pinned = spec(&cfg("dns_servers = [\"10.0.0.53\"]\n"), &bound).expect("spec");
+        assert_eq!((s.dns_v4, s.dns_v6), (Some(15053), None));
+        assert!(s.dns_passthrough.is_empty());
+        let opted_out = spec(
+            &cfg("dns_passthrough = [\"10.0.0.53\"]\n"),
+            &bound,
+            &dns(),
+        )
+        .expect("spec");
         assert_eq!(
-            pinned.dns_servers,
+            opted_out.dns_passthrough,
             vec!["10.0.0.53".parse::<std::net::IpAddr>().expect("ip")]
         );
-        let none = spec(&cfg("allow_dns = false\n"), &bound).expect("spec");
-        assert!(none.dns_servers.is_empty());
+        let no_stub = spec(&cfg(""), &bound, &[]).expect("spec");
+        assert_eq!((no_stub.dns_v4, no_stub.dns_v6), (None, None));
     }
 
     #[test]
     fn spec_without_ipv6_listener_refuses_ipv6() {
         let bound: Vec<SocketAddr> = vec!["127.0.0.1:15001".parse().expect("a")];
-        let s = spec(&cfg(""), &bound).expect("spec");
+        let s = spec(&cfg(""), &bound, &[]).expect("spec");
         assert_eq!(s.redirect_v6, None);
         let nowhere: Vec<SocketAddr> = vec!["10.0.0.1:15001".parse().expect("a")];
-        assert!(spec(&cfg(""), &nowhere).is_err());
+        assert!(spec(&cfg(""), &nowhere, &[]).is_err());
     }
 
     #[test]
@@ -355,7 +368,7 @@ mod tests {
         let mut c2 = cfg("");
         c2.redirect.agent_users = vec![AgentUser::Uid(own)];
         let bound: Vec<SocketAddr> = vec!["127.0.0.1:15001".parse().expect("a")];
-        assert!(matches!(spec(&c2, &bound), Err(FirewallError::OwnUid(_))));
+        assert!(matches!(spec(&c2, &bound, &[]), Err(FirewallError::OwnUid(_))));
     }
 
     #[test]

@@ -30,6 +30,15 @@ pub struct Listeners {
     pub explicit: TcpListener,
     pub explicit_addr: SocketAddr,
     pub metrics: Option<TcpListener>,
+    /// The DNS stub: a UDP socket and a TCP listener on each address, same port.
+    pub dns: Vec<DnsSockets>,
+}
+
+/// One DNS stub address: its UDP socket and TCP listener.
+pub struct DnsSockets {
+    pub udp: tokio::net::UdpSocket,
+    pub tcp: TcpListener,
+    pub addr: SocketAddr,
 }
 
 impl Listeners {
@@ -49,6 +58,18 @@ impl Listeners {
         }
         let explicit = listen(cfg.explicit)
             .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
+        let mut dns = Vec::new();
+        for addr in &cfg.dns {
+            match bind_dns(*addr) {
+                Ok(d) => dns.push(d),
+                Err(e) if cfg.dns_is_default && addr.is_ipv6() => {
+                    tracing::warn!("DNS stub: not listening on {addr}: {e}");
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("binding the DNS stub on {addr}"))
+                }
+            }
+        }
         let metrics = match cfg.metrics {
             Some(addr) => {
                 Some(listen(addr).with_context(|| format!("binding metrics listener {addr}"))?)
@@ -64,13 +85,20 @@ impl Listeners {
             explicit_addr: explicit.local_addr()?,
             transparent,
             explicit,
+            dns,
         })
+    }
+
+    /// The DNS stub's bound addresses (UDP and TCP share each).
+    pub fn dns_addrs(&self) -> Vec<SocketAddr> {
+        self.dns.iter().map(|d| d.addr).collect()
     }
 
     /// Every address we listen on: the proxy must never dial itself.
     pub fn own_addrs(&self) -> Vec<SocketAddr> {
         let mut own = self.transparent_addrs.clone();
         own.push(self.explicit_addr);
+        own.extend(self.dns_addrs());
         own
     }
 }
@@ -80,6 +108,29 @@ impl Listeners {
 /// connections at once: the kernel then drops the handshake's last ACK, and a client that
 /// waits to be spoken to (or sends nothing) is stuck on a connection we never saw.
 const BACKLOG: u32 = 4096;
+
+/// A UDP socket and a TCP listener on `addr`. With port 0 the TCP listener takes the port the
+/// kernel gave the UDP socket (tried a few times: another process may hold it for TCP).
+fn bind_dns(addr: SocketAddr) -> std::io::Result<DnsSockets> {
+    let mut last = None;
+    for _ in 0..8 {
+        let udp = std::net::UdpSocket::bind(addr)?;
+        let bound = udp.local_addr()?;
+        match listen(bound) {
+            Ok(tcp) => {
+                udp.set_nonblocking(true)?;
+                return Ok(DnsSockets {
+                    udp: tokio::net::UdpSocket::from_std(udp)?,
+                    tcp,
+                    addr: bound,
+                });
+            }
+            Err(e) if addr.port() == 0 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no port for UDP and TCP")))
+}
 
 /// A listening socket on `addr` with [`BACKLOG`] (and `SO_REUSEADDR`, as `TcpListener::bind`).
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {

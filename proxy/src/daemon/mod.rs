@@ -47,6 +47,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let (backend, spec) = install_firewall(
             &cfg,
             &bound.listeners.transparent_addrs,
+            &bound.listeners.dns_addrs(),
             metrics.clone(),
             None,
         )?;

@@ -49,6 +49,9 @@ pub struct Header {
     pub transparent: Vec<SocketAddr>,
     pub explicit: SocketAddr,
     pub metrics: Option<SocketAddr>,
+    /// The DNS stub's addresses: a UDP socket, then a TCP listener, for each.
+    #[serde(default)]
+    pub dns: Vec<SocketAddr>,
     /// The agent uids whose redirect the supervisor keeps; `None`: redirect off.
     pub firewall: Option<Vec<u32>>,
     /// The worker asks the supervisor for original destinations (`orig_broker`); the last
@@ -90,6 +93,7 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
         let (_, spec) = daemon::install_firewall(
             &cfg,
             &bound.listeners.transparent_addrs,
+            &bound.listeners.dns_addrs(),
             metrics,
             Some(report_tx),
         )?;
@@ -105,6 +109,7 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
             Some(l) => Some(l.local_addr()?),
             None => None,
         },
+        dns: bound.listeners.dns_addrs(),
         firewall,
         natlook: cfg!(target_os = "macos") || cfg.testing.broker_orig_dst,
     };
@@ -148,6 +153,10 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
     fds.push(bound.listeners.explicit.as_fd());
     if let Some(m) = &bound.listeners.metrics {
         fds.push(m.as_fd());
+    }
+    for d in &bound.listeners.dns {
+        fds.push(d.udp.as_fd());
+        fds.push(d.tcp.as_fd());
     }
     fds.push(bound.admin.as_fd());
     if let Some(n) = &natlook {
@@ -225,6 +234,7 @@ pub fn worker_handoff(who: &Identity) -> anyhow::Result<(Header, Vec<OwnedFd>, S
     let want = header.transparent.len()
         + 2
         + usize::from(header.metrics.is_some())
+        + 2 * header.dns.len()
         + usize::from(header.natlook);
     if fds.len() != want {
         anyhow::bail!(
@@ -244,31 +254,43 @@ pub async fn worker(
     control: StdUnixStream,
 ) -> anyhow::Result<()> {
     let mut fds = fds.into_iter();
-    let mut tcp = |what: &str| -> anyhow::Result<tokio::net::TcpListener> {
-        let fd = fds
-            .next()
-            .with_context(|| format!("no socket for {what}"))?;
+    let mut next = |what: &str| fds.next().with_context(|| format!("no socket for {what}"));
+    let tcp = |fd: OwnedFd| -> anyhow::Result<tokio::net::TcpListener> {
         let l = std::net::TcpListener::from(fd);
         l.set_nonblocking(true)?;
         Ok(tokio::net::TcpListener::from_std(l)?)
     };
     let mut transparent = Vec::new();
     for _ in &header.transparent {
-        transparent.push(tcp("a transparent listener")?);
+        transparent.push(tcp(next("a transparent listener")?)?);
     }
-    let explicit = tcp("the explicit listener")?;
+    let explicit = tcp(next("the explicit listener")?)?;
     let metrics_listener = match header.metrics {
-        Some(_) => Some(tcp("the metrics listener")?),
+        Some(_) => Some(tcp(next("the metrics listener")?)?),
         None => None,
     };
+    let mut dns = Vec::new();
+    for addr in &header.dns {
+        let udp = {
+            let s = std::net::UdpSocket::from(next("a DNS stub UDP socket")?);
+            s.set_nonblocking(true)?;
+            tokio::net::UdpSocket::from_std(s)?
+        };
+        let tcp = tcp(next("a DNS stub TCP listener")?)?;
+        dns.push(crate::daemon::listeners::DnsSockets {
+            udp,
+            tcp,
+            addr: *addr,
+        });
+    }
     let admin = {
-        let fd = fds.next().context("no admin socket")?;
+        let fd = next("the admin socket")?;
         let l = std::os::unix::net::UnixListener::from(fd);
         l.set_nonblocking(true)?;
         tokio::net::UnixListener::from_std(l)?
     };
     let orig: Option<Arc<dyn agenshield_pf::OrigDst>> = if header.natlook {
-        let fd = fds.next().context("no lookup channel")?;
+        let fd = next("the lookup channel")?;
         let broker = crate::daemon::orig_broker::BrokeredOrigDst::new(
             std::os::unix::net::UnixDatagram::from(fd),
         )?;
@@ -286,6 +308,7 @@ pub async fn worker(
             explicit_addr: explicit.local_addr()?,
             explicit,
             metrics: metrics_listener,
+            dns,
         },
         admin,
     };
@@ -331,6 +354,7 @@ mod tests {
             transparent: vec!["127.0.0.1:15001".parse().expect("addr")],
             explicit: "127.0.0.1:15080".parse().expect("addr"),
             metrics: None,
+            dns: vec!["127.0.0.1:15053".parse().expect("addr")],
             firewall: Some(vec![5200]),
             natlook: true,
         };

@@ -73,7 +73,7 @@ impl Policy {
 
     /// Visits the rules whose host patterns match canonical `host`, in evaluation order,
     /// until `visit` returns true.
-    fn scan<'a>(&'a self, host: &str, mut visit: impl FnMut(&'a CompiledRule) -> bool) {
+    pub(super) fn scan<'a>(&'a self, host: &str, mut visit: impl FnMut(&'a CompiledRule) -> bool) {
         // Candidate lists on the stack; a host matching more than 8 patterns spills to the heap.
         let mut buf: [&[usize]; 8] = [&[]; 8];
         let mut n = 0;
@@ -177,7 +177,7 @@ impl Policy {
     }
 }
 
-fn invalid(explanation: String) -> Decision {
+pub(super) fn invalid(explanation: String) -> Decision {
     Decision {
         action: Action::Deny,
         reported_deny: false,

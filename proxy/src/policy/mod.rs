@@ -19,6 +19,7 @@ mod inject;
 mod json;
 mod load;
 mod matcher;
+mod name;
 mod model;
 mod path;
 mod pattern;

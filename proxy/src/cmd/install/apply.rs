@@ -198,7 +198,7 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
         }
         Action::FirewallUp { config } => {
             let cfg = Config::load(config).map_err(|e| ApplyError::Failed(e.to_string()))?;
-            let spec = crate::daemon::firewall::spec(&cfg, &cfg.transparent)
+            let spec = crate::daemon::firewall::spec(&cfg, &cfg.transparent, &cfg.dns)
                 .map_err(|e| ApplyError::Failed(e.to_string()))?;
             agenshield_pf::platform_redirector()
                 .apply(&spec)

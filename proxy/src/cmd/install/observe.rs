@@ -221,11 +221,13 @@ fn firewall_seen(cfg: &Config, agent_exists: bool) -> FirewallSeen {
         agent_uids: vec![u32::MAX],
         redirect_v4: Some(1),
         redirect_v6: None,
-        dns_servers: Vec::new(),
+        dns_v4: None,
+        dns_v6: None,
+        dns_passthrough: Vec::new(),
         exempt: Vec::new(),
     };
     let spec = if agent_exists {
-        crate::daemon::firewall::spec(cfg, &cfg.transparent).ok()
+        crate::daemon::firewall::spec(cfg, &cfg.transparent, &cfg.dns).ok()
     } else {
         None
     };
