@@ -25,6 +25,7 @@ mod body;
 mod clock;
 mod conn;
 mod control;
+mod dns;
 mod pipeline;
 mod proxy;
 mod ratelimit;

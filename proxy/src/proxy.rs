@@ -47,6 +47,8 @@ pub(crate) struct Proxy {
     pub upgrades: Vec<String>,
     /// Live tunnels, decided again on every policy change.
     pub tunnels: Arc<Tunnels>,
+    /// The agent's DNS stub: the names it gave each agent, and its bounds.
+    pub dns: crate::dns::DnsState,
     next_conn: AtomicU64,
 }
 
@@ -88,6 +90,7 @@ impl Proxy {
             budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
+            dns: crate::dns::DnsState::default(),
             next_conn: AtomicU64::new(1),
         }
     }

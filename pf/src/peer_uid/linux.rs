@@ -153,7 +153,7 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
 /// redirected datagram no longer names, so this dumps the family's UDP sockets and picks the
 /// one on that port: bound to exactly that address if there is one, else to the wildcard.
 /// An IPv4 source is also looked for among IPv6 (dual-stack) sockets.
-pub(super) fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
+pub(super) fn udp_socket_owner(local: SocketAddr) -> io::Result<Option<super::UdpOwner>> {
     let ip = local.ip().to_canonical();
     let families: &[u8] = if ip.is_ipv4() {
         &[AF_INET, AF_INET6]
@@ -167,11 +167,17 @@ pub(super) fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
                 continue;
             }
             let bound = id.source_address.to_canonical();
+            let owner = super::UdpOwner {
+                uid,
+                peer: (id.destination_port != 0).then(|| {
+                    SocketAddr::new(id.destination_address.to_canonical(), id.destination_port)
+                }),
+            };
             if bound == ip {
-                return Ok(Some(uid));
+                return Ok(Some(owner));
             }
             if bound.is_unspecified() && wildcard.is_none() {
-                wildcard = Some(uid);
+                wildcard = Some(owner);
             }
         }
     }
@@ -348,13 +354,16 @@ mod tests {
 
     #[test]
     fn udp_sockets_are_found_by_their_bound_address() {
-        use super::udp_socket_uid;
+        let udp_socket_uid =
+            |a: SocketAddr| super::udp_socket_owner(a).map(|o| o.map(|o| o.uid));
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         let addr = sock.local_addr().expect("addr");
         assert_eq!(udp_socket_uid(addr).expect("lookup"), Some(euid()));
         // Connected, as glibc's resolver leaves its socket: still found.
         sock.connect("127.0.0.1:9").expect("connect");
-        assert_eq!(udp_socket_uid(addr).expect("lookup"), Some(euid()));
+        let owner = super::udp_socket_owner(addr).expect("lookup").expect("found");
+        assert_eq!(owner.uid, euid());
+        assert_eq!(owner.peer, Some(([127, 0, 0, 1], 9).into()));
         // A wildcard-bound socket answers for any address on its port.
         let any = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
         let port = any.local_addr().expect("addr").port();

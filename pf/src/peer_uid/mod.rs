@@ -63,20 +63,28 @@ pub fn socket_uid(client: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32
     ))
 }
 
-/// The uid owning the local UDP socket bound to `local` (a datagram's source as its receiver
+/// The uid owning (and the peer of) the local UDP socket bound to `local` (a datagram's source as its receiver
 /// sees it; nftables `REDIRECT` leaves the source alone). `Ok(None)` if no socket is bound
 /// there (the sender closed it already).
 ///
 /// Blocking but fast: one `sock_diag` dump of the UDP sockets (the kernel's exact UDP lookup
 /// needs the socket's peer, which a redirected datagram no longer names). Needs no privileges.
 #[cfg(target_os = "linux")]
-pub fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
-    linux::udp_socket_uid(local)
+pub fn udp_socket_owner(local: SocketAddr) -> io::Result<Option<UdpOwner>> {
+    linux::udp_socket_owner(local)
+}
+
+/// The owner of a UDP socket, and the address it is connected to, if it is (glibc's and most
+/// stub resolvers connect theirs: that is where the agent sent its query).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpOwner {
+    pub uid: u32,
+    pub peer: Option<SocketAddr>,
 }
 
 /// Not supported on this platform: always an error of kind [`io::ErrorKind::Unsupported`].
 #[cfg(not(target_os = "linux"))]
-pub fn udp_socket_uid(local: SocketAddr) -> io::Result<Option<u32>> {
+pub fn udp_socket_owner(local: SocketAddr) -> io::Result<Option<UdpOwner>> {
     let _ = local;
     Err(io::Error::new(
         io::ErrorKind::Unsupported,

@@ -48,7 +48,7 @@ pub(crate) struct Admission {
 
 /// Admits a connection: a daemon slot, then a seat in its agent's budget. `None`: refused,
 /// recorded; the caller closes it.
-async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission> {
+pub(crate) async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission> {
     let refused = match admission(proxy, ctx) {
         Ok(admitted) => return Some(admitted),
         Err(r) => r,
@@ -183,7 +183,7 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
 
 /// The uid owning the client's socket (`client`, connected to one of `peers`), if it is a
 /// local socket the OS will tell us about: the agent, for the record and its budget.
-fn agent_uid(client: std::net::SocketAddr, peers: &[std::net::SocketAddr]) -> Option<u32> {
+pub(crate) fn agent_uid(client: std::net::SocketAddr, peers: &[std::net::SocketAddr]) -> Option<u32> {
     for peer in peers {
         match agenshield_pf::peer_uid::socket_uid(client, *peer) {
             Ok(Some(uid)) => return Some(uid),

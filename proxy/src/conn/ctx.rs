@@ -9,6 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 pub(crate) enum ListenerKind {
     Transparent,
     Explicit,
+    /// The agent's DNS stub.
+    Dns,
 }
 
 /// Where the client was headed before we looked inside: the original destination of a

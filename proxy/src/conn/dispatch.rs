@@ -30,7 +30,7 @@ where
     let tcp = opaque::decide(&proxy, &ctx);
     let name = match &ctx.dest.host {
         DestHost::Name(n) => Some(n.as_str()),
-        DestHost::Ip(_) => None,
+        DestHost::Ip(_) => tcp.name(),
     };
     let http_rules = tcp.policy().http_rule_may_match(name, ctx.dest.port);
     if tcp.allowed_by_policy() && !http_rules {

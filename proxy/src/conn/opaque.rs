@@ -2,13 +2,19 @@
 //! is decided on its destination alone (scheme `tcp`), through the pipeline's decide and
 //! limit steps. Its record is written before the first byte is relayed; a second record
 //! gives the bytes and duration when the relay ends.
+//!
+//! A destination address the DNS stub gave this agent for a name (within that answer's TTL)
+//! is decided by the name: `ssh git@github.com` against a `tcp` rule for `github.com`. The
+//! names it was given are tried most recent first, then the address itself; the first that
+//! allows decides, else the most recent name's refusal. Either way the address the agent
+//! chose is dialed (the stub gave it), through the private-address guard.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::conn::ConnCtx;
+use crate::conn::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
@@ -24,8 +30,13 @@ use crate::upstream::relay::relay;
 /// acted on only if it is taken as raw TCP).
 pub(super) struct TcpDecision {
     policy: Arc<Policy>,
-    /// The destination host, as the decision saw it.
+    /// The destination host, as the decision saw it: a name the DNS stub gave the agent for
+    /// the address, or the address.
     host: String,
+    /// What to dial: the destination as the agent gave it.
+    dial: String,
+    /// `host` is a name remembered from the DNS stub.
+    by_name: bool,
     /// `Err`: the name carries a secret and no policy question was asked.
     decision: Result<Decision, Refusal>,
     started: Instant,
@@ -43,32 +54,69 @@ impl TcpDecision {
     pub(super) fn policy(&self) -> &Policy {
         &self.policy
     }
+
+    /// The name it was decided by, when the DNS stub gave the agent this address for one.
+    pub(super) fn name(&self) -> Option<&str> {
+        self.by_name.then_some(self.host.as_str())
+    }
 }
 
 /// Decides `ctx`'s destination as raw TCP under the policy in force.
 pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
     let policy = proxy.policy();
-    let host = ctx.dest.host.to_string();
+    let dial = ctx.dest.host.to_string();
+    let names = match ctx.dest.host {
+        DestHost::Ip(ip) => proxy.dns.names.names(ctx.agent_uid, ip),
+        DestHost::Name(_) => Vec::new(),
+    };
+    let mut candidates: Vec<(&str, bool)> = names.iter().map(|n| (&**n, true)).collect();
+    candidates.push((&dial, false));
+    let mut first: Option<(String, bool, Result<Decision, Refusal>)> = None;
+    for (host, by_name) in candidates {
+        let decision = decide_host(proxy, &policy, host, ctx.dest.port);
+        if matches!(&decision, Ok(d) if d.action == Action::Allow && !d.reported_deny) {
+            first = Some((host.to_string(), by_name, decision));
+            break;
+        }
+        if first.is_none() {
+            first = Some((host.to_string(), by_name, decision));
+        }
+    }
+    let (host, by_name, decision) = first.unwrap_or_else(|| {
+        let d = decide_host(proxy, &policy, &dial, ctx.dest.port);
+        (dial.clone(), false, d)
+    });
+    TcpDecision {
+        policy,
+        host,
+        dial,
+        by_name,
+        decision,
+        started: Instant::now(),
+        at: time::OffsetDateTime::now_utc(),
+    }
+}
+
+/// `host:port` as raw TCP: the secret guard on the name, then the policy.
+fn decide_host(
+    proxy: &Proxy,
+    policy: &Policy,
+    host: &str,
+    port: u16,
+) -> Result<Decision, Refusal> {
     // A name can carry a secret too (to whoever answers the DNS query for it); a raw stream
     // binds no secret, so a value or placeholder in the name is refused.
     let head = Head {
         method: "",
-        host: &host,
+        host,
         headers: &http::HeaderMap::new(),
         path_and_query: "",
         tls: false,
         upgrade: false,
     };
-    let decision = match SecretPhase::inspect(&proxy.vault, None, &head) {
+    match SecretPhase::inspect(&proxy.vault, None, &head) {
         Err(e) => Err(secrets::refusal(&e, None)),
-        Ok(_) => Ok(decide::connection(&policy, &host, ctx.dest.port)),
-    };
-    TcpDecision {
-        policy,
-        host,
-        decision,
-        started: Instant::now(),
-        at: time::OffsetDateTime::now_utc(),
+        Ok(_) => Ok(decide::connection(policy, host, port)),
     }
 }
 
@@ -98,7 +146,7 @@ where
             return;
         }
     };
-    let (upstream, addr) = match proxy.dialer.dial(&tcp.host, ctx.dest.port).await {
+    let (upstream, addr) = match proxy.dialer.dial(&tcp.dial, ctx.dest.port).await {
         Ok(dialed) => dialed,
         Err(e) => {
             let r = crate::upstream::client::dial_refusal(&e);

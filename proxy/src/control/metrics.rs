@@ -74,6 +74,11 @@ pub struct Metrics {
     pub policy_watch_active: IntGauge,
     pub policy_watch_rearms: IntCounter,
     pub firewall_active: IntGauge,
+    /// Every DNS query the stub answered, by decision and response code (recorded or not:
+    /// the audit log takes an allowed name once per TTL).
+    pub dns_queries: IntCounterVec,
+    /// Queries dropped unread because the stub had `dns::MAX_IN_FLIGHT` in hand already.
+    pub dns_dropped: IntCounter,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -319,6 +324,25 @@ impl Metrics {
                     "1 while the redirect rules are verified in place, else 0."
                 ))
             ),
+            dns_queries: reg!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        "dns_queries_total",
+                        "DNS queries the agent's DNS stub answered, by decision and response \
+                         code (NOERROR, NXDOMAIN, REFUSED, SERVFAIL, FORMERR, NOTIMP)."
+                    ),
+                    &["decision", "rcode"],
+                )
+            ),
+            dns_dropped: reg!(
+                r,
+                IntCounter::with_opts(opts(
+                    "dns_dropped_total",
+                    "DNS queries dropped unanswered because the stub was at its bound of \
+                     queries in hand (the client retries)."
+                ))
+            ),
             registry: r,
         };
         // Series that exist from the start, so dashboards show zeros rather than gaps.
@@ -345,6 +369,15 @@ impl Metrics {
         }
         for reason in ["not_sent", "refused"] {
             m.upstream_retries.with_label_values(&[reason]);
+        }
+        for (decision, rcode) in [
+            ("allow", "NOERROR"),
+            ("allow", "NXDOMAIN"),
+            ("deny", "NXDOMAIN"),
+            ("deny", "REFUSED"),
+            ("error", "SERVFAIL"),
+        ] {
+            m.dns_queries.with_label_values(&[decision, rcode]);
         }
         m
     }

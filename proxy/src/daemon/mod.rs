@@ -130,6 +130,11 @@ pub async fn serve(
         tasks.spawn(accept::transparent(proxy.clone(), l, orig.clone()));
     }
     tasks.spawn(accept::explicit(proxy.clone(), explicit));
+    let dns_addrs: Vec<SocketAddr> = listeners.dns.iter().map(|d| d.addr).collect();
+    for d in listeners.dns {
+        tasks.spawn(crate::dns::serve_udp(proxy.clone(), d.udp));
+        tasks.spawn(crate::dns::serve_tcp(proxy.clone(), d.tcp, orig.clone()));
+    }
     let metrics_addr = match listeners.metrics {
         Some(l) => {
             let addr = l.local_addr()?;
@@ -161,12 +166,21 @@ pub async fn serve(
 
     // One stable line on stdout that scripts and tests wait for.
     println!(
-        "agenshield: ready transparent={} explicit={explicit_addr} admin={} policy={} metrics={metrics_addr} audit={}",
+        "agenshield: ready transparent={} explicit={explicit_addr} dns={} admin={} policy={} metrics={metrics_addr} audit={}",
         transparent_addrs
             .iter()
             .map(SocketAddr::to_string)
             .collect::<Vec<_>>()
             .join(","),
+        if dns_addrs.is_empty() {
+            "off".to_string()
+        } else {
+            dns_addrs
+                .iter()
+                .map(SocketAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        },
         cfg.admin.display(),
         proxy.policy().hash(),
         cfg.audit_path

@@ -50,12 +50,15 @@ pub(crate) enum ErrorCode {
     UpgradeRefused,
     /// The agent holds `limits.max_connections_per_agent` connections already.
     ConnectionBudget,
+    /// A DNS question of a type (or class, or opcode) the stub does not answer. DNS query
+    /// records only.
+    QueryTypeRefused,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 21] = [
+    pub(crate) const ALL: [ErrorCode; 22] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -77,6 +80,7 @@ impl ErrorCode {
         ErrorCode::ClientGone,
         ErrorCode::UpgradeRefused,
         ErrorCode::ConnectionBudget,
+        ErrorCode::QueryTypeRefused,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -86,7 +90,8 @@ impl ErrorCode {
             | ErrorCode::DestinationForbidden
             | ErrorCode::SecretScope
             | ErrorCode::SecretLeak
-            | ErrorCode::UpgradeRefused => StatusCode::FORBIDDEN,
+            | ErrorCode::UpgradeRefused
+            | ErrorCode::QueryTypeRefused => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
@@ -116,7 +121,8 @@ impl ErrorCode {
             | ErrorCode::BadRequest
             | ErrorCode::HeadTooLarge
             | ErrorCode::BadClientHello
-            | ErrorCode::UpgradeRefused => Verdict::Deny,
+            | ErrorCode::UpgradeRefused
+            | ErrorCode::QueryTypeRefused => Verdict::Deny,
             ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
                 Verdict::Limited
             }
@@ -155,6 +161,7 @@ impl ErrorCode {
             ErrorCode::ClientGone => "client_gone",
             ErrorCode::UpgradeRefused => "upgrade_refused",
             ErrorCode::ConnectionBudget => "connection_budget",
+            ErrorCode::QueryTypeRefused => "query_type_refused",
         }
     }
 

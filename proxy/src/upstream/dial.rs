@@ -82,6 +82,16 @@ impl Dialer {
         }
     }
 
+    /// The resolver every dial uses (the DNS stub answers from it too).
+    pub(crate) fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// The private-address guard every dial applies (the DNS stub filters answers with it).
+    pub(crate) fn guard(&self) -> &AddressGuard {
+        &self.guard
+    }
+
     /// The operator's proxy, when destinations are reached through one.
     pub(crate) fn proxy(&self) -> Option<&UpstreamProxy> {
         self.proxy.as_ref()

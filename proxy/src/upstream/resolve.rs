@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 
@@ -86,6 +87,61 @@ impl Resolver {
             Err(e) if e.is_no_records_found() => Err(ResolveError::NotFound { host: name }),
             Err(e) => Err(ResolveError::Failed {
                 host: name,
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// What our resolver says of one question (the DNS stub's view).
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The answer section: the records, CNAME chain included.
+    Records(Vec<Record>),
+    /// The name exists but has no record of the type.
+    NoData,
+    /// The name does not exist.
+    NxDomain,
+}
+
+/// The TTL of answers from the static hosts table.
+const STATIC_TTL: u32 = 60;
+
+impl Resolver {
+    /// The records of type `rtype` for `name` (normalized: lowercase, no trailing dot), from
+    /// the static hosts table (which knows addresses only) or from DNS.
+    pub(crate) async fn records(
+        &self,
+        name: &str,
+        rtype: RecordType,
+    ) -> Result<Answer, ResolveError> {
+        let fqdn = Name::from_ascii(format!("{name}.")).map_err(|e| ResolveError::Failed {
+            host: name.into(),
+            reason: e.to_string(),
+        })?;
+        if let Some(addrs) = self.hosts.get(name) {
+            let records: Vec<Record> = addrs
+                .iter()
+                .filter_map(|ip| match (ip, rtype) {
+                    (IpAddr::V4(v4), RecordType::A) => Some(RData::A((*v4).into())),
+                    (IpAddr::V6(v6), RecordType::AAAA) => Some(RData::AAAA((*v6).into())),
+                    _ => None,
+                })
+                .map(|data| Record::from_rdata(fqdn.clone(), STATIC_TTL, data))
+                .collect();
+            return Ok(if records.is_empty() {
+                Answer::NoData
+            } else {
+                Answer::Records(records)
+            });
+        }
+        match self.dns.lookup(fqdn, rtype).await {
+            Ok(lookup) if lookup.answers().is_empty() => Ok(Answer::NoData),
+            Ok(lookup) => Ok(Answer::Records(lookup.answers().to_vec())),
+            Err(e) if e.is_nx_domain() => Ok(Answer::NxDomain),
+            Err(e) if e.is_no_records_found() => Ok(Answer::NoData),
+            Err(e) => Err(ResolveError::Failed {
+                host: name.into(),
                 reason: e.to_string(),
             }),
         }

@@ -24,6 +24,8 @@ pub(crate) enum RecordKind {
     /// The end of a tunnel a decision allowed (raw TCP, an upgraded connection): its bytes
     /// and duration. Carries the id of that decision.
     Close,
+    /// One DNS question the agent's DNS stub answered (or refused).
+    Query,
 }
 
 /// What the agent spoke, as far as the decision saw it.
@@ -38,6 +40,8 @@ pub(crate) enum Protocol {
     Tcp,
     /// A TLS handshake, when the connection ended in it.
     Tls,
+    /// A query to the agent's DNS stub.
+    Dns,
 }
 
 impl Protocol {
@@ -47,6 +51,7 @@ impl Protocol {
             Protocol::Https => "https",
             Protocol::Tcp => "tcp",
             Protocol::Tls => "tls",
+            Protocol::Dns => "dns",
         }
     }
 }
@@ -181,9 +186,23 @@ pub(crate) struct Record {
     pub incomplete: bool,
     /// Close records: how the tunnel ended.
     pub end: Option<End>,
+    /// DNS query records only: the question and the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsFacts>,
     /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
     #[serde(skip)]
     pub reason: Option<String>,
+}
+
+/// What a DNS query record adds: the question's type, the response code the agent got, and
+/// the addresses it was given (after the private-address guard).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DnsFacts {
+    /// `A`, `AAAA`, `HTTPS`, … as the question named it.
+    pub qtype: String,
+    /// `NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR` or `NOTIMP`.
+    pub rcode: &'static str,
+    pub answers: Vec<std::net::IpAddr>,
 }
 
 impl Record {
@@ -262,7 +281,8 @@ mod tests {
                     Protocol::Http,
                     Protocol::Https,
                     Protocol::Tcp,
-                    Protocol::Tls
+                    Protocol::Tls,
+                    Protocol::Dns
                 ]
                 .iter()
                 .map(json)
@@ -275,7 +295,8 @@ mod tests {
                 [
                     RecordKind::Request,
                     RecordKind::Connection,
-                    RecordKind::Close
+                    RecordKind::Close,
+                    RecordKind::Query
                 ]
                 .iter()
                 .map(json)

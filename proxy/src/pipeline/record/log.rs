@@ -59,5 +59,11 @@ fn summary(r: &Record) -> String {
         ),
         (RecordKind::Connection, _, _) => format!("connection {reason}"),
         (RecordKind::Request, _, _) => format!("request {reason}"),
+        (RecordKind::Query, _, _) => format!(
+            "dns {} {} {}: {reason}",
+            r.dns.as_ref().map_or("-", |d| d.qtype.as_str()),
+            r.host,
+            r.dns.as_ref().map_or("-", |d| d.rcode)
+        ),
     }
 }

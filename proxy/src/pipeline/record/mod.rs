@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 
 #[cfg(test)]
 pub(crate) use format::End;
-pub(crate) use format::{Protocol, Record, RecordKind, RequestId, Verdict};
+pub(crate) use format::{DnsFacts, Protocol, Record, RecordKind, RequestId, Verdict};
 use held_body::FinishedBody;
 
 use super::refusal::{self, ErrorCode, Refusal};
@@ -324,6 +324,7 @@ pub(crate) fn base(
         ms: 0.0,
         incomplete: false,
         end: None,
+        dns: None,
         reason: None,
     }
 }

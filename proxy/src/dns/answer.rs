@@ -1,0 +1,299 @@
+//! One DNS question, decided and answered: the secret guard on the name, the policy
+//! (`Policy::decide_name`), the question's type, then our own resolver and the
+//! private-address guard on what it returns. Nothing about a name leaves the machine unless
+//! the policy could allow a connection to it.
+
+use std::net::{IpAddr, SocketAddr};
+
+use hickory_resolver::proto::op::{Query, ResponseCode};
+use hickory_resolver::proto::rr::rdata::svcb::{IpHint, SvcParamKey, SvcParamValue, SVCB};
+use hickory_resolver::proto::rr::rdata::HTTPS;
+use hickory_resolver::proto::rr::{DNSClass, RData, Record, RecordType};
+
+use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::{record, secrets};
+use crate::policy::{Action, Decision, Policy};
+use crate::proxy::Proxy;
+use crate::secrets::phase::{Head, SecretPhase};
+use crate::secrets::placeholder;
+use crate::upstream::guard::AddressGuard;
+use crate::upstream::resolve::Answer;
+
+/// The types answered for a name the policy could allow. Addresses (A, AAAA) and what leads
+/// to them (CNAME; HTTPS and SVCB, without ECH and with their address hints guarded; SRV and
+/// MX, whose targets are names decided again when looked up), plus TXT and CAA, which name
+/// nothing to connect to. Anything else (ANY, PTR of an allowed name, NS, SOA, NULL,
+/// zone transfers…) is refused: the agent's tools do not need it to connect.
+pub(crate) const ANSWERED: [RecordType; 9] = [
+    RecordType::A,
+    RecordType::AAAA,
+    RecordType::CNAME,
+    RecordType::HTTPS,
+    RecordType::SVCB,
+    RecordType::SRV,
+    RecordType::MX,
+    RecordType::TXT,
+    RecordType::CAA,
+];
+
+/// How a question was answered.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The name as the record shows it: normalized when it could be, else as asked (escaped).
+    pub host: String,
+    pub rcode: ResponseCode,
+    /// The answer section.
+    pub answers: Vec<Record>,
+    /// The addresses given (A and AAAA answers that passed the guard).
+    pub addrs: Vec<IpAddr>,
+    /// The smallest TTL of the answers (0 when none).
+    pub ttl: u32,
+    /// The policy's verdict on the name, when one was asked.
+    pub decision: Option<Decision>,
+    /// Why it was refused or failed; `None` when answered.
+    pub refusal: Option<Refusal>,
+}
+
+impl Outcome {
+    fn refused(host: String, rcode: ResponseCode, refusal: Refusal) -> Outcome {
+        Outcome {
+            host,
+            rcode,
+            answers: Vec::new(),
+            addrs: Vec::new(),
+            ttl: 0,
+            decision: None,
+            refusal: Some(refusal),
+        }
+    }
+}
+
+/// Decides and answers `query`.
+pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Outcome {
+    let asked = query.name().to_ascii();
+    let asked = asked.strip_suffix('.').unwrap_or(&asked).to_string();
+    if let Some(r) = secret_in(proxy, &asked) {
+        return Outcome::refused(asked, ResponseCode::Refused, r);
+    }
+    if query.query_class() != DNSClass::IN {
+        let r = Refusal::new(
+            ErrorCode::QueryTypeRefused,
+            format!("class {} is not answered (only IN)", query.query_class()),
+        );
+        return Outcome::refused(asked, ResponseCode::Refused, r);
+    }
+    let decision = policy.decide_name(&asked);
+    let host = crate::policy::normalize_host(&asked).unwrap_or(asked);
+    if decision.action == Action::Deny {
+        let r = Refusal {
+            rule_id: decision.rule_id.as_deref().map(str::to_string),
+            ..Refusal::new(ErrorCode::PolicyDenied, decision.explanation.clone())
+        };
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::NXDomain, r)
+        };
+    }
+    let rtype = query.query_type();
+    if !ANSWERED.contains(&rtype) {
+        let r = Refusal::new(
+            ErrorCode::QueryTypeRefused,
+            format!("{rtype} questions are not answered; {}", decision.explanation),
+        );
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::Refused, r)
+        };
+    }
+    // Our resolver asks on the agent's behalf: only while the audit log can record it.
+    if let Err(r) = record::ready(proxy) {
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::ServFail, r)
+        };
+    }
+    let resolved = proxy.dialer.resolver().records(&host, rtype).await;
+    let (rcode, records) = match resolved {
+        Ok(Answer::Records(records)) => (ResponseCode::NoError, records),
+        Ok(Answer::NoData) => (ResponseCode::NoError, Vec::new()),
+        Ok(Answer::NxDomain) => (ResponseCode::NXDomain, Vec::new()),
+        Err(e) => {
+            let r = Refusal::new(ErrorCode::UpstreamDns, e.to_string());
+            return Outcome {
+                decision: Some(decision),
+                ..Outcome::refused(host, ResponseCode::ServFail, r)
+            };
+        }
+    };
+    let (answers, addrs, forbidden) = guarded(records, proxy.dialer.guard());
+    if addrs.is_empty() && !forbidden.is_empty() {
+        let list: Vec<String> = forbidden.iter().map(ToString::to_string).collect();
+        let r = Refusal::new(
+            ErrorCode::DestinationForbidden,
+            format!(
+                "{host} resolves only to addresses the proxy would refuse to dial ({}); see \
+                 upstream.allow_private",
+                list.join(", ")
+            ),
+        );
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::Refused, r)
+        };
+    }
+    let ttl = answers.iter().map(|r| r.ttl).min().unwrap_or(0);
+    Outcome {
+        host,
+        rcode,
+        answers,
+        addrs,
+        ttl,
+        decision: Some(decision),
+        refusal: None,
+    }
+}
+
+/// A secret's value or placeholder in the name: the query would carry it to whoever answers
+/// for the domain. Checked as asked and with the dots taken out (a value longer than a label,
+/// 63 bytes, must be split across labels).
+fn secret_in(proxy: &Proxy, name: &str) -> Option<Refusal> {
+    let joined = name.replace('.', "");
+    for text in [name, joined.as_str()] {
+        let head = Head {
+            method: "",
+            host: text,
+            headers: &http::HeaderMap::new(),
+            path_and_query: "",
+            tls: false,
+            upgrade: false,
+        };
+        if let Err(e) = SecretPhase::inspect(&proxy.vault, None, &head) {
+            return Some(secrets::refusal(&e, None));
+        }
+    }
+    let lower = name.to_ascii_lowercase();
+    lower.contains(placeholder::PREFIX).then(|| {
+        Refusal::new(
+            ErrorCode::SecretScope,
+            "the query name carries a secret placeholder; no secret is bound to DNS",
+        )
+    })
+}
+
+/// The answer section with every address checked as a dial would check it: A and AAAA
+/// records the guard refuses are dropped, HTTPS/SVCB lose their ECH configuration (it would
+/// hide the server name the policy decides on) and refused address hints. Also the
+/// addresses kept, and those dropped.
+fn guarded(records: Vec<Record>, guard: &AddressGuard) -> (Vec<Record>, Vec<IpAddr>, Vec<IpAddr>) {
+    let mut kept = Vec::with_capacity(records.len());
+    let (mut addrs, mut forbidden) = (Vec::new(), Vec::new());
+    let allowed = |ip: IpAddr| guard.check(SocketAddr::new(ip, 0)).is_ok();
+    for mut r in records {
+        let ip = match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        };
+        match ip {
+            Some(ip) if allowed(ip) => addrs.push(ip),
+            Some(ip) => {
+                forbidden.push(ip);
+                continue;
+            }
+            None => {}
+        }
+        r.data = match r.data {
+            RData::HTTPS(HTTPS(svcb)) => RData::HTTPS(HTTPS(sanitized(svcb, &allowed))),
+            RData::SVCB(svcb) => RData::SVCB(sanitized(svcb, &allowed)),
+            other => other,
+        };
+        kept.push(r);
+    }
+    (kept, addrs, forbidden)
+}
+
+fn sanitized(mut svcb: SVCB, allowed: &dyn Fn(IpAddr) -> bool) -> SVCB {
+    svcb.svc_params.retain_mut(|(key, value)| match value {
+        SvcParamValue::EchConfigList(_) => false,
+        SvcParamValue::Ipv4Hint(IpHint(hints)) => {
+            hints.retain(|a| allowed(IpAddr::V4(a.0)));
+            !hints.is_empty()
+        }
+        SvcParamValue::Ipv6Hint(IpHint(hints)) => {
+            hints.retain(|a| allowed(IpAddr::V6(a.0)));
+            !hints.is_empty()
+        }
+        _ => !matches!(key, SvcParamKey::EchConfigList),
+    });
+    svcb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_resolver::proto::rr::rdata::svcb::{Alpn, EchConfigList};
+    use hickory_resolver::proto::rr::rdata::{A, AAAA};
+    use hickory_resolver::proto::rr::Name;
+
+    fn name() -> Name {
+        Name::from_ascii("svc.test.").expect("name")
+    }
+
+    #[test]
+    fn the_guard_drops_private_addresses_ech_and_private_hints() {
+        let guard = AddressGuard::new(Vec::new(), Vec::new());
+        let svcb = SVCB {
+            svc_priority: 1,
+            target_name: Name::root(),
+            svc_params: vec![
+                (SvcParamKey::Alpn, SvcParamValue::Alpn(Alpn(vec!["h2".into()]))),
+                (
+                    SvcParamKey::Ipv4Hint,
+                    SvcParamValue::Ipv4Hint(IpHint(vec![
+                        A([192, 0, 2, 1].into()),
+                        A([10, 0, 0, 1].into()),
+                    ])),
+                ),
+                (
+                    SvcParamKey::EchConfigList,
+                    SvcParamValue::EchConfigList(EchConfigList(vec![1, 2, 3])),
+                ),
+                (
+                    SvcParamKey::Ipv6Hint,
+                    SvcParamValue::Ipv6Hint(IpHint(vec![AAAA("fd00::1".parse().expect("ip"))])),
+                ),
+            ],
+        };
+        let records = vec![
+            Record::from_rdata(name(), 300, RData::A(A([93, 184, 216, 34].into()))),
+            Record::from_rdata(name(), 60, RData::A(A([127, 0, 0, 1].into()))),
+            Record::from_rdata(name(), 60, RData::AAAA(AAAA("fe80::1".parse().expect("ip")))),
+            Record::from_rdata(name(), 300, RData::HTTPS(HTTPS(svcb))),
+        ];
+        let (kept, addrs, forbidden) = guarded(records, &guard);
+        assert_eq!(addrs, vec![IpAddr::from([93, 184, 216, 34])]);
+        assert_eq!(forbidden.len(), 2);
+        assert_eq!(kept.len(), 2);
+        let RData::HTTPS(HTTPS(svcb)) = &kept[1].data else {
+            panic!("HTTPS kept")
+        };
+        let keys: Vec<SvcParamKey> = svcb.svc_params.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, vec![SvcParamKey::Alpn, SvcParamKey::Ipv4Hint]);
+        let SvcParamValue::Ipv4Hint(IpHint(hints)) = &svcb.svc_params[1].1 else {
+            panic!("hint")
+        };
+        assert_eq!(hints, &vec![A([192, 0, 2, 1].into())]);
+    }
+
+    #[test]
+    fn allowed_ranges_pass_the_guard() {
+        let guard = AddressGuard::new(vec!["10.0.0.0/8".parse().expect("net")], Vec::new());
+        let records = vec![Record::from_rdata(
+            name(),
+            60,
+            RData::A(A([10, 1, 2, 3].into())),
+        )];
+        let (kept, addrs, forbidden) = guarded(records, &guard);
+        assert_eq!((kept.len(), addrs.len(), forbidden.len()), (1, 1, 0));
+    }
+}

@@ -1,0 +1,108 @@
+//! The record of a DNS decision. Volume is bounded by what is worth reading: every refusal
+//! and failure is recorded (each is the agent asking for something the policy does not
+//! allow, or the stub failing it), while an answered question is recorded once per agent,
+//! name, type and response code for as long as its answer lives (its TTL, at least a minute,
+//! at most an hour): a resolver library asking again and again for the same allowed name
+//! says nothing new. The metric `agenshield_proxy_dns_queries_total` counts every question.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_resolver::proto::op::{Query, ResponseCode};
+
+use super::answer::Outcome;
+use super::message::Asker;
+use super::names::{MAX_TTL, MIN_TTL};
+use crate::conn::{ConnCtx, Dest, ListenerKind};
+use crate::pipeline::record::{self, DnsFacts, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::proxy::Proxy;
+
+/// Records `outcome` (or counts it only, for an answer recorded lately). `false`: the audit
+/// log could not take a record that was due, and the answer must not be sent.
+pub(super) async fn record(
+    proxy: &Arc<Proxy>,
+    asker: &Asker,
+    query: Option<&Query>,
+    outcome: &Outcome,
+    started: Instant,
+    at: Arc<str>,
+) -> bool {
+    let verdict = outcome.refusal.as_ref().map_or(Verdict::Allow, |r| r.verdict);
+    let rcode = rcode_name(outcome.rcode);
+    proxy
+        .metrics
+        .dns_queries
+        .with_label_values(&[verdict.as_str(), rcode])
+        .inc();
+    let qtype = query.map(|q| q.query_type());
+    if outcome.refusal.is_none() {
+        let key = (
+            asker.uid,
+            Arc::<str>::from(outcome.host.as_str()),
+            qtype.map_or(0, u16::from),
+            u16::from(outcome.rcode),
+        );
+        let now = Instant::now();
+        if proxy.dns.recorded.get(&key).is_some_and(|until| until > now) {
+            return true;
+        }
+        let ttl = Duration::from_secs(u64::from(outcome.ttl)).clamp(MIN_TTL, MAX_TTL);
+        proxy.dns.recorded.insert(key, now + ttl);
+    }
+    let secrets = proxy.vault.current();
+    let ctx = ConnCtx {
+        id: asker.conn_id,
+        client: asker.client,
+        listener: ListenerKind::Dns,
+        dest: Dest::from_addr(asker.dst),
+        tls: None,
+        agent_uid: asker.uid,
+    };
+    let policy = proxy.policy();
+    let reason = match (&outcome.refusal, &outcome.decision) {
+        (Some(r), _) => Some(r.message.clone()),
+        (None, Some(d)) => Some(d.explanation.clone()),
+        (None, None) => None,
+    };
+    let rule = match (&outcome.refusal, &outcome.decision) {
+        (Some(r), _) if r.rule_id.is_some() => r.rule_id.as_deref().map(Arc::from),
+        (_, Some(d)) => d.rule_id.clone(),
+        _ => None,
+    };
+    let rec = Record {
+        kind: RecordKind::Query,
+        protocol: Protocol::Dns,
+        decision: verdict,
+        rule,
+        error_code: outcome.refusal.as_ref().map(|r| r.code),
+        reason: reason.map(|r| secrets.redact(&r).into_owned()),
+        ms: record::ms_since(started),
+        dns: Some(DnsFacts {
+            qtype: qtype.map_or_else(|| "-".to_string(), |t| t.to_string()),
+            rcode,
+            answers: outcome.addrs.clone(),
+        }),
+        ..record::base(
+            proxy,
+            &ctx,
+            &policy,
+            RequestId::random(),
+            at,
+            secrets.redact(&outcome.host).into(),
+        )
+    };
+    record::connection(proxy, rec).await
+}
+
+/// The response code as dig prints it.
+pub(super) fn rcode_name(rcode: ResponseCode) -> &'static str {
+    match rcode {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::Refused => "REFUSED",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::NotImp => "NOTIMP",
+        _ => "OTHER",
+    }
+}

@@ -1,0 +1,157 @@
+//! The stub's loops. UDP: one datagram is one question, read while fewer than
+//! [`MAX_IN_FLIGHT`] are in hand, each answered by its own task. TCP: connections admitted
+//! like every other (the daemon's slots and the agent's connection budget), framed by
+//! hickory-net, questions answered in order, closed after [`TCP_IDLE`] without one.
+//!
+//! The asker's uid is the socket owner's (`sock_diag`); its original destination is the
+//! connected peer of its UDP socket (glibc and most stub resolvers connect) or the TCP
+//! connection's `SO_ORIGINAL_DST`.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenshield_pf::OrigDst;
+use futures_util::StreamExt;
+use hickory_resolver::net::runtime::iocompat::AsyncIoTokioAsStd;
+use hickory_resolver::net::tcp::TcpStream as DnsTcpStream;
+use hickory_resolver::net::DnsStreamHandle;
+use hickory_resolver::proto::op::SerialMessage;
+use tokio::net::{TcpListener, UdpSocket};
+use tracing::Instrument;
+
+use super::message::{respond, Asker};
+use super::MAX_IN_FLIGHT;
+use crate::conn::accept::{admit, agent_uid};
+use crate::conn::{ConnCtx, Dest, ListenerKind};
+use crate::proxy::Proxy;
+
+/// A TCP connection that asks nothing for this long is closed.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Room for the largest DNS message (a datagram is at most 64 KiB).
+const MAX_MESSAGE: usize = 65_535;
+
+pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
+    let socket = Arc::new(socket);
+    let stub = match socket.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!("DNS stub: no local address: {e}");
+            return;
+        }
+    };
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let (n, client) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!("DNS stub {stub}: receive failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = proxy.dns.in_flight.clone().try_acquire_owned() else {
+            proxy.metrics.dns_dropped.inc();
+            tracing::debug!(%client, "DNS stub: {MAX_IN_FLIGHT} questions in hand; dropped");
+            continue;
+        };
+        let bytes = buf[..n].to_vec();
+        let (proxy, socket) = (proxy.clone(), socket.clone());
+        let id = proxy.next_conn_id();
+        tokio::spawn(
+            async move {
+                let owner = match agenshield_pf::peer_uid::udp_socket_owner(client) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::debug!("agent uid of {client}: {e}");
+                        None
+                    }
+                };
+                let asker = Asker {
+                    conn_id: id,
+                    client,
+                    dst: owner.and_then(|o| o.peer).unwrap_or(stub),
+                    uid: owner.map(|o| o.uid),
+                    udp: true,
+                };
+                if let Some(resp) = respond(&proxy, &asker, &bytes).await {
+                    if let Err(e) = socket.send_to(&resp, client).await {
+                        tracing::debug!("DNS stub: answering {client}: {e}");
+                    }
+                }
+                drop(permit);
+            }
+            .instrument(tracing::info_span!("dns", id, %client, transport = "udp")),
+        );
+    }
+}
+
+pub(crate) async fn serve_tcp(proxy: Arc<Proxy>, listener: TcpListener, orig: Arc<dyn OrigDst>) {
+    loop {
+        let (sock, client) = match listener.accept().await {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!("DNS stub: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let id = proxy.next_conn_id();
+        let Ok(local) = sock.local_addr() else {
+            continue;
+        };
+        // Not redirected (a client that dialed the stub itself): its destination is the stub.
+        let dst = orig
+            .orig_dst(sock.as_fd(), local, client)
+            .unwrap_or(local);
+        let proxy = proxy.clone();
+        tokio::spawn(
+            async move {
+                let ctx = ConnCtx {
+                    id,
+                    client,
+                    listener: ListenerKind::Dns,
+                    dest: Dest::from_addr(dst),
+                    tls: None,
+                    agent_uid: agent_uid(client, &[dst, local]),
+                };
+                let Some(_admitted) = admit(&proxy, &ctx).await else {
+                    return;
+                };
+                let asker = Asker {
+                    conn_id: id,
+                    client,
+                    dst,
+                    uid: ctx.agent_uid,
+                    udp: false,
+                };
+                serve_connection(&proxy, &asker, sock).await;
+            }
+            .instrument(tracing::info_span!("dns", id, %client, transport = "tcp")),
+        );
+    }
+}
+
+/// Questions on one TCP connection, answered in order until it closes or idles.
+async fn serve_connection(proxy: &Arc<Proxy>, asker: &Asker, sock: tokio::net::TcpStream) {
+    let (mut stream, mut sender) = DnsTcpStream::from_stream(AsyncIoTokioAsStd(sock), asker.client);
+    loop {
+        let message = match tokio::time::timeout(TCP_IDLE, stream.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => {
+                tracing::debug!("DNS stub: TCP stream ended: {e}");
+                return;
+            }
+            Ok(None) | Err(_) => return,
+        };
+        let Some(resp) = respond(proxy, asker, message.bytes()).await else {
+            continue;
+        };
+        if sender
+            .send(SerialMessage::new(resp, asker.client))
+            .is_err()
+        {
+            return;
+        }
+    }
+}
