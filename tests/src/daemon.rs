@@ -47,6 +47,8 @@ pub struct DaemonOptions {
     pub audit_path: Option<PathBuf>,
     /// `[upstream] proxy`, e.g. `http://user:pw@127.0.0.1:3128`.
     pub upstream_proxy: Option<String>,
+    /// `[resolver] nameservers` (default: a dead loopback port, so nothing leaves).
+    pub nameservers: Vec<String>,
 }
 
 pub struct Daemon {
@@ -56,6 +58,8 @@ pub struct Daemon {
     pub explicit: SocketAddr,
     /// The metrics listener (`/metrics`).
     pub metrics: SocketAddr,
+    /// The DNS stub (UDP and TCP on each).
+    pub dns: Vec<SocketAddr>,
     /// PEM of the daemon's CA, for clients acting as the agent.
     pub ca_pem: String,
     pub ca_path: PathBuf,
@@ -100,7 +104,7 @@ impl Daemon {
         if let Some((_, uid)) = &opts.worker_user {
             chown_tree(dir.path(), *uid);
         }
-        let (child, transparent, explicit, metrics) = spawn(dir.path());
+        let (child, transparent, explicit, metrics, dns) = spawn(dir.path());
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -114,6 +118,7 @@ impl Daemon {
             transparent,
             explicit,
             metrics,
+            dns,
             ca_pem,
             ca_path,
         }
@@ -123,11 +128,12 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit, metrics) = spawn(self.dir.path());
+        let (child, transparent, explicit, metrics, dns) = spawn(self.dir.path());
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
         self.metrics = metrics;
+        self.dns = dns;
     }
 
     /// SIGKILL, as a crash would.
@@ -217,7 +223,7 @@ impl Daemon {
     }
 }
 
-fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
+fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
     let config = dir.join("proxy.toml");
     let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
@@ -268,7 +274,11 @@ fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
         .expect("transparent address");
     let explicit = field("explicit=").parse().expect("explicit address");
     let metrics = field("metrics=").parse().expect("metrics address");
-    (child, transparent, explicit, metrics)
+    let dns = field("dns=")
+        .split(',')
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    (child, transparent, explicit, metrics, dns)
 }
 
 impl Daemon {
@@ -341,7 +351,7 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}\n",
+        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\ndns = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}\n",
         dir.join("proxy.sock")
     );
     let _ = writeln!(
@@ -382,10 +392,17 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     if let Some(t) = &opts.approvals_timeout {
         let _ = writeln!(c, "[approvals]\ntimeout = {t:?}\n");
     }
-    // The discard port on loopback: a name missing from the table fails fast and locally.
+    // By default the discard port on loopback: a name missing from the table fails fast
+    // and locally.
+    let nameservers: Vec<String> = if opts.nameservers.is_empty() {
+        vec!["\"127.0.0.1:9\"".into()]
+    } else {
+        opts.nameservers.iter().map(|n| format!("{n:?}")).collect()
+    };
     let _ = writeln!(
         c,
-        "[resolver]\nnameservers = [\"127.0.0.1:9\"]\n[resolver.hosts]"
+        "[resolver]\nnameservers = [{}]\n[resolver.hosts]",
+        nameservers.join(", ")
     );
     let mut names: Vec<&String> = opts.hosts.iter().map(|(n, _)| n).collect();
     names.dedup();

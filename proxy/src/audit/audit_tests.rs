@@ -44,6 +44,7 @@ fn request_record(n: u64, decision: Verdict) -> Record {
         ms: 12.5,
         incomplete: false,
         end: None,
+        dns: None,
         reason: None,
     }
 }

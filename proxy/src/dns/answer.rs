@@ -242,10 +242,10 @@ mod tests {
     #[test]
     fn the_guard_drops_private_addresses_ech_and_private_hints() {
         let guard = AddressGuard::new(Vec::new(), Vec::new());
-        let svcb = SVCB {
-            svc_priority: 1,
-            target_name: Name::root(),
-            svc_params: vec![
+        let svcb = SVCB::new(
+            1,
+            Name::root(),
+            vec![
                 (SvcParamKey::Alpn, SvcParamValue::Alpn(Alpn(vec!["h2".into()]))),
                 (
                     SvcParamKey::Ipv4Hint,
@@ -263,7 +263,7 @@ mod tests {
                     SvcParamValue::Ipv6Hint(IpHint(vec![AAAA("fd00::1".parse().expect("ip"))])),
                 ),
             ],
-        };
+        );
         let records = vec![
             Record::from_rdata(name(), 300, RData::A(A([93, 184, 216, 34].into()))),
             Record::from_rdata(name(), 60, RData::A(A([127, 0, 0, 1].into()))),

