@@ -218,7 +218,9 @@ fn all_agent_dns_goes_to_the_stub() {
     assert!(!text.contains("agenshield_dns_passthrough"), "{text}");
     // The stub's rdr comes before the catch-all TCP rdr (pf: first match wins).
     let dns = text.find("port 53 -> 127.0.0.1").expect("dns rdr");
-    let tcp = text.find("from any to any -> 127.0.0.1 port 15001").expect("tcp rdr");
+    let tcp = text
+        .find("from any to any -> 127.0.0.1 port 15001")
+        .expect("tcp rdr");
     assert!(dns < tcp, "{text}");
 
     let text = render(&no_dns_spec());

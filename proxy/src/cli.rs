@@ -162,7 +162,9 @@ pub enum SecretsCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// What the policy decides for METHOD URL: decision, rule, explanation, obligations
+    /// What the policy decides for METHOD URL: decision, rule, explanation, obligations.
+    /// `check DNS NAME`: whether the agent's DNS stub answers NAME (allow) or says NXDOMAIN
+    /// without asking any resolver (deny)
     Check {
         method: String,
         url: String,

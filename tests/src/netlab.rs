@@ -12,7 +12,9 @@ use std::sync::{Mutex, MutexGuard};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Tools a root test needs besides the proxy.
-const TOOLS: [&str; 6] = ["nft", "ip", "setpriv", "unshare", "useradd", "curl"];
+const TOOLS: [&str; 9] = [
+    "nft", "ip", "setpriv", "unshare", "useradd", "curl", "dig", "dnsmasq", "ssh",
+];
 
 /// `Some(guard)` when this test can run as root; otherwise prints why it skips, and fails
 /// under `CI=true` (CI must run every root test).

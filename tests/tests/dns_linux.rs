@@ -90,12 +90,17 @@ impl Lab {
         net.assert_route(net.a4);
         let child = Command::new("ip")
             .args(["netns", "exec", &net.ns, "dnsmasq", "--keep-in-foreground"])
-            .args(["--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces"])
+            .args([
+                "--no-resolv",
+                "--no-hosts",
+                "--no-poll",
+                "--bind-interfaces",
+            ])
             .arg(format!("--listen-address={}", net.a4))
             .args(["--port=53", "--user=root", "--pid-file=", "--log-queries"])
             .arg(format!("--log-facility={}", log.display()))
-            .arg(format!("--host-record=allowed.test,{}", net.a4))
-            .arg(format!("--host-record=other.test,{}", net.b4))
+            .arg(format!("--host-record=allowed.test,{},{}", net.a4, net.a6))
+            .arg(format!("--host-record=other.test,{},{}", net.b4, net.b6))
             .arg(format!("--host-record=git.test,{}", net.a4))
             .arg("--host-record=internal.test,192.168.77.7")
             .arg("--txt-record=allowed.test,\"v=test\"")
@@ -214,11 +219,19 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
 
     // An allowed name resolves, through every client the agent's tools use.
     let out = lab.agent("getent ahostsv4 allowed.test");
-    assert!(text(&out).contains(&a4.to_string()), "getent: {}", text(&out));
+    assert!(
+        text(&out).contains(&a4.to_string()),
+        "getent: {}",
+        text(&out)
+    );
     let out = lab.agent(
         "python3 -c 'import socket; print(sorted({a[4][0] for a in socket.getaddrinfo(\"allowed.test\", 443)}))'",
     );
-    assert!(text(&out).contains(&a4.to_string()), "python: {}", text(&out));
+    assert!(
+        text(&out).contains(&a4.to_string()),
+        "python: {}",
+        text(&out)
+    );
     // UDP and TCP 53 to any address, v4 and v6, end at the stub (nothing serves DNS on
     // the other.test host b4/b6, and the agent's own resolv.conf names b4).
     for server in [format!("@{b4}"), format!("@{b6}"), format!("@{a4}")] {
@@ -330,7 +343,9 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
     let allowed_a = dns
         .iter()
         .filter(|v| {
-            v["host"] == "allowed.test" && v["dns"]["qtype"] == "A" && v["agent_uid"] == lab.user.uid
+            v["host"] == "allowed.test"
+                && v["dns"]["qtype"] == "A"
+                && v["agent_uid"] == lab.user.uid
         })
         .count();
     assert_eq!(allowed_a, 1, "{dns:#?}");
@@ -342,7 +357,8 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
     // Metrics count every question, recorded or not.
     let metrics = reqwest_metrics(lab.daemon.metrics);
     assert!(
-        metrics.contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NXDOMAIN\"}"),
+        metrics
+            .contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NXDOMAIN\"}"),
         "{metrics}"
     );
 }

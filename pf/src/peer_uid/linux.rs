@@ -223,7 +223,9 @@ fn dump_udp(family: u8) -> io::Result<Vec<(SocketId, u32)>> {
         let mut reply = Vec::with_capacity(RECV_BUF_LEN * 4);
         let n = socket.recv(&mut reply, MsgFlags::MSG_TRUNC.bits())?;
         if n > reply.capacity() {
-            return Err(invalid_data(format!("sock_diag dump part truncated ({n} bytes)")));
+            return Err(invalid_data(format!(
+                "sock_diag dump part truncated ({n} bytes)"
+            )));
         }
         let mut buf = &reply[..];
         while !buf.is_empty() {
@@ -354,14 +356,15 @@ mod tests {
 
     #[test]
     fn udp_sockets_are_found_by_their_bound_address() {
-        let udp_socket_uid =
-            |a: SocketAddr| super::udp_socket_owner(a).map(|o| o.map(|o| o.uid));
+        let udp_socket_uid = |a: SocketAddr| super::udp_socket_owner(a).map(|o| o.map(|o| o.uid));
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         let addr = sock.local_addr().expect("addr");
         assert_eq!(udp_socket_uid(addr).expect("lookup"), Some(euid()));
         // Connected, as glibc's resolver leaves its socket: still found.
         sock.connect("127.0.0.1:9").expect("connect");
-        let owner = super::udp_socket_owner(addr).expect("lookup").expect("found");
+        let owner = super::udp_socket_owner(addr)
+            .expect("lookup")
+            .expect("found");
         assert_eq!(owner.uid, euid());
         assert_eq!(owner.peer, Some(([127, 0, 0, 1], 9).into()));
         // A wildcard-bound socket answers for any address on its port.

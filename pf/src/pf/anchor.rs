@@ -439,7 +439,9 @@ pub fn compare(spec: &RedirectSpec, live: &Live) -> Verdict {
     for (af, proto, target, port) in &want_rdr {
         let want = format!("-> {target} port {port}");
         if !listed_rdr.iter().any(|l| {
-            l.contains(&format!(" {af} ")) && l.contains(&format!(" proto {proto} ")) && l.contains(&want)
+            l.contains(&format!(" {af} "))
+                && l.contains(&format!(" proto {proto} "))
+                && l.contains(&want)
         }) {
             diffs.push(format!("no rdr rule for {af} {proto} {want}"));
         }

@@ -183,7 +183,10 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
 
 /// The uid owning the client's socket (`client`, connected to one of `peers`), if it is a
 /// local socket the OS will tell us about: the agent, for the record and its budget.
-pub(crate) fn agent_uid(client: std::net::SocketAddr, peers: &[std::net::SocketAddr]) -> Option<u32> {
+pub(crate) fn agent_uid(
+    client: std::net::SocketAddr,
+    peers: &[std::net::SocketAddr],
+) -> Option<u32> {
     for peer in peers {
         match agenshield_pf::peer_uid::socket_uid(client, *peer) {
             Ok(Some(uid)) => return Some(uid),

@@ -98,12 +98,7 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
 }
 
 /// `host:port` as raw TCP: the secret guard on the name, then the policy.
-fn decide_host(
-    proxy: &Proxy,
-    policy: &Policy,
-    host: &str,
-    port: u16,
-) -> Result<Decision, Refusal> {
+fn decide_host(proxy: &Proxy, policy: &Policy, host: &str, port: u16) -> Result<Decision, Refusal> {
     // A name can carry a secret too (to whoever answers the DNS query for it); a raw stream
     // binds no secret, so a value or placeholder in the name is refused.
     let head = Head {

@@ -1,5 +1,6 @@
 //! `policy check METHOD URL`: what the policy decides for a URL, split the way the proxy
-//! splits a real request (same host and path normalization, userinfo refused).
+//! splits a real request (same host and path normalization, userinfo refused). `policy check
+//! DNS NAME`: whether the DNS stub answers a query for the name (`Policy::decide_name`).
 
 use serde::Serialize;
 
@@ -21,6 +22,9 @@ pub(crate) struct CheckResult {
 }
 
 pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckResult, String> {
+    if method.eq_ignore_ascii_case("DNS") {
+        return Ok(check_name(policy, url));
+    }
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
@@ -70,4 +74,49 @@ pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckRes
         port,
         path: path.forward,
     })
+}
+
+/// A DNS question for `name`: `allow` when the stub would answer it (with what our resolver
+/// says), `deny` when it answers NXDOMAIN without asking anyone.
+fn check_name(policy: &Policy, name: &str) -> CheckResult {
+    let d = policy.decide_name(name);
+    CheckResult {
+        method: "DNS".into(),
+        scheme: "dns",
+        host: normalize_host(name).unwrap_or_else(|_| name.to_string()),
+        port: 53,
+        path: String::new(),
+        decision: match d.action {
+            Action::Deny => "deny",
+            _ => "allow",
+        },
+        reported_deny: d.reported_deny,
+        rule_id: d.rule_id.as_deref().map(str::to_string),
+        explanation: d.explanation,
+        obligations: serde_json::Value::Null,
+        policy_hash: policy.hash().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicySource;
+
+    #[test]
+    fn a_dns_question_is_checked_as_the_stub_decides_it() {
+        let p = Policy::from_sources(&[PolicySource {
+            name: "t.toml".into(),
+            text: "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"ssh\"\nhosts = [\"github.com\"]\nports = [22]\nschemes = [\"tcp\"]\naction = \"allow\"\n".into(),
+        }])
+        .expect("policy");
+        let r = check(&p, "dns", "GitHub.com.").expect("check");
+        assert_eq!(
+            (r.decision, r.host.as_str(), r.scheme),
+            ("allow", "github.com", "dns")
+        );
+        assert_eq!(r.rule_id.as_deref(), Some("ssh"));
+        let r = check(&p, "DNS", "exfil.evil.test").expect("check");
+        assert_eq!(r.decision, "deny");
+    }
 }

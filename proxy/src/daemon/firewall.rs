@@ -339,12 +339,8 @@ mod tests {
         assert_eq!(s.exempt, vec![("10.9.0.0".parse().expect("ip"), 16)]);
         assert_eq!((s.dns_v4, s.dns_v6), (Some(15053), None));
         assert!(s.dns_passthrough.is_empty());
-        let opted_out = spec(
-            &cfg("dns_passthrough = [\"10.0.0.53\"]\n"),
-            &bound,
-            &dns(),
-        )
-        .expect("spec");
+        let opted_out =
+            spec(&cfg("dns_passthrough = [\"10.0.0.53\"]\n"), &bound, &dns()).expect("spec");
         assert_eq!(
             opted_out.dns_passthrough,
             vec!["10.0.0.53".parse::<std::net::IpAddr>().expect("ip")]
@@ -368,7 +364,10 @@ mod tests {
         let mut c2 = cfg("");
         c2.redirect.agent_users = vec![AgentUser::Uid(own)];
         let bound: Vec<SocketAddr> = vec!["127.0.0.1:15001".parse().expect("a")];
-        assert!(matches!(spec(&c2, &bound, &[]), Err(FirewallError::OwnUid(_))));
+        assert!(matches!(
+            spec(&c2, &bound, &[]),
+            Err(FirewallError::OwnUid(_))
+        ));
     }
 
     #[test]

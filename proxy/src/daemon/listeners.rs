@@ -65,9 +65,7 @@ impl Listeners {
                 Err(e) if cfg.dns_is_default && addr.is_ipv6() => {
                     tracing::warn!("DNS stub: not listening on {addr}: {e}");
                 }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("binding the DNS stub on {addr}"))
-                }
+                Err(e) => return Err(e).with_context(|| format!("binding the DNS stub on {addr}")),
             }
         }
         let metrics = match cfg.metrics {

@@ -98,7 +98,10 @@ pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Out
     if !ANSWERED.contains(&rtype) {
         let r = Refusal::new(
             ErrorCode::QueryTypeRefused,
-            format!("{rtype} questions are not answered; {}", decision.explanation),
+            format!(
+                "{rtype} questions are not answered; {}",
+                decision.explanation
+            ),
         );
         return Outcome {
             decision: Some(decision),
@@ -246,7 +249,10 @@ mod tests {
             1,
             Name::root(),
             vec![
-                (SvcParamKey::Alpn, SvcParamValue::Alpn(Alpn(vec!["h2".into()]))),
+                (
+                    SvcParamKey::Alpn,
+                    SvcParamValue::Alpn(Alpn(vec!["h2".into()])),
+                ),
                 (
                     SvcParamKey::Ipv4Hint,
                     SvcParamValue::Ipv4Hint(IpHint(vec![
@@ -267,7 +273,11 @@ mod tests {
         let records = vec![
             Record::from_rdata(name(), 300, RData::A(A([93, 184, 216, 34].into()))),
             Record::from_rdata(name(), 60, RData::A(A([127, 0, 0, 1].into()))),
-            Record::from_rdata(name(), 60, RData::AAAA(AAAA("fe80::1".parse().expect("ip")))),
+            Record::from_rdata(
+                name(),
+                60,
+                RData::AAAA(AAAA("fe80::1".parse().expect("ip"))),
+            ),
             Record::from_rdata(name(), 300, RData::HTTPS(HTTPS(svcb))),
         ];
         let (kept, addrs, forbidden) = guarded(records, &guard);

@@ -27,7 +27,10 @@ pub(super) async fn record(
     started: Instant,
     at: Arc<str>,
 ) -> bool {
-    let verdict = outcome.refusal.as_ref().map_or(Verdict::Allow, |r| r.verdict);
+    let verdict = outcome
+        .refusal
+        .as_ref()
+        .map_or(Verdict::Allow, |r| r.verdict);
     let rcode = rcode_name(outcome.rcode);
     proxy
         .metrics
@@ -43,7 +46,12 @@ pub(super) async fn record(
             u16::from(outcome.rcode),
         );
         let now = Instant::now();
-        if proxy.dns.recorded.get(&key).is_some_and(|until| until > now) {
+        if proxy
+            .dns
+            .recorded
+            .get(&key)
+            .is_some_and(|until| until > now)
+        {
             return true;
         }
         let ttl = Duration::from_secs(u64::from(outcome.ttl)).clamp(MIN_TTL, MAX_TTL);

@@ -101,9 +101,7 @@ pub(crate) async fn serve_tcp(proxy: Arc<Proxy>, listener: TcpListener, orig: Ar
             continue;
         };
         // Not redirected (a client that dialed the stub itself): its destination is the stub.
-        let dst = orig
-            .orig_dst(sock.as_fd(), local, client)
-            .unwrap_or(local);
+        let dst = orig.orig_dst(sock.as_fd(), local, client).unwrap_or(local);
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
@@ -147,10 +145,7 @@ async fn serve_connection(proxy: &Arc<Proxy>, asker: &Asker, sock: tokio::net::T
         let Some(resp) = respond(proxy, asker, message.bytes()).await else {
             continue;
         };
-        if sender
-            .send(SerialMessage::new(resp, asker.client))
-            .is_err()
-        {
+        if sender.send(SerialMessage::new(resp, asker.client)).is_err() {
             return;
         }
     }

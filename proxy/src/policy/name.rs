@@ -173,13 +173,21 @@ action = "deny"
         assert_eq!(d.rule_id.as_deref(), Some("blocked"));
         // Only /admin/** is denied there: other paths may be allowed by the wildcard.
         let d = p.decide_name("admin.cdn.example");
-        assert_eq!((d.action, d.rule_id.as_deref()), (Action::Allow, Some("wild")));
+        assert_eq!(
+            (d.action, d.rule_id.as_deref()),
+            (Action::Allow, Some("wild"))
+        );
     }
 
     #[test]
     fn invalid_names_are_denied() {
         let p = policy(RULES);
-        for bad in ["a..cdn.example", "a b.cdn.example", "x\\000.cdn.example", ""] {
+        for bad in [
+            "a..cdn.example",
+            "a b.cdn.example",
+            "x\\000.cdn.example",
+            "",
+        ] {
             assert_eq!(p.decide_name(bad).action, Action::Deny, "{bad:?}");
         }
     }

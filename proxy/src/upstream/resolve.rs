@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
-use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::{Name, RData, Record, RecordType};
 use hickory_resolver::TokioResolver;
 
 use crate::config::{parse_nameserver, ResolverConfig as Settings};

@@ -171,6 +171,25 @@ pub(super) fn policy(v: &Value) -> String {
 }
 
 pub(super) fn check(v: &Value) -> String {
+    if v["scheme"] == "dns" {
+        let answered = if v["decision"] == "deny" {
+            "NXDOMAIN, answered locally: no resolver is asked"
+        } else {
+            "answered from the proxy's resolver (private addresses removed)"
+        };
+        return [
+            format!("DNS {}", s(&v["host"])),
+            format!("decision      {}", s(&v["decision"]).to_uppercase()),
+            format!("answer        {answered}"),
+            format!(
+                "rule          {}",
+                v["rule_id"].as_str().unwrap_or("(default)")
+            ),
+            format!("explanation   {}", s(&v["explanation"])),
+            format!("policy        {}", s(&v["policy_hash"])),
+        ]
+        .join("\n");
+    }
     let mut out = vec![
         format!(
             "{} {}://{}:{}{}",
@@ -269,6 +288,18 @@ pub(super) fn event(v: &Value) -> String {
             "TLS",
             v["sni"].as_str().unwrap_or(s(&v["host"])),
         ),
+        "query" => {
+            let answers = list(&v["dns"]["answers"]);
+            format!(
+                "{decision:<12} {:>3} {:<6} dns://{}  {} {}  answers={}  rule={rule}{error}",
+                "",
+                "DNS",
+                s(&v["host"]),
+                s(&v["dns"]["qtype"]),
+                s(&v["dns"]["rcode"]),
+                answers.replace(", ", ","),
+            )
+        }
         "connection" if v["method"].is_null() => format!(
             "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}",
             "",
