@@ -38,8 +38,8 @@ pub enum ProxyCommand {
     /// Install, remove or inspect the firewall rules that redirect the agent users' traffic
     ///
     /// Linux: one nftables table, `inet agenshield`. All TCP of the agent users (IPv4 and
-    /// IPv6, any port) goes to the transparent listener; their DNS (port 53) passes unchanged
-    /// unless redirect.allow_dns = false; everything else they send is rejected. Other users
+    /// IPv6, any port) goes to the transparent listener; all their DNS (UDP and TCP 53, to any
+    /// address) goes to the DNS stub (listen.dns); everything else they send is rejected. Other users
     /// are never touched. The rules stay when the daemon exits, so agent traffic fails closed
     /// while the proxy is down. Needs root.
     Firewall(FirewallArgs),

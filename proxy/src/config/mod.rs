@@ -421,7 +421,7 @@ pub struct Config {
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
-    /// Keys the operator set whose feature this build does not have yet.
+    /// Keys the operator set that have no effect in this build (warned about at start).
     pub not_yet_effective: Vec<&'static str>,
 }
 
@@ -527,17 +527,35 @@ impl Config {
                 "redirect.reconcile_interval must be at least 100ms".into(),
             ));
         }
-        if f.redirect.allow_dns.is_some() || f.redirect.dns_servers.is_some() {
-            return Err(invalid(
-                "redirect.allow_dns and redirect.dns_servers were removed: the agent's DNS now \
-                 goes to the proxy's DNS stub (listen.dns), which answers only names some rule \
-                 could allow. Delete them. To send no DNS to the stub set listen.dns = []; to \
-                 let the agent's DNS reach resolvers unchanged (around policy: a channel out of \
-                 the machine) set redirect.dns_passthrough = [\"IP\", …]"
-                    .into(),
-            ));
+        // The pass-through's shipped defaults (`allow_dns = true`, `dns_servers = []`) are in
+        // every config installed before the stub: the stub is stricter, so they only warn.
+        // Anything that asked for more (named resolvers) or less (no DNS) is refused, never
+        // given a different meaning.
+        let mut not_yet = Vec::new();
+        let removed = "redirect.allow_dns and redirect.dns_servers were removed: the agent's DNS \
+             now goes to the proxy's DNS stub (listen.dns), which answers only names some rule \
+             could allow";
+        match (f.redirect.allow_dns, f.redirect.dns_servers.as_deref()) {
+            (None | Some(true), None | Some([])) => {
+                if f.redirect.allow_dns.is_some() || f.redirect.dns_servers.is_some() {
+                    not_yet
+                        .push("redirect.allow_dns / redirect.dns_servers (removed: delete them)");
+                }
+            }
+            (Some(false), _) => {
+                return Err(invalid(format!(
+                    "{removed}. redirect.allow_dns = false (no DNS for the agent) is now \
+                     listen.dns = []: set that and delete redirect.allow_dns"
+                )))
+            }
+            (_, Some(_)) => {
+                return Err(invalid(format!(
+                    "{removed}. Delete redirect.dns_servers; to let the agent's DNS reach those \
+                     resolvers unchanged (around policy: a channel out of the machine) set \
+                     redirect.dns_passthrough = [\"IP\", …] instead"
+                )))
+            }
         }
-        let not_yet = Vec::new();
         let dns_is_default = f.listen.dns.is_none();
         let dns = match f.listen.dns {
             None => default_dns(),
@@ -762,17 +780,27 @@ mod tests {
     /// silently given a different meaning.
     #[test]
     fn the_removed_dns_pass_through_keys_explain_themselves() {
-        for text in [
-            "[redirect]\nallow_dns = true\n",
-            "[redirect]\nallow_dns = false\n",
-            "[redirect]\ndns_servers = [\"10.0.0.53\"]\n",
+        for (text, fix) in [
+            ("[redirect]\nallow_dns = false\n", "listen.dns = []"),
+            (
+                "[redirect]\ndns_servers = [\"10.0.0.53\"]\n",
+                "redirect.dns_passthrough",
+            ),
         ] {
             let err = Config::parse(text, Path::new("/etc/a/proxy.toml"))
                 .expect_err("removed key")
                 .to_string();
-            assert!(err.contains("dns_passthrough"), "{err}");
+            assert!(err.contains(fix), "{err}");
             assert!(err.contains("listen.dns"), "{err}");
         }
+        // The old shipped defaults, in every config installed before the stub: a warning.
+        let old = Config::parse(
+            "[redirect]\nallow_dns = true\ndns_servers = []\n",
+            Path::new("/etc/a/proxy.toml"),
+        )
+        .expect("old defaults still start");
+        assert_eq!(old.not_yet_effective.len(), 1);
+        assert!(old.redirect.dns_passthrough.is_empty());
         let cfg = Config::parse(
             "[redirect]\ndns_passthrough = [\"10.0.0.53\"]\n",
             Path::new("/etc/a/proxy.toml"),

@@ -70,7 +70,7 @@ pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
         seed_default_policy(&cfg.policies)?;
     }
     for key in &cfg.not_yet_effective {
-        tracing::warn!("config key {key} is set but has no effect in this build yet");
+        tracing::warn!("config key {key} is set but has no effect in this build");
     }
     raise_open_files(&cfg.limits);
     Ok(())
