@@ -634,6 +634,20 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
         "the worker did not ask the supervisor: {}",
         lab.daemon.logs()
     );
+    // The DNS stub's sockets were handed over too: the agent's DNS (UDP and TCP) is answered
+    // by the worker (from its static table; the daemon's resolver is a dead port).
+    let a4 = lab.net.a4;
+    lab.net.assert_route(a4);
+    for transport in ["+notcp", "+tcp"] {
+        let out = lab.agent_shell(&format!(
+            "dig +time=3 +tries=1 +short {transport} @{a4} allowed.test A"
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            a4.to_string(),
+            "{transport}: {out:?}"
+        );
+    }
 
     // Two processes: the supervisor stays root; the worker, which parses everything from the
     // network, has the worker's uid everywhere, no capabilities and no way to gain any.
