@@ -66,7 +66,7 @@ for i in $(seq 0 $((NAMES - 1))); do
 done
 ip netns exec "$NS" dnsmasq --keep-in-foreground --no-resolv --no-hosts --no-poll \
   --bind-interfaces --listen-address="$RESOLVER" --port=53 --user=root --pid-file= \
-  --cache-size=10000 "${records[@]}" &
+  --cache-size=10000 --local-ttl=300 "${records[@]}" &
 pids+=($!)
 
 mkdir -p "$S/proxy/policies"

@@ -184,6 +184,84 @@ pub(super) fn udp_socket_owner(local: SocketAddr) -> io::Result<Option<super::Ud
     Ok(wildcard)
 }
 
+/// The uid owning the UDP socket bound to `local` that would receive a datagram from `peer`
+/// (its connected peer; `None` for an unconnected socket): one exact `sock_diag` lookup, as
+/// cheap as the TCP one. `Ok(None)` when no such socket exists.
+pub(super) fn udp_socket_uid_exact(
+    local: SocketAddr,
+    peer: Option<SocketAddr>,
+) -> io::Result<Option<u32>> {
+    let ip = local.ip().to_canonical();
+    let (family, any) = match ip {
+        IpAddr::V4(_) => (AF_INET, IpAddr::from([0u8; 4])),
+        IpAddr::V6(_) => (AF_INET6, IpAddr::from([0u8; 16])),
+    };
+    let (remote, remote_port) = match peer {
+        Some(p) if p.ip().to_canonical().is_ipv4() == ip.is_ipv4() => {
+            (p.ip().to_canonical(), p.port())
+        }
+        Some(_) => return Ok(None),
+        None => (any, 0),
+    };
+    // For UDP the kernel reads the request as a datagram's addresses: source = the socket's
+    // peer, destination = the socket itself.
+    let id = SocketId {
+        source_port: remote_port,
+        destination_port: local.port(),
+        source_address: remote,
+        destination_address: ip,
+        interface_id: 0,
+        cookie: NO_COOKIE,
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = SEQ;
+    let mut request = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol: IPPROTO_UDP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: id,
+        })
+        .into(),
+    );
+    request.finalize();
+    let mut out = vec![0u8; request.buffer_len()];
+    request.serialize(&mut out);
+    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
+    socket.connect(&NetlinkAddr::new(0, 0))?;
+    socket.send(&out, 0)?;
+    let mut reply = Vec::with_capacity(RECV_BUF_LEN);
+    let n = socket.recv(&mut reply, MsgFlags::MSG_TRUNC.bits())?;
+    if n > reply.capacity() {
+        return Err(invalid_data(format!(
+            "sock_diag reply truncated ({n} bytes)"
+        )));
+    }
+    let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&reply)
+        .map_err(|e| invalid_data(format!("malformed sock_diag reply: {e}")))?;
+    match msg.payload {
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(resp)) => {
+            let got = &resp.header.socket_id;
+            let bound = got.source_address.to_canonical();
+            let same = got.source_port == local.port() && (bound == ip || bound.is_unspecified());
+            Ok(same.then_some(resp.header.uid))
+        }
+        NetlinkPayload::Error(e) if e.code.is_some() => {
+            let err = e.to_io();
+            if err.raw_os_error() == Some(Errno::ENOENT as i32) {
+                Ok(None)
+            } else {
+                Err(err)
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Every UDP socket of `family` in this network namespace: (its id, its owner).
 fn dump_udp(family: u8) -> io::Result<Vec<(SocketId, u32)>> {
     let mut header = NetlinkHeader::default();
@@ -372,8 +450,20 @@ mod tests {
         let port = any.local_addr().expect("addr").port();
         let seen: SocketAddr = ([127, 0, 0, 1], port).into();
         assert_eq!(udp_socket_uid(seen).expect("lookup"), Some(euid()));
+        // The exact lookup: the unconnected socket with no peer, the connected one with its own.
+        use super::udp_socket_uid_exact as exact;
+        assert_eq!(exact(seen, None).expect("lookup"), Some(euid()));
+        assert_eq!(
+            exact(addr, Some(([127, 0, 0, 1], 9).into())).expect("lookup"),
+            Some(euid())
+        );
+        assert_eq!(
+            exact(addr, Some(([127, 0, 0, 1], 10).into())).expect("lookup"),
+            None
+        );
         drop((sock, any));
         assert_eq!(udp_socket_uid(addr).expect("lookup"), None);
+        assert_eq!(exact(seen, None).expect("lookup"), None);
     }
 
     #[test]

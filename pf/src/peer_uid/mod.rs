@@ -74,6 +74,29 @@ pub fn udp_socket_owner(local: SocketAddr) -> io::Result<Option<UdpOwner>> {
     linux::udp_socket_owner(local)
 }
 
+/// The uid owning the UDP socket bound to `local` and connected to `peer` (`None`: not
+/// connected): one exact lookup, for a socket whose peer [`udp_socket_owner`] already told.
+#[cfg(target_os = "linux")]
+pub fn udp_socket_uid_exact(
+    local: SocketAddr,
+    peer: Option<SocketAddr>,
+) -> io::Result<Option<u32>> {
+    linux::udp_socket_uid_exact(local, peer)
+}
+
+/// Not supported on this platform: always an error of kind [`io::ErrorKind::Unsupported`].
+#[cfg(not(target_os = "linux"))]
+pub fn udp_socket_uid_exact(
+    local: SocketAddr,
+    peer: Option<SocketAddr>,
+) -> io::Result<Option<u32>> {
+    let _ = (local, peer);
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "looking up the uid owning a UDP socket is only supported on Linux",
+    ))
+}
+
 /// The owner of a UDP socket, and the address it is connected to, if it is (glibc's and most
 /// stub resolvers connect theirs: that is where the agent sent its query).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

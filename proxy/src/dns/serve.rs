@@ -11,6 +11,9 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
+use agenshield_pf::peer_uid::{self, UdpOwner};
 use agenshield_pf::OrigDst;
 use futures_util::StreamExt;
 use hickory_resolver::net::runtime::iocompat::AsyncIoTokioAsStd;
@@ -40,6 +43,7 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
             return;
         }
     };
+    let owners = Arc::new(UdpOwners::default());
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         let (n, client) = match socket.recv_from(&mut buf).await {
@@ -56,17 +60,11 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
             continue;
         };
         let bytes = buf[..n].to_vec();
-        let (proxy, socket) = (proxy.clone(), socket.clone());
+        let (proxy, socket, owners) = (proxy.clone(), socket.clone(), owners.clone());
         let id = proxy.next_conn_id();
         tokio::spawn(
             async move {
-                let owner = match agenshield_pf::peer_uid::udp_socket_owner(client) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        tracing::debug!("agent uid of {client}: {e}");
-                        None
-                    }
-                };
+                let owner = owners.owner(client);
                 let asker = Asker {
                     conn_id: id,
                     client,
@@ -83,6 +81,46 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
             }
             .instrument(tracing::info_span!("dns", id, %client, transport = "udp")),
         );
+    }
+}
+
+/// Who owns the socket a datagram came from. Finding it among all UDP sockets takes a dump
+/// of the kernel's whole UDP table (tens of microseconds); once its peer is known, one exact
+/// lookup confirms the owner (a few). The peer is what is cached, never the uid: a port
+/// reused by another user's socket is looked up afresh.
+struct UdpOwners {
+    peers: moka::sync::Cache<SocketAddr, Option<SocketAddr>>,
+}
+
+impl Default for UdpOwners {
+    fn default() -> Self {
+        UdpOwners {
+            peers: moka::sync::Cache::builder()
+                .max_capacity(4096)
+                .time_to_live(Duration::from_secs(60))
+                .build(),
+        }
+    }
+}
+
+impl UdpOwners {
+    fn owner(&self, client: SocketAddr) -> Option<UdpOwner> {
+        if let Some(peer) = self.peers.get(&client) {
+            if let Ok(Some(uid)) = peer_uid::udp_socket_uid_exact(client, peer) {
+                return Some(UdpOwner { uid, peer });
+            }
+        }
+        match peer_uid::udp_socket_owner(client) {
+            Ok(Some(owner)) => {
+                self.peers.insert(client, owner.peer);
+                Some(owner)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!("agent uid of {client}: {e}");
+                None
+            }
+        }
     }
 }
 
