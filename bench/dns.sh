@@ -131,7 +131,7 @@ records_written=$(wc -l <"$S/proxy/audit.jsonl")
   echo "# DNS stub vs. the resolver directly ($(date -u +%Y-%m-%dT%H:%MZ))"
   echo
   echo "\`REPEATS=$REPEATS DUR=$DUR CLIENTS=$CLIENTS NAMES=$NAMES bench/dns.sh\`, $(nproc) cores,"
-  echo "$("$AGENSHIELD_BIN" --version), dnsperf $(dnsperf -h 2>&1 | awk '/^DNS Performance Testing Tool/ {print $NF; exit}'),"
+  echo "$("$AGENSHIELD_BIN" --version), dnsperf $(dpkg-query -W -f='${Version}' dnsperf 2>/dev/null || echo '?'),"
   echo "dnsmasq $(dnsmasq --version | awk 'NR==1 {print $3}') in a network namespace. Best of $REPEATS runs; audit and metrics on."
   echo
   echo "| row | queries/s | ratio to direct |"
