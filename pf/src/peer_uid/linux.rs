@@ -55,37 +55,9 @@ pub(super) fn socket_uid(client: SocketAddr, peer: SocketAddr) -> io::Result<Opt
         cookie: NO_COOKIE,
     };
 
-    let mut header = NetlinkHeader::default();
     // Exact match: no NLM_F_DUMP. No NLM_F_ACK either: the kernel answers with either the
     // socket's record or an error message, never both.
-    header.flags = NLM_F_REQUEST;
-    header.sequence_number = SEQ;
-    let mut request = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_TCP,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: wanted.clone(),
-        })
-        .into(),
-    );
-    request.finalize();
-    let mut out = vec![0u8; request.buffer_len()];
-    request.serialize(&mut out);
-
-    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
-    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
-    // Port 0 is the kernel.
-    socket.connect(&NetlinkAddr::new(0, 0))?;
-    let sent = socket.send(&out, 0)?;
-    if sent != out.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "short write of sock_diag request",
-        ));
-    }
+    let socket = send_request(NLM_F_REQUEST, family, IPPROTO_TCP, wanted.clone())?;
 
     let mut reply = Vec::with_capacity(RECV_BUF_LEN);
     // MSG_TRUNC: return the datagram's real length, so truncation is detected.
@@ -213,27 +185,7 @@ pub(super) fn udp_socket_uid_exact(
         interface_id: 0,
         cookie: NO_COOKIE,
     };
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST;
-    header.sequence_number = SEQ;
-    let mut request = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_UDP,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: id,
-        })
-        .into(),
-    );
-    request.finalize();
-    let mut out = vec![0u8; request.buffer_len()];
-    request.serialize(&mut out);
-    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
-    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
-    socket.connect(&NetlinkAddr::new(0, 0))?;
-    socket.send(&out, 0)?;
+    let socket = send_request(NLM_F_REQUEST, family, IPPROTO_UDP, id)?;
     let mut reply = Vec::with_capacity(RECV_BUF_LEN);
     let n = socket.recv(&mut reply, MsgFlags::MSG_TRUNC.bits())?;
     if n > reply.capacity() {
@@ -264,38 +216,19 @@ pub(super) fn udp_socket_uid_exact(
 
 /// Every UDP socket of `family` in this network namespace: (its id, its owner).
 fn dump_udp(family: u8) -> io::Result<Vec<(SocketId, u32)>> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = SEQ;
     let any = match family {
         AF_INET => IpAddr::from([0u8; 4]),
         _ => IpAddr::from([0u8; 16]),
     };
-    let mut request = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_UDP,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: SocketId {
-                source_port: 0,
-                destination_port: 0,
-                source_address: any,
-                destination_address: any,
-                interface_id: 0,
-                cookie: NO_COOKIE,
-            },
-        })
-        .into(),
-    );
-    request.finalize();
-    let mut out = vec![0u8; request.buffer_len()];
-    request.serialize(&mut out);
-    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
-    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
-    socket.connect(&NetlinkAddr::new(0, 0))?;
-    socket.send(&out, 0)?;
+    let id = SocketId {
+        source_port: 0,
+        destination_port: 0,
+        source_address: any,
+        destination_address: any,
+        interface_id: 0,
+        cookie: NO_COOKIE,
+    };
+    let socket = send_request(NLM_F_REQUEST | NLM_F_DUMP, family, IPPROTO_UDP, id)?;
     let mut found = Vec::new();
     loop {
         let mut reply = Vec::with_capacity(RECV_BUF_LEN * 4);
@@ -324,6 +257,40 @@ fn dump_udp(family: u8) -> io::Result<Vec<(SocketId, u32)>> {
             buf = &buf[len.next_multiple_of(4).min(buf.len())..];
         }
     }
+}
+
+/// A `sock_diag` socket that has sent one `inet_diag` request (`flags`: exact or dump) for
+/// sockets of `family` and `protocol` matching `id`; the reply is the caller's to read.
+fn send_request(flags: u16, family: u8, protocol: u8, id: SocketId) -> io::Result<Socket> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = SEQ;
+    let mut request = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: id,
+        })
+        .into(),
+    );
+    request.finalize();
+    let mut out = vec![0u8; request.buffer_len()];
+    request.serialize(&mut out);
+    let socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    setsockopt(&socket, sockopt::ReceiveTimeout, &REPLY_TIMEOUT).map_err(io::Error::from)?;
+    // Port 0 is the kernel.
+    socket.connect(&NetlinkAddr::new(0, 0))?;
+    let sent = socket.send(&out, 0)?;
+    if sent != out.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short write of sock_diag request",
+        ));
+    }
+    Ok(socket)
 }
 
 /// Whether the record `got` describes the socket `wanted` (addresses compared with

@@ -55,7 +55,8 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
-    fn refused(host: String, rcode: ResponseCode, refusal: Refusal) -> Outcome {
+    /// Refused (or failed) before anything was answered.
+    pub(super) fn refused(host: String, rcode: ResponseCode, refusal: Refusal) -> Outcome {
         Outcome {
             host,
             rcode,

@@ -47,7 +47,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
                 return None;
             }
             let r = Refusal::new(ErrorCode::BadRequest, format!("malformed DNS query: {e}"));
-            let outcome = refused(String::new(), ResponseCode::FormErr, r);
+            let outcome = Outcome::refused(String::new(), ResponseCode::FormErr, r);
             record::record(proxy, asker, None, &outcome, started, at.into()).await;
             let mut resp = Message::response(header.metadata.id, header.metadata.op_code);
             resp.metadata.response_code = ResponseCode::FormErr;
@@ -63,7 +63,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
             let policy = proxy.policy();
             answer(proxy, &policy, q).await
         }
-        (OpCode::Query, n, _) => refused(
+        (OpCode::Query, n, _) => Outcome::refused(
             name_of(query),
             ResponseCode::FormErr,
             Refusal::new(
@@ -71,7 +71,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
                 format!("{n} questions in one query (exactly one is answered)"),
             ),
         ),
-        (op, _, _) => refused(
+        (op, _, _) => Outcome::refused(
             name_of(query),
             ResponseCode::NotImp,
             Refusal::new(
@@ -90,18 +90,6 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
         }
     }
     Some(encode(&request, outcome, written, asker.udp))
-}
-
-fn refused(host: String, rcode: ResponseCode, refusal: Refusal) -> Outcome {
-    Outcome {
-        host,
-        rcode,
-        answers: Vec::new(),
-        addrs: Vec::new(),
-        ttl: 0,
-        decision: None,
-        refusal: Some(refusal),
-    }
 }
 
 fn name_of(query: Option<&Query>) -> String {
