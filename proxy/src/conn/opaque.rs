@@ -69,23 +69,7 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
         DestHost::Ip(ip) => proxy.dns.names.names(ctx.agent_uid, ip),
         DestHost::Name(_) => Vec::new(),
     };
-    let mut candidates: Vec<(&str, bool)> = names.iter().map(|n| (&**n, true)).collect();
-    candidates.push((&dial, false));
-    let mut first: Option<(String, bool, Result<Decision, Refusal>)> = None;
-    for (host, by_name) in candidates {
-        let decision = decide_host(proxy, &policy, host, ctx.dest.port);
-        if matches!(&decision, Ok(d) if d.action == Action::Allow && !d.reported_deny) {
-            first = Some((host.to_string(), by_name, decision));
-            break;
-        }
-        if first.is_none() {
-            first = Some((host.to_string(), by_name, decision));
-        }
-    }
-    let (host, by_name, decision) = first.unwrap_or_else(|| {
-        let d = decide_host(proxy, &policy, &dial, ctx.dest.port);
-        (dial.clone(), false, d)
-    });
+    let (host, by_name, decision) = choose(proxy, &policy, &names, &dial, ctx.dest.port);
     TcpDecision {
         policy,
         host,
@@ -94,6 +78,32 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
         decision,
         started: Instant::now(),
         at: time::OffsetDateTime::now_utc(),
+    }
+}
+
+/// The host a raw TCP connection is decided as, whether it is a name, and the decision: the
+/// first of `names` (most recent first) that allows; else the address `dial`, if it allows
+/// or no name was given; else the most recent name's refusal.
+fn choose(
+    proxy: &Proxy,
+    policy: &Policy,
+    names: &[Arc<str>],
+    dial: &str,
+    port: u16,
+) -> (String, bool, Result<Decision, Refusal>) {
+    let allows = |d: &Result<Decision, Refusal>| matches!(d, Ok(d) if d.action == Action::Allow && !d.reported_deny);
+    let mut refused = None;
+    for name in names {
+        let d = decide_host(proxy, policy, name, port);
+        if allows(&d) {
+            return (name.to_string(), true, d);
+        }
+        refused.get_or_insert((name, d));
+    }
+    let d = decide_host(proxy, policy, dial, port);
+    match refused {
+        Some((name, by_name)) if !allows(&d) => (name.to_string(), true, by_name),
+        _ => (dial.to_string(), false, d),
     }
 }
 

@@ -14,6 +14,7 @@ use hickory_resolver::proto::serialize::binary::{BinDecodable, BinDecoder};
 use super::answer::{answer, Outcome};
 use super::record;
 use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::policy::Policy;
 use crate::proxy::Proxy;
 
 /// The largest UDP answer we send (RFC 9715's advice for EDNS: no IP fragmentation).
@@ -34,11 +35,21 @@ pub(crate) struct Asker {
     pub udp: bool,
 }
 
+/// When a question arrived, and the policy it is decided (and recorded) under.
+pub(crate) struct Asked {
+    pub started: Instant,
+    pub at: time::OffsetDateTime,
+    pub policy: Arc<Policy>,
+}
+
 /// The response to `bytes`, or `None` when nothing is to be sent (not a query, or not even
 /// a DNS header).
 pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> Option<Vec<u8>> {
-    let started = Instant::now();
-    let at = crate::clock::now_rfc3339();
+    let asked = Asked {
+        started: Instant::now(),
+        at: time::OffsetDateTime::now_utc(),
+        policy: proxy.policy(),
+    };
     let request = match Message::from_vec(bytes) {
         Ok(m) => m,
         Err(e) => {
@@ -48,7 +59,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
             }
             let r = Refusal::new(ErrorCode::BadRequest, format!("malformed DNS query: {e}"));
             let outcome = Outcome::refused(String::new(), ResponseCode::FormErr, r);
-            record::record(proxy, asker, None, &outcome, started, at.into()).await;
+            record::record(proxy, asker, &asked, None, &outcome).await;
             let mut resp = Message::response(header.metadata.id, header.metadata.op_code);
             resp.metadata.response_code = ResponseCode::FormErr;
             return resp.to_vec().ok();
@@ -59,10 +70,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
     }
     let query = request.queries.first();
     let outcome = match (request.metadata.op_code, request.queries.len(), query) {
-        (OpCode::Query, 1, Some(q)) => {
-            let policy = proxy.policy();
-            answer(proxy, &policy, q).await
-        }
+        (OpCode::Query, 1, Some(q)) => answer(proxy, &asked.policy, q).await,
         (OpCode::Query, n, _) => Outcome::refused(
             name_of(query),
             ResponseCode::FormErr,
@@ -80,7 +88,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
             ),
         ),
     };
-    let written = record::record(proxy, asker, query, &outcome, started, at.into()).await;
+    let written = record::record(proxy, asker, &asked, query, &outcome).await;
     if written {
         for ip in &outcome.addrs {
             proxy

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use hickory_resolver::proto::op::{Query, ResponseCode};
 
 use super::answer::Outcome;
-use super::message::Asker;
+use super::message::{Asked, Asker};
 use super::names::{MAX_TTL, MIN_TTL};
 use crate::conn::{ConnCtx, Dest, ListenerKind};
 use crate::pipeline::record::{self, DnsFacts, Protocol, Record, RecordKind, RequestId, Verdict};
@@ -22,10 +22,9 @@ use crate::proxy::Proxy;
 pub(super) async fn record(
     proxy: &Arc<Proxy>,
     asker: &Asker,
+    asked: &Asked,
     query: Option<&Query>,
     outcome: &Outcome,
-    started: Instant,
-    at: Arc<str>,
 ) -> bool {
     let verdict = outcome
         .refusal
@@ -66,7 +65,6 @@ pub(super) async fn record(
         tls: None,
         agent_uid: asker.uid,
     };
-    let policy = proxy.policy();
     let reason = match (&outcome.refusal, &outcome.decision) {
         (Some(r), _) => Some(r.message.clone()),
         (None, Some(d)) => Some(d.explanation.clone()),
@@ -84,7 +82,7 @@ pub(super) async fn record(
         rule,
         error_code: outcome.refusal.as_ref().map(|r| r.code),
         reason: reason.map(|r| secrets.redact(&r).into_owned()),
-        ms: record::ms_since(started),
+        ms: record::ms_since(asked.started),
         dns: Some(DnsFacts {
             qtype: qtype.map_or_else(|| "-".to_string(), |t| t.to_string()),
             rcode,
@@ -93,9 +91,9 @@ pub(super) async fn record(
         ..record::base(
             proxy,
             &ctx,
-            &policy,
+            &asked.policy,
             RequestId::random(),
-            at,
+            crate::clock::rfc3339(asked.at).into(),
             secrets.redact(&outcome.host).into(),
         )
     };
