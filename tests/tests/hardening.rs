@@ -2,16 +2,12 @@
 //! path tricks with segment parameters, escapes that are data, a crafted audit log. Each
 //! refusal is a JSON body and a record; nothing refused reaches the upstream.
 
-use std::net::{IpAddr, Ipv4Addr};
-
+use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::{echo_server, Upstream, UpstreamOptions};
 use serde_json::Value;
-
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 const POLICY: &str = r#"
 version = 1
@@ -30,6 +26,14 @@ action = "deny"
 priority = 10
 "#;
 
+/// The hardening suite's upstream: plain, named `up`.
+fn up_options() -> UpstreamOptions {
+    UpstreamOptions {
+        name: "up".into(),
+        ..Default::default()
+    }
+}
+
 struct World {
     up: Upstream,
     daemon: Daemon,
@@ -38,27 +42,17 @@ struct World {
 
 impl World {
     async fn new() -> World {
-        let ca = TestCa::new("hardening upstream CA");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&["api.test", "127.0.0.1"])),
-            name: "up".into(),
-            ..Default::default()
-        })
+        let api = ApiUpstream::start(
+            "hardening upstream CA",
+            &["api.test", "127.0.0.1"],
+            up_options(),
+        )
         .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
-        let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
-            extra_ca: vec![ca_file],
-            hosts: vec![("api.test".into(), LOCAL)],
-            orig_dst: Some(up.addr),
-            ..Default::default()
-        });
+        let daemon = Daemon::start(api.daemon_options(POLICY));
         World {
-            up,
+            up: api.up,
             daemon,
-            _dir: dir,
+            _dir: api.dir,
         }
     }
 
@@ -248,28 +242,15 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
         dir.to_str().expect("utf-8"),
     ]);
     let _mounted = Mounted(dir.clone());
-    let ca = TestCa::new("disk-full upstream CA");
-    let up = Upstream::start(UpstreamOptions {
-        tls: Some(ca.leaf(&["api.test"])),
-        name: "up".into(),
-        ..Default::default()
-    })
-    .await;
-    let state = tempfile::tempdir().expect("tempdir");
-    let ca_file = state.path().join("upstream-ca.pem");
-    ca.write_pem(&ca_file).expect("write CA");
+    let api = ApiUpstream::start("disk-full upstream CA", &["api.test"], up_options()).await;
     let daemon = Daemon::start(DaemonOptions {
-        policies: vec![("main.toml".into(), POLICY.into())],
-        extra_ca: vec![ca_file],
-        hosts: vec![("api.test".into(), LOCAL)],
-        orig_dst: Some(up.addr),
         audit_path: Some(dir.join("audit.jsonl")),
-        ..Default::default()
+        ..api.daemon_options(POLICY)
     });
     let w = World {
-        up,
+        up: api.up,
         daemon,
-        _dir: state,
+        _dir: api.dir,
     };
     let body = state_body();
     let post = |path: &'static str| {
@@ -651,27 +632,14 @@ async fn closed_after<S: tokio::io::AsyncRead + Unpin>(
 async fn idle_connections_are_closed_and_keep_alive_outlives_the_head_timeout() {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
-    let ca = TestCa::new("timeouts upstream CA");
-    let up = Upstream::start(UpstreamOptions {
-        tls: Some(ca.leaf(&["api.test"])),
-        name: "up".into(),
-        ..Default::default()
-    })
-    .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca_file = dir.path().join("upstream-ca.pem");
-    ca.write_pem(&ca_file).expect("write CA");
+    let api = ApiUpstream::start("timeouts upstream CA", &["api.test"], up_options()).await;
     let d = Daemon::start(DaemonOptions {
-        policies: vec![("main.toml".into(), POLICY.into())],
-        extra_ca: vec![ca_file],
-        hosts: vec![("api.test".into(), LOCAL)],
-        orig_dst: Some(up.addr),
         limits: vec![
             "first_request_timeout = \"1s\"".into(),
             "header_read_timeout = \"1s\"".into(),
             "idle_timeout = \"3s\"".into(),
         ],
-        ..Default::default()
+        ..api.daemon_options(POLICY)
     });
     let bound = Duration::from_secs(10);
 

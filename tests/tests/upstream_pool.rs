@@ -3,13 +3,13 @@
 //! connections every hundred requests (GOAWAY, as nginx does after `keepalive_requests`) costs
 //! the agents nothing.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::{client_config, TestCa};
+use agenshield_e2e::api::ApiUpstream;
+use agenshield_e2e::daemon::Daemon;
+use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
@@ -18,7 +18,6 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const POLICY: &str =
     "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n";
 
@@ -29,27 +28,21 @@ struct World {
 }
 
 async fn world(goaway_every: Option<usize>) -> World {
-    let ca = TestCa::new("pool upstream CA");
-    let up = Upstream::start(UpstreamOptions {
-        tls: Some(ca.leaf(&["api.test"])),
-        name: "up".into(),
-        goaway_every,
-    })
+    let api = ApiUpstream::start(
+        "pool upstream CA",
+        &["api.test"],
+        UpstreamOptions {
+            name: "up".into(),
+            goaway_every,
+            ..Default::default()
+        },
+    )
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca_file = dir.path().join("upstream-ca.pem");
-    ca.write_pem(&ca_file).expect("write CA");
-    let daemon = Daemon::start(DaemonOptions {
-        policies: vec![("main.toml".into(), POLICY.into())],
-        extra_ca: vec![ca_file],
-        hosts: vec![("api.test".into(), LOCAL)],
-        orig_dst: Some(up.addr),
-        ..Default::default()
-    });
+    let daemon = Daemon::start(api.daemon_options(POLICY));
     World {
-        up,
+        up: api.up,
         daemon,
-        _dir: dir,
+        _dir: api.dir,
     }
 }
 
