@@ -83,6 +83,10 @@ fn first_run_on_defaults_creates_state_and_serves() {
                 .then_some("[::1]:15001"),
         )
         .filter(|a| std::net::TcpListener::bind(a).is_err())
+        // The DNS stub takes UDP and TCP.
+        .chain(["127.0.0.1:15053"].into_iter().filter(|a| {
+            std::net::TcpListener::bind(a).is_err() || std::net::UdpSocket::bind(a).is_err()
+        }))
         .collect();
     if !busy.is_empty() {
         assert!(
@@ -136,6 +140,7 @@ fn first_run_on_defaults_creates_state_and_serves() {
     );
     assert!(all.contains("transparent=127.0.0.1:15001"), "{all}");
     assert!(all.contains("explicit=127.0.0.1:15080"), "{all}");
+    assert!(all.contains("dns=127.0.0.1:15053"), "{all}");
     let key = state.path().join("certs/ca-key.pem");
     let mode = std::fs::metadata(&key)
         .expect("CA key created")
@@ -209,7 +214,7 @@ fn a_policy_binding_a_missing_secret_stops_the_start_with_the_fix() {
     let cfg = dir.path().join("proxy.toml");
     std::fs::write(
         &cfg,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = \"a.sock\"\nmetrics = \"off\"\n[paths]\npolicies = \"policies\"\ncerts = \"certs\"\nvault = \"vault\"\naudit = \"audit.jsonl\"\n",
+        "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\ndns = \"127.0.0.1:0\"\nadmin = \"a.sock\"\nmetrics = \"off\"\n[paths]\npolicies = \"policies\"\ncerts = \"certs\"\nvault = \"vault\"\naudit = \"audit.jsonl\"\n",
     )
     .expect("config");
     let (code, _, err) = output(&["proxy", "run", "--config", cfg.to_str().expect("utf-8")]);

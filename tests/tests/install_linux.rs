@@ -245,6 +245,18 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// A port free on 127.0.0.1 for UDP and TCP both (the DNS stub takes both).
+fn free_dns_port() -> u16 {
+    for _ in 0..20 {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+        let port = udp.local_addr().expect("addr").port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both UDP and TCP");
+}
+
 /// Starts the installed daemon as the unit would (root, the installed config) and waits for
 /// its ready line.
 fn start_daemon(log: &Path) -> Child {
@@ -328,9 +340,10 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
 
     // The values to install: the test's upstream CA, the namespace's range, a dead resolver
     // (nothing can leave the machine), ports and a socket of its own.
-    let (transparent, explicit) = (free_port(), free_port());
+    let (transparent, explicit, dns) = (free_port(), free_port(), free_dns_port());
     let config_text = format!(
         "[listen]\ntransparent = [\"127.0.0.1:{transparent}\"]\nexplicit = \"127.0.0.1:{explicit}\"\n\
+         dns = \"127.0.0.1:{dns}\"\n\
          metrics = \"off\"\nadmin = \"{RUN_DIR}/proxy.sock\"\n\n\
          [daemon]\nworker_user = \"{BROKER}\"\n\n\
          [redirect]\nenabled = true\nagent_users = [\"{AGENT}\"]\nreconcile_interval = \"1s\"\n\n\

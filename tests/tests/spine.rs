@@ -531,7 +531,7 @@ fn malformed_policy_fails_run_with_file_line_and_reason() {
     std::fs::write(
         &config,
         format!(
-            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\ndns = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
             dir.path().join("admin.sock"),
             policies,
             dir.path().join("certs"),

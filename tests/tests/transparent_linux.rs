@@ -527,7 +527,7 @@ async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
     std::fs::write(
         &config,
         format!(
-            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n\
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\ndns = \"127.0.0.1:0\"\nadmin = {:?}\nmetrics = \"off\"\n\
              [paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n\
              [redirect]\nenabled = true\nagent_users = [{}]\n",
             dir.path().join("admin.sock"),
