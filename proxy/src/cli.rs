@@ -57,7 +57,7 @@ pub enum ProxyCommand {
     Install(InstallArgs),
 
     /// Remove exactly what `install` created and leave everything else. Needs root.
-    Uninstall(InstallArgs),
+    Uninstall(UninstallArgs),
 
     /// Run a command through the explicit listener, sandboxed so it can connect only to the
     /// proxy (Landlock on Linux, Seatbelt on macOS). No root needed.
@@ -66,6 +66,23 @@ pub enum ProxyCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct InstallArgs {
+    /// Print every step and change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Daemon configuration file (TOML); default as for `run`
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Also add the CA to the machine's own trust store (update-ca-certificates,
+    /// update-ca-trust, or the macOS System keychain), for agent processes no environment
+    /// reaches. Every user of the machine then trusts certificates the CA signs.
+    #[arg(long)]
+    pub trust_system_store: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
     /// Print every step and change nothing
     #[arg(long)]
     pub dry_run: bool,

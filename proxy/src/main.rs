@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             ExitCode::from(agenshield_proxy::cmd::install::command(&args, false))
         }
         Top::Proxy(ProxyCommand::Uninstall(args)) => {
-            ExitCode::from(agenshield_proxy::cmd::install::command(&args, true))
+            ExitCode::from(agenshield_proxy::cmd::install::command(&args.into(), true))
         }
         Top::Proxy(ProxyCommand::Exec(args)) => {
             let cfg = match load_config(args.config.as_deref()) {

@@ -38,6 +38,7 @@ fn input() -> InstallInput {
         config_text: default_config_text(),
         config_given: false,
         default_policy: DEFAULT_POLICY.into(),
+        trust_system_store: false,
     }
 }
 
@@ -49,6 +50,7 @@ fn layout(platform: Platform) -> Layout {
 fn clean(systemd: bool) -> Observed {
     let mut o = Observed::clean(Path::new(EXE));
     o.service.manager_running = systemd;
+    o.pam_auth_update = true;
     o
 }
 
@@ -85,7 +87,11 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
                 let sha256 = match content {
                     Content::Text(t) => Some(sha(t)),
                     Content::CaBundle { .. } => Some("bundle".into()),
-                    Content::CopyOf(_) => None,
+                    Content::TrustStore { .. } => {
+                        o.truststore_current = true;
+                        Some("store".into())
+                    }
+                    Content::CopyOf(src) => o.paths.get(src).and_then(|p| p.sha256.clone()),
                 };
                 o.paths.insert(
                     path.clone(),
@@ -104,6 +110,18 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
                 );
                 o.bundle_sha256 = Some("bundle".into());
                 o.ca_common_name = Some("AgenShield Local CA test".into());
+            }
+            Action::MakeUserDir { path, meta } => {
+                o.paths.insert(
+                    path.clone(),
+                    state(true, meta.mode, &meta.owner, &meta.group, None),
+                );
+            }
+            Action::WriteUserFile { path, meta, text } => {
+                o.paths.insert(
+                    path.clone(),
+                    state(false, meta.mode, &meta.owner, &meta.group, Some(sha(text))),
+                );
             }
             Action::AddEnvBlock { path, meta, block } => {
                 o.texts.insert(path.clone(), block.clone());
@@ -130,6 +148,7 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
                     o.service.active = true;
                 }
                 Some(Created::Keychain { .. }) => o.keychain_has_ca = true,
+                Some(Created::Registered { what, .. }) if what == "pam" => o.pam_enabled = true,
                 _ => {}
             },
             _ => {}
@@ -369,6 +388,7 @@ fn a_config_pointing_into_a_shared_system_directory_is_refused_not_taken_over() 
         config_text: text,
         config_given: true,
         default_policy: DEFAULT_POLICY.into(),
+        trust_system_store: false,
     };
     let err = plan_install(&l, &input, &seen).expect_err("refused");
     assert!(
@@ -376,4 +396,108 @@ fn a_config_pointing_into_a_shared_system_directory_is_refused_not_taken_over() 
             .contains("/var/log is a shared system directory"),
         "{err}"
     );
+}
+
+/// Every file install writes for the agent's trust, byte for byte, on both platforms (the
+/// bundle and the JVM trust store hold the machine's roots: their content is checked by the
+/// unit tests and the compat suite instead).
+#[test]
+fn the_trust_files_install_writes_are_the_golden_ones() {
+    use agenshield_proxy::cmd::install::layout::{BlockKind, LAUNCHD_ENV_LABEL};
+    use agenshield_proxy::cmd::trust::files;
+    let linux = layout(Platform::Linux);
+    golden("trust-linux-profile.sh", &linux.block(BlockKind::Shell));
+    golden(
+        "trust-linux-environment.d.conf",
+        &linux.block(BlockKind::EnvironmentD),
+    );
+    golden("trust-wgetrc", &linux.block(BlockKind::Wgetrc));
+    golden("trust-agent-env", &files::env_file(&linux.trust()));
+    golden(
+        "trust-pam-profile",
+        &files::pam_profile(&linux.agent.name, &linux.env_file),
+    );
+    let mac = layout(Platform::MacOs);
+    golden("trust-macos-zshenv.sh", &mac.block(BlockKind::Shell));
+    golden(
+        "trust-macos-agent-env.plist",
+        &files::launchd_env_plist(LAUNCHD_ENV_LABEL, &mac.trust()),
+    );
+    // Which files get which block.
+    let kinds = |l: &Layout| -> Vec<(String, BlockKind)> {
+        l.blocks
+            .iter()
+            .map(|b| (b.path.display().to_string(), b.kind))
+            .collect()
+    };
+    assert_eq!(
+        kinds(&linux),
+        vec![
+            ("/home/ash_default_agent/.profile".into(), BlockKind::Shell),
+            ("/home/ash_default_agent/.bashrc".into(), BlockKind::Shell),
+            (
+                "/home/ash_default_agent/.config/environment.d/60-agenshield.conf".into(),
+                BlockKind::EnvironmentD
+            ),
+            ("/home/ash_default_agent/.wgetrc".into(), BlockKind::Wgetrc),
+        ]
+    );
+    assert_eq!(
+        kinds(&mac),
+        vec![
+            ("/Users/ash_default_agent/.zshenv".into(), BlockKind::Shell),
+            ("/Users/ash_default_agent/.wgetrc".into(), BlockKind::Wgetrc),
+        ]
+    );
+}
+
+/// `--trust-system-store`: the warning, the store's file and command, undone at uninstall;
+/// and a machine without pam-auth-update is told the PAM lines instead.
+#[test]
+fn the_system_store_and_pam_variants_of_the_plan() {
+    use agenshield_proxy::cmd::trust::system_store::SystemStore;
+    let mut with_store = input();
+    with_store.trust_system_store = true;
+    for (platform, store, name) in [
+        (
+            Platform::Linux,
+            SystemStore::Debian,
+            "install-plan-linux-system-store.txt",
+        ),
+        (
+            Platform::MacOs,
+            SystemStore::MacOs,
+            "install-plan-macos-system-store.txt",
+        ),
+    ] {
+        let l = layout(platform);
+        let mut seen = clean(true);
+        seen.system_store = Some(store);
+        let plan = plan_install(&l, &with_store, &seen).expect("plan");
+        let text = plan.render();
+        assert!(
+            text.contains("every user and process of this machine"),
+            "{text}"
+        );
+        golden(name, &text);
+        let installed = after(&plan, seen, &l);
+        let again = plan_install(&l, &with_store, &installed).expect("plan");
+        assert_eq!(again.todo(), 0, "second run:\n{}", again.render());
+        let undo = plan_uninstall(&l, &installed).render();
+        let want = match platform {
+            Platform::Linux => "update-ca-certificates --fresh",
+            Platform::MacOs => "security remove-trusted-cert -d",
+        };
+        assert!(undo.contains(want), "{undo}");
+    }
+    let l = layout(Platform::Linux);
+    let mut no_pam = clean(true);
+    no_pam.pam_auth_update = false;
+    let text = plan_install(&l, &input(), &no_pam).expect("plan").render();
+    assert!(
+        text.contains("no pam-auth-update here: add these lines")
+            && text.contains("pam_succeed_if.so quiet user != ash_default_agent"),
+        "{text}"
+    );
+    assert!(!text.contains("pam-auth-update --package"), "{text}");
 }

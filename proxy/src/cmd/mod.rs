@@ -5,4 +5,4 @@ pub mod ctl;
 pub mod exec;
 pub mod firewall;
 pub mod install;
-pub mod trust_env;
+pub mod trust;

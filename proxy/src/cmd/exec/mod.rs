@@ -9,7 +9,7 @@
 //!   "permission denied"), and `NODE_USE_ENV_PROXY=1` (Node's built-in `fetch` honours the
 //!   variables only with it). `NO_PROXY`/`no_proxy` are removed, so no inherited exception
 //!   sends a host around the proxy;
-//! - every CA variable of [`crate::cmd::trust_env::CA_ENV_VARS`] pointing at a bundle of the
+//! - every CA variable of [`crate::cmd::trust::CA_FILE_VARS`] pointing at a bundle of the
 //!   system roots plus the daemon's CA, kept in the user's cache directory
 //!   (`$XDG_CACHE_HOME/agenshield`, else `~/.cache/agenshield`, `~/Library/Caches/agenshield`
 //!   on macOS), one file per CA, rewritten when a day old;
@@ -34,7 +34,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cmd::trust_env;
+use crate::cmd::trust::{self, AgentTrust};
 use crate::config::Config;
 
 /// The proxy variables set for the command.
@@ -157,7 +157,12 @@ pub fn child_env(proxy: SocketAddr, bundle: &Path) -> Vec<(&'static str, OsStrin
     let mut env: Vec<(&'static str, OsString)> =
         PROXY_VARS.iter().map(|k| (*k, url.clone())).collect();
     env.push(("NODE_USE_ENV_PROXY", OsString::from("1")));
-    env.extend(trust_env::env_for(bundle));
+    let store = truststore_for(bundle);
+    let t = AgentTrust {
+        bundle,
+        truststore: Some(&store),
+    };
+    env.extend(t.env().into_iter().map(|(k, v)| (k, OsString::from(v))));
     env
 }
 
@@ -216,9 +221,25 @@ pub fn ensure_bundle(ca: &Path, dir: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     // `write_bundle` writes through a uniquely named temp file: concurrent execs each
     // rename a whole bundle into place.
-    trust_env::write_bundle(ca, &out)
+    let configured = trust::bundle::configured_bundles(Path::new("/etc"));
+    trust::bundle::write_bundle(ca, &configured, &out)
         .map_err(|e| format!("writing the CA bundle {}: {e}", out.display()))?;
+    let store = truststore_for(&out);
+    std::fs::read_to_string(&out)
+        .and_then(|b| trust::truststore::from_bundle(&b))
+        .and_then(|p12| trust::bundle::write_public(&store, &p12))
+        .map_err(|e| format!("writing the JVM trust store {}: {e}", store.display()))?;
     Ok(out)
+}
+
+/// The JVM trust store written beside a bundle (`ca-bundle-TAG.pem` → `truststore-TAG.p12`).
+pub fn truststore_for(bundle: &Path) -> PathBuf {
+    let name = bundle
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("ca-bundle");
+    let tag = name.strip_prefix("ca-bundle-").unwrap_or(name);
+    bundle.with_file_name(format!("truststore-{tag}.p12"))
 }
 
 /// `program` as `execvp` would find it: a name with a slash as given, else the first
@@ -298,7 +319,7 @@ mod tests {
             let v = env.iter().find(|(n, _)| *n == k).expect(k);
             assert_eq!(v.1, "http://[::1]:15080", "{k}");
         }
-        for k in trust_env::CA_ENV_VARS {
+        for k in trust::CA_FILE_VARS {
             let v = env.iter().find(|(n, _)| *n == k).expect(k);
             assert_eq!(v.1, bundle.as_os_str(), "{k}");
         }
@@ -346,12 +367,21 @@ mod tests {
         let e = ensure_bundle(&ca, &cache).expect_err("no CA");
         assert!(e.contains("no CA certificate at"), "{e}");
 
-        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-        std::fs::write(&ca, pem).expect("write CA");
+        let ca_pem = |name: &str| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let mut p = rcgen::CertificateParams::new(vec![name.into()]).expect("params");
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.self_signed(&key).expect("cert").pem()
+        };
+        let pem = ca_pem("one.test");
+        std::fs::write(&ca, &pem).expect("write CA");
         let b = ensure_bundle(&ca, &cache).expect("bundle");
         assert!(b.starts_with(&cache));
         let text = std::fs::read_to_string(&b).expect("read bundle");
-        assert!(text.ends_with(pem), "ends with our CA");
+        assert!(text.ends_with(&pem), "ends with our CA");
+        let store = std::fs::read(truststore_for(&b)).expect("trust store beside it");
+        let inside = trust::truststore::certs_in(&store).expect("PKCS12");
+        assert_eq!(inside, trust::truststore::certs_of_bundle(&text));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&cache)
             .expect("cache")
@@ -362,17 +392,19 @@ mod tests {
         std::fs::write(&b, "marker").expect("mark");
         assert_eq!(ensure_bundle(&ca, &cache).expect("again"), b);
         assert_eq!(std::fs::read_to_string(&b).expect("read"), "marker");
-        // Another CA, another file; nothing left behind but the bundles.
-        std::fs::write(&ca, pem.replace("MIIB", "MIIC")).expect("write CA");
+        // Another CA, other files; nothing left behind but the bundles and their stores.
+        std::fs::write(&ca, ca_pem("two.test")).expect("write CA");
         let b2 = ensure_bundle(&ca, &cache).expect("bundle 2");
         assert_ne!(b, b2);
         let names: Vec<String> = std::fs::read_dir(&cache)
             .expect("ls")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(names.len(), 4, "{names:?}");
         assert!(
-            names.iter().all(|n| n.starts_with("ca-bundle-")),
+            names
+                .iter()
+                .all(|n| n.starts_with("ca-bundle-") || n.starts_with("truststore-")),
             "{names:?}"
         );
     }

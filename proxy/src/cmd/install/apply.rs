@@ -138,6 +138,21 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
             set_meta(path, meta)?;
         }
         Action::SetMeta { path, meta } => set_meta(path, meta)?,
+        // The agent's own directories and files: never followed (`userfile`).
+        Action::MakeUserDir { path, meta } => {
+            let (uid, gid) = ids(&meta.owner, Some(&meta.group))?;
+            super::userfile::mkdir(path, meta.mode, uid, gid.unwrap_or(uid))
+                .map_err(io(format!("mkdir {}", path.display())))?;
+        }
+        Action::WriteUserFile { path, meta, text } => {
+            let (uid, gid) = ids(&meta.owner, Some(&meta.group))?;
+            super::userfile::write(path, text.as_bytes(), meta.mode, uid, gid.unwrap_or(uid))
+                .map_err(io(format!("writing {}", path.display())))?;
+            ran.records.push(Created::File {
+                path: path.clone(),
+                sha256: Some(sha256_hex(text.as_bytes())),
+            });
+        }
         Action::Write {
             path,
             meta,
@@ -352,8 +367,8 @@ fn write_content(
             write_atomic(path, meta, |f| std::io::copy(&mut from, f).map(|_| ()))?;
             Ok(None)
         }
-        Content::CaBundle { ca } => {
-            crate::cmd::trust_env::write_bundle(ca, path).map_err(io(format!(
+        Content::CaBundle { ca, keep } => {
+            crate::cmd::trust::bundle::write_bundle(ca, keep, path).map_err(io(format!(
                 "writing {} from {}",
                 path.display(),
                 ca.display()
@@ -361,6 +376,16 @@ fn write_content(
             set_meta(path, meta)?;
             let bytes = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
             Ok(Some(sha256_hex(&bytes)))
+        }
+        Content::TrustStore { ca, keep } => {
+            use crate::cmd::trust::{bundle, truststore};
+            let what = format!("writing {} from {}", path.display(), ca.display());
+            let pem = std::fs::read_to_string(ca).map_err(io(what.clone()))?;
+            let p12 = bundle::bundle_pem(&pem, keep)
+                .and_then(|b| truststore::from_bundle(&b))
+                .map_err(io(what))?;
+            write_atomic(path, meta, |f| f.write_all(&p12))?;
+            Ok(Some(sha256_hex(&p12)))
         }
     }
 }

@@ -93,13 +93,32 @@ pub fn plan_install(
     );
     b.dir("the CA directory", &l.certs, meta(0o755, root, rg), false)?;
     ca_steps(&mut b);
+    let keep = seen.configured_bundles.clone();
     b.file(
         "the agent's CA bundle",
         &l.bundle.clone(),
         meta(0o644, root, rg),
         Content::CaBundle {
             ca: l.certs.join("ca.pem"),
+            keep: keep.clone(),
         },
+        true,
+    );
+    b.file(
+        "the agent's JVM trust store",
+        &l.truststore.clone(),
+        meta(0o644, root, rg),
+        Content::TrustStore {
+            ca: l.certs.join("ca.pem"),
+            keep,
+        },
+        true,
+    );
+    b.file(
+        "the agent's environment file",
+        &l.env_file.clone(),
+        meta(0o644, root, rg),
+        Content::Text(crate::cmd::trust::files::env_file(&l.trust())),
         true,
     );
     // The file vault refuses a directory not owned by the uid that serves: the broker when
@@ -140,11 +159,8 @@ pub fn plan_install(
         .iter()
         .any(|s| s.state == State::Todo);
 
-    for f in l.env_files.clone() {
-        b.env_block(&f);
-    }
+    trust_steps(&mut b, input.trust_system_store);
     if l.platform == Platform::MacOs {
-        keychain_steps(&mut b);
         agent_profile_steps(&mut b)?;
     }
     firewall_step(&mut b);
@@ -204,6 +220,143 @@ fn ca_steps(b: &mut Builder) {
             // Recorded by apply: one File record per file written.
         }
     }
+}
+
+/// The agent's trust in every way its processes start: shell start-up files, the systemd
+/// user manager, wget, PAM sessions (Linux) or its launchd domain and login keychain
+/// (macOS); and, if asked, the machine's own store.
+fn trust_steps(b: &mut Builder, system_store: bool) {
+    let l = b.layout;
+    for d in l.agent_dirs.clone() {
+        b.agent_dir(&d);
+    }
+    for block in l.blocks.clone() {
+        b.env_block(&block);
+    }
+    match l.platform {
+        Platform::Linux => pam_steps(b),
+        Platform::MacOs => {
+            let plist = crate::cmd::trust::files::launchd_env_plist(
+                super::layout::LAUNCHD_ENV_LABEL,
+                &l.trust(),
+            );
+            b.agent_file(
+                "the LaunchAgent that sets the CA variables in the agent's launchd domain \
+                 (loaded at its next login)",
+                &l.launchd_env_plist(),
+                plist,
+            );
+            keychain_steps(b);
+        }
+    }
+    if system_store {
+        system_store_steps(b);
+    }
+}
+
+/// PAM: the environment file for the agent's sessions only, whatever starts them (su with or
+/// without -l, sudo, runuser, cron, sshd, the systemd user manager). Through Debian's
+/// `pam-auth-update`; elsewhere the two lines to add are printed.
+fn pam_steps(b: &mut Builder) {
+    use super::layout::{PAM_PROFILE_NAME, PAM_PROFILE_PATH};
+    use crate::cmd::trust::files;
+    let l = b.layout;
+    if !b.seen.pam_auth_update {
+        b.push(
+            "apply the CA variables to the agent's PAM sessions".into(),
+            format!(
+                "no pam-auth-update here: add these lines to your distribution's session \
+                 stack (e.g. /etc/pam.d/system-login): {}",
+                files::pam_lines(&l.agent.name, &l.env_file)
+                    .trim_end()
+                    .replace('\n', " | ")
+            ),
+            Action::Note,
+            State::Note,
+        );
+        return;
+    }
+    b.file(
+        "the PAM profile for the agent's sessions",
+        Path::new(PAM_PROFILE_PATH),
+        meta(0o644, "root", l.root_group),
+        Content::Text(files::pam_profile(&l.agent.name, &l.env_file)),
+        true,
+    );
+    let profile_changed = b.steps.last().is_some_and(|s| s.state == State::Todo);
+    let enable = vec![vec!["pam-auth-update".to_string(), "--package".to_string()]];
+    let undo = vec![vec![
+        "pam-auth-update".to_string(),
+        "--package".to_string(),
+        "--remove".to_string(),
+        PAM_PROFILE_NAME.to_string(),
+    ]];
+    b.registered(
+        format!(
+            "apply the environment file to {}'s PAM sessions (su, sudo, runuser, cron, ssh)",
+            l.agent.name
+        ),
+        enable,
+        b.seen.pam_enabled && !profile_changed,
+        true,
+        Created::Registered {
+            what: "pam".into(),
+            marker: PAM_PROFILE_PATH.into(),
+            undo,
+        },
+    );
+}
+
+/// `--trust-system-store`: our CA in the machine's store, for every user and process.
+fn system_store_steps(b: &mut Builder) {
+    use crate::cmd::trust::system_store::SystemStore;
+    let l = b.layout;
+    let ca = l.certs.join("ca.pem");
+    b.push(
+        "warning: --trust-system-store".into(),
+        "every user and process of this machine will trust certificates the AgenShield CA \
+         signs, not only the agent's"
+            .into(),
+        Action::Note,
+        State::Note,
+    );
+    let Some(store) = b.seen.system_store else {
+        b.push(
+            "add the CA to the machine's trust store".into(),
+            "no update-ca-certificates or /etc/pki/ca-trust here: add the CA by hand".into(),
+            Action::Note,
+            State::Note,
+        );
+        return;
+    };
+    // The keychain cannot be read without a prompt: on macOS the manifest tells.
+    let mut done = true;
+    if let Some(file) = store.file() {
+        b.file(
+            "the CA in the machine's trust store",
+            &file,
+            meta(0o644, "root", l.root_group),
+            Content::CopyOf(ca.clone()),
+            true,
+        );
+        done = b.steps.last().is_some_and(|s| s.state != State::Todo);
+    }
+    let marker = store.file().unwrap_or_else(|| ca.clone());
+    b.registered(
+        "rebuild the machine's trust store with the CA".into(),
+        store.trust(&ca),
+        done && b
+            .manifest
+            .created
+            .iter()
+            .any(|c| matches!(c, Created::Registered { what, .. } if what == "system-store")),
+        store != SystemStore::MacOs,
+        Created::Registered {
+            what: "system-store".into(),
+            marker,
+            undo: store.remove(&ca),
+        },
+    );
 }
 
 fn keychain_steps(b: &mut Builder) {

@@ -41,6 +41,15 @@ pub const BIN_PATH: &str = "/opt/agenshield/bin/agenshield";
 pub const MANIFEST_PATH: &str = "/opt/agenshield/.install-manifest.json";
 /// The bundle (system roots + our CA) the agent's tools are pointed at.
 pub const BUNDLE_FILE: &str = "agent-ca-bundle.pem";
+/// The JVM trust store made from the bundle (PKCS12).
+pub const TRUSTSTORE_FILE: &str = "agent-truststore.p12";
+/// The agent's CA variables as `KEY=value` lines (PAM, systemd units).
+pub const AGENT_ENV_FILE: &str = "agent-env";
+/// Debian's PAM profile that applies the environment file to the agent's sessions.
+pub const PAM_PROFILE_PATH: &str = "/usr/share/pam-configs/agenshield";
+pub const PAM_PROFILE_NAME: &str = "agenshield";
+/// macOS: the LaunchAgent that sets the variables in the agent's launchd domain.
+pub const LAUNCHD_ENV_LABEL: &str = "com.agenshield.agent-env";
 /// Where launchd writes the daemon's stdout and stderr (the plist names it).
 pub const LOG_DIR: &str = "/var/log/agenshield";
 /// macOS: the Seatbelt backstop profile for the agent's sessions (readable by all).
@@ -100,10 +109,32 @@ pub struct Layout {
     /// The admin socket.
     pub admin: PathBuf,
     pub bundle: PathBuf,
-    /// The agent's shell start-up files that get the CA variables.
-    pub env_files: Vec<PathBuf>,
+    pub truststore: PathBuf,
+    pub env_file: PathBuf,
+    /// Directories in the agent's home that its trust files need, parents first.
+    pub agent_dirs: Vec<PathBuf>,
+    /// The agent's files that get our block of trust settings.
+    pub blocks: Vec<AgentBlock>,
     /// `daemon.worker_user` names the broker: it serves, so it owns the vault and the logs.
     pub worker: bool,
+}
+
+/// What a block in one of the agent's files holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockKind {
+    /// `export` lines for sh, bash and zsh start-up files.
+    Shell,
+    /// `KEY=value` lines (`~/.config/environment.d`, read by the systemd user manager).
+    EnvironmentD,
+    /// wget's `ca_certificate`.
+    Wgetrc,
+}
+
+/// One of the agent's files and the block install keeps in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentBlock {
+    pub path: PathBuf,
+    pub kind: BlockKind,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,10 +173,32 @@ impl Layout {
         };
         let home = Path::new(home_root).join(&agent_name);
         // bash reads ~/.profile for login shells and ~/.bashrc for interactive ones; zsh, the
-        // macOS default, reads ~/.zshenv for every invocation.
-        let env_files = match platform {
-            Platform::Linux => vec![home.join(".profile"), home.join(".bashrc")],
-            Platform::MacOs => vec![home.join(".zshenv")],
+        // macOS default, reads ~/.zshenv for every invocation; the systemd user manager reads
+        // ~/.config/environment.d; wget reads ~/.wgetrc whatever its environment.
+        let block = |rel: &str, kind| AgentBlock {
+            path: home.join(rel),
+            kind,
+        };
+        let (blocks, agent_dirs) = match platform {
+            Platform::Linux => (
+                vec![
+                    block(".profile", BlockKind::Shell),
+                    block(".bashrc", BlockKind::Shell),
+                    block(
+                        ".config/environment.d/60-agenshield.conf",
+                        BlockKind::EnvironmentD,
+                    ),
+                    block(".wgetrc", BlockKind::Wgetrc),
+                ],
+                vec![home.join(".config"), home.join(".config/environment.d")],
+            ),
+            Platform::MacOs => (
+                vec![
+                    block(".zshenv", BlockKind::Shell),
+                    block(".wgetrc", BlockKind::Wgetrc),
+                ],
+                vec![home.join("Library"), home.join("Library/LaunchAgents")],
+            ),
         };
         let agent = Account {
             name: agent_name,
@@ -193,7 +246,10 @@ impl Layout {
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
             admin: cfg.admin.clone(),
             bundle: cfg.certs.join(BUNDLE_FILE),
-            env_files,
+            truststore: cfg.certs.join(TRUSTSTORE_FILE),
+            env_file: cfg.certs.join(AGENT_ENV_FILE),
+            agent_dirs,
+            blocks,
             worker,
         })
     }
@@ -240,27 +296,47 @@ impl Layout {
             self.certs.join("ca.pem"),
             self.certs.join("ca-key.pem"),
             self.bundle.clone(),
+            self.truststore.clone(),
+            self.env_file.clone(),
+            PathBuf::from(PAM_PROFILE_PATH),
+            self.launchd_env_plist(),
             self.vault.clone(),
             self.run_dir.clone(),
             self.agent.home.clone(),
         ]);
         v.extend(self.audit_dir.iter().cloned());
-        v.extend(self.env_files.iter().cloned());
+        v.extend(self.agent_dirs.iter().cloned());
+        v.extend(self.blocks.iter().map(|b| b.path.clone()));
+        v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));
         v.sort();
         v.dedup();
         v
     }
 
-    /// The block install writes into the agent's start-up files: every CA variable pointing
-    /// at the bundle (POSIX sh syntax, which bash and zsh share).
-    pub fn env_block(&self) -> String {
-        let mut s = String::from(ENV_BEGIN);
-        s.push('\n');
-        for (k, v) in crate::cmd::trust_env::env_for(&self.bundle) {
-            s.push_str(&format!("export {k}='{}'\n", v.to_string_lossy()));
+    /// What the agent trusts.
+    pub fn trust(&self) -> crate::cmd::trust::AgentTrust<'_> {
+        crate::cmd::trust::AgentTrust {
+            bundle: &self.bundle,
+            truststore: Some(&self.truststore),
         }
-        s.push_str(ENV_END);
-        s.push('\n');
-        s
+    }
+
+    /// macOS: the LaunchAgent plist that sets the variables in the agent's launchd domain.
+    pub fn launchd_env_plist(&self) -> PathBuf {
+        self.agent
+            .home
+            .join(format!("Library/LaunchAgents/{LAUNCHD_ENV_LABEL}.plist"))
+    }
+
+    /// The block install keeps in one of the agent's files, markers included.
+    pub fn block(&self, kind: BlockKind) -> String {
+        use crate::cmd::trust::files;
+        let t = self.trust();
+        let body = match kind {
+            BlockKind::Shell => files::shell_lines(&t),
+            BlockKind::EnvironmentD => files::env_lines(&t),
+            BlockKind::Wgetrc => files::wgetrc_lines(&t),
+        };
+        format!("{ENV_BEGIN}\n{body}{ENV_END}\n")
     }
 }

@@ -53,6 +53,13 @@ pub enum Created {
         owner: String,
         group: String,
     },
+    /// Something registered with a tool of the system (PAM, the machine's trust store):
+    /// `undo` runs at uninstall while `marker` exists.
+    Registered {
+        what: String,
+        marker: PathBuf,
+        undo: Vec<Vec<String>>,
+    },
     /// Our CA added to a user's keychain (macOS).
     Keychain {
         user: String,
@@ -122,6 +129,7 @@ impl Manifest {
             (Created::Dir { path: x, .. }, Created::Dir { path: y, .. }) => x == y,
             (Created::EnvBlock { path: x, .. }, Created::EnvBlock { path: y, .. }) => x == y,
             (Created::Changed { path: x, .. }, Created::Changed { path: y, .. }) => x == y,
+            (Created::Registered { what: x, .. }, Created::Registered { what: y, .. }) => x == y,
             (a, c) => a == c,
         };
         if let Some(slot) = self.created.iter_mut().find(|a| same(a)) {

@@ -24,7 +24,17 @@ pub mod userfile;
 
 use std::path::Path;
 
-use crate::cli::InstallArgs;
+use crate::cli::{InstallArgs, UninstallArgs};
+
+impl From<UninstallArgs> for InstallArgs {
+    fn from(u: UninstallArgs) -> InstallArgs {
+        InstallArgs {
+            dry_run: u.dry_run,
+            config: u.config,
+            trust_system_store: false,
+        }
+    }
+}
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use layout::{Layout, Platform, MANIFEST_PATH};
 use manifest::Manifest;
@@ -120,6 +130,7 @@ fn install_config(given: Option<&Path>, uninstall: bool) -> Result<(Config, Inst
         config_text: text,
         config_given: given,
         default_policy: DEFAULT_POLICY.to_string(),
+        trust_system_store: false,
     };
     if let Some(file) = given {
         let text = std::fs::read_to_string(file)
@@ -160,13 +171,14 @@ fn install_config(given: Option<&Path>, uninstall: bool) -> Result<(Config, Inst
 /// Installs or uninstalls; the exit code to leave with.
 pub fn command(args: &InstallArgs, uninstall: bool) -> u8 {
     let verb = if uninstall { "uninstall" } else { "install" };
-    let (cfg, input) = match install_config(args.config.as_deref(), uninstall) {
+    let (cfg, mut input) = match install_config(args.config.as_deref(), uninstall) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("agenshield: {verb}: {e}");
             return 2;
         }
     };
+    input.trust_system_store = args.trust_system_store;
     let platform = Platform::current();
     let layout = match Layout::new(platform, &cfg) {
         Ok(l) => l,

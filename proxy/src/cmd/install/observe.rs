@@ -60,6 +60,15 @@ pub struct Observed {
     pub binary_current: bool,
     /// SHA-256 the agent bundle would have now; `None` while there is no CA.
     pub bundle_sha256: Option<String>,
+    /// The installed JVM trust store holds exactly the certificates of that bundle.
+    pub truststore_current: bool,
+    /// CA bundles the machine's tools are configured with (kept in the agent's bundle).
+    pub configured_bundles: Vec<crate::cmd::trust::bundle::Configured>,
+    /// Linux: Debian's `pam-auth-update` is there, and our profile is in the session stack.
+    pub pam_auth_update: bool,
+    pub pam_enabled: bool,
+    /// The machine's trust store (Linux: by its directories; macOS: the System keychain).
+    pub system_store: Option<crate::cmd::trust::system_store::SystemStore>,
     pub firewall: FirewallSeen,
     pub service: ServiceSeen,
     /// macOS: our CA is in the agent's keychain.
@@ -177,18 +186,35 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
             o.paths.insert(p, st);
         }
     }
-    for f in &layout.env_files {
+    for f in layout.blocks.iter().map(|b| &b.path) {
         // The agent's files: read without following what the agent may have planted.
         if let Ok(Some(super::userfile::Found { text: t, .. })) = super::userfile::read(f) {
             o.texts.insert(f.clone(), t);
         }
     }
     o.binary_current = same_bytes(&o.exe, Path::new(BIN_PATH));
+    o.configured_bundles = crate::cmd::trust::bundle::configured_bundles(Path::new("/etc"));
     if let Ok(ca) = std::fs::read_to_string(layout.certs.join("ca.pem")) {
-        o.bundle_sha256 = crate::cmd::trust_env::bundle_pem(&ca)
-            .ok()
-            .map(|b| sha256_hex(b.as_bytes()));
+        let bundle = crate::cmd::trust::bundle::bundle_pem(&ca, &o.configured_bundles).ok();
+        o.bundle_sha256 = bundle.as_ref().map(|b| sha256_hex(b.as_bytes()));
+        o.truststore_current = match (bundle, std::fs::read(&layout.truststore)) {
+            (Some(b), Ok(p12)) => {
+                use crate::cmd::trust::truststore;
+                truststore::certs_in(&p12) == Some(truststore::certs_of_bundle(&b))
+            }
+            _ => false,
+        };
         o.ca_common_name = ca_common_name(&ca);
+    }
+    use crate::cmd::trust::system_store::SystemStore;
+    match layout.platform {
+        Platform::Linux => {
+            o.pam_auth_update = Path::new("/usr/sbin/pam-auth-update").exists();
+            o.pam_enabled = std::fs::read_to_string("/etc/pam.d/common-session")
+                .is_ok_and(|t| t.contains(&layout.env_file.display().to_string()));
+            o.system_store = SystemStore::linux(Path::exists);
+        }
+        Platform::MacOs => o.system_store = Some(SystemStore::MacOs),
     }
     o.firewall = firewall_seen(cfg, o.users.contains_key(&layout.agent.name));
     o.service = service_seen(layout.platform);

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::manifest::Created;
 use super::observe::PathState;
+use crate::cmd::trust::bundle::Configured;
 
 pub use super::install_plan::plan_install;
 pub use super::uninstall_plan::plan_uninstall;
@@ -18,9 +19,15 @@ pub enum Content {
     Text(String),
     /// A copy of this file (the binary).
     CopyOf(PathBuf),
-    /// The system roots plus the CA at this path.
+    /// The system roots, the bundles the machine already configures, and the CA at `ca`.
     CaBundle {
         ca: PathBuf,
+        keep: Vec<Configured>,
+    },
+    /// The same certificates as a PKCS12 trust store for the JVM.
+    TrustStore {
+        ca: PathBuf,
+        keep: Vec<Configured>,
     },
 }
 
@@ -63,6 +70,17 @@ pub enum Action {
     CreateCa {
         dir: PathBuf,
         key_owner: String,
+    },
+    /// A directory in the agent's home, made without following links (`userfile::mkdir`).
+    MakeUserDir {
+        path: PathBuf,
+        meta: Meta,
+    },
+    /// A whole file in the agent's home, written without following links.
+    WriteUserFile {
+        path: PathBuf,
+        meta: Meta,
+        text: String,
     },
     AddEnvBlock {
         path: PathBuf,
@@ -148,6 +166,8 @@ pub struct InstallInput {
     /// `--config FILE` given: its text replaces a config install wrote earlier.
     pub config_given: bool,
     pub default_policy: String,
+    /// `--trust-system-store`: add the CA to the machine's own store as well.
+    pub trust_system_store: bool,
 }
 
 fn quote(arg: &str) -> String {

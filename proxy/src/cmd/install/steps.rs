@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::layout::{Account, Layout, Platform};
+use super::layout::{Account, AgentBlock, BlockKind, Layout, Platform};
 use super::manifest::{Created, Manifest};
 use super::observe::{Observed, PathState};
 use super::plan::{command_line, meta, meta_ok, Action, Content, Meta, PlanError, State, Step};
@@ -135,10 +135,21 @@ impl Builder<'_> {
                 None,
                 Some(self.seen.binary_current),
             ),
-            Content::CaBundle { ca } => (
+            Content::CaBundle { ca, keep } => (
                 format!(
-                    "write {} ({m}): the system roots plus {}",
+                    "write {} ({m}): the system roots{} plus {}",
                     path.display(),
+                    kept(keep),
+                    ca.display()
+                ),
+                None,
+                None,
+            ),
+            Content::TrustStore { ca, keep } => (
+                format!(
+                    "write {} ({m}): PKCS12, the system roots{} plus {}",
+                    path.display(),
+                    kept(keep),
                     ca.display()
                 ),
                 None,
@@ -149,10 +160,15 @@ impl Builder<'_> {
         let same = match (&content, &st) {
             (_, None) => false,
             (Content::Text(_), Some(st)) => st.sha256 == want_sha,
+            (Content::CopyOf(src), Some(st)) if *src != self.seen.exe => self
+                .seen
+                .path(src)
+                .is_some_and(|from| from.sha256.is_some() && from.sha256 == st.sha256),
             (Content::CopyOf(_), Some(_)) => current == Some(true),
             (Content::CaBundle { .. }, Some(st)) => {
                 st.sha256.is_some() && st.sha256 == self.seen.bundle_sha256
             }
+            (Content::TrustStore { .. }, Some(_)) => self.seen.truststore_current,
         };
         let record = Created::File {
             path: path.into(),
@@ -279,15 +295,86 @@ impl Builder<'_> {
         Ok(())
     }
 
-    pub(super) fn env_block(&mut self, path: &Path) {
+    /// A directory in the agent's home, owned by the agent (made without following links).
+    /// Not recorded: it goes with the home at uninstall, and is kept with a home install
+    /// did not make.
+    pub(super) fn agent_dir(&mut self, path: &Path) {
         let l = self.layout;
-        let block = l.env_block();
+        let m = meta(0o755, &l.agent.name, &l.agent.name);
+        let summary = format!("create the agent's {}", path.display());
+        let detail = format!("mkdir {} ({m})", path.display());
+        if self.seen.path(path).is_some_and(|st| st.dir) {
+            self.push(
+                summary,
+                detail,
+                Action::Note,
+                State::Done("already done".into()),
+            );
+        } else {
+            self.push(
+                summary,
+                detail,
+                Action::MakeUserDir {
+                    path: path.into(),
+                    meta: m,
+                },
+                State::Todo,
+            );
+        }
+    }
+
+    /// A whole file of ours in the agent's home (written without following links).
+    pub(super) fn agent_file(&mut self, what: &str, path: &Path, text: String) {
+        let l = self.layout;
         let m = meta(0o644, &l.agent.name, &l.agent.name);
-        let summary = format!(
-            "point the agent's tools at the CA bundle in {} ({})",
-            path.display(),
-            crate::cmd::trust_env::CA_ENV_VARS.join(", ")
+        let detail = format!("write {} ({m})", path.display());
+        let want = Some(super::observe::sha256_hex(text.as_bytes()));
+        if self.seen.path(path).is_some_and(|st| st.sha256 == want) {
+            self.push(
+                format!("install {what}"),
+                detail,
+                Action::Note,
+                State::Done("already done".into()),
+            );
+            return;
+        }
+        self.push_recorded(
+            format!("install {what}"),
+            detail,
+            Action::WriteUserFile {
+                path: path.into(),
+                meta: m,
+                text,
+            },
+            State::Todo,
+            Created::File {
+                path: path.into(),
+                sha256: Some(String::new()),
+            },
         );
+    }
+
+    /// Our block of trust settings in one of the agent's files.
+    pub(super) fn env_block(&mut self, b: &AgentBlock) {
+        let l = self.layout;
+        let path = b.path.as_path();
+        let block = l.block(b.kind);
+        let m = meta(0o644, &l.agent.name, &l.agent.name);
+        let summary = match b.kind {
+            BlockKind::Shell => format!(
+                "point the agent's tools at the CA bundle in {} ({})",
+                path.display(),
+                l.trust().names().join(", ")
+            ),
+            BlockKind::EnvironmentD => format!(
+                "the same variables for the agent's systemd user units: {}",
+                path.display()
+            ),
+            BlockKind::Wgetrc => format!(
+                "wget (GnuTLS reads no CA variable): ca_certificate in {}",
+                path.display()
+            ),
+        };
         let detail = format!(
             "add the lines between '{}' and '{}' to {} (created {m} if missing)",
             super::layout::ENV_BEGIN
@@ -323,6 +410,46 @@ impl Builder<'_> {
             record,
         );
     }
+
+    /// Commands that register something with the system, undone by `undo` at uninstall.
+    pub(super) fn registered(
+        &mut self,
+        summary: String,
+        commands: Vec<Vec<String>>,
+        done: bool,
+        fatal: bool,
+        record: Created,
+    ) {
+        let detail = command_line(&commands);
+        if done {
+            self.push(
+                summary,
+                detail,
+                Action::Note,
+                State::Done("already done".into()),
+            );
+        } else {
+            self.push_recorded(
+                summary,
+                detail,
+                Action::Run { commands, fatal },
+                State::Todo,
+                record,
+            );
+        }
+    }
+}
+
+/// ", the bundles kept from /etc/npmrc cafile, …" (or nothing).
+fn kept(keep: &[crate::cmd::trust::bundle::Configured]) -> String {
+    if keep.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = keep
+        .iter()
+        .map(|c| format!("{} ({})", c.path.display(), c.source))
+        .collect();
+    format!(", the bundles already configured ({})", list.join(", "))
 }
 
 /// Directories other software shares: install may create directories inside them, never take

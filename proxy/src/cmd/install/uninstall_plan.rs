@@ -177,6 +177,23 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
                     un,
                 );
             }
+            Created::Registered { what, marker, undo } => {
+                let state = if seen.path(marker).is_some() {
+                    State::Todo
+                } else {
+                    done()
+                };
+                push(
+                    format!("undo the {what} registration"),
+                    command_line(undo),
+                    Action::Run {
+                        commands: undo.clone(),
+                        fatal: false,
+                    },
+                    state,
+                    un,
+                );
+            }
             Created::EnvBlock { path, file_created } => {
                 let has = seen
                     .texts
@@ -188,7 +205,7 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
                     ""
                 };
                 push(
-                    format!("remove the CA variables from {}", path.display()),
+                    format!("remove our block from {}", path.display()),
                     format!(
                         "delete the lines between the agenshield markers in {}{tail}",
                         path.display()

@@ -40,13 +40,67 @@ fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
     }
 }
 
+/// Opens `dir` one component at a time, never following a symbolic link that another user
+/// could have made: a link is followed only if root owns it and the directory it is in (the
+/// system's own, such as macOS's `/var`); below the first directory root does not own,
+/// nothing is followed at all.
 fn open_dir(dir: &Path) -> io::Result<OwnedFd> {
-    nix::fcntl::open(
-        dir,
+    use std::path::Component;
+    let err =
+        |e: Errno| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", dir.display()));
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    if !dir.is_absolute() {
+        return Err(refused(dir, "is not an absolute path"));
+    }
+    let mut fd = nix::fcntl::open("/", flags, Mode::empty()).map_err(err)?;
+    for c in dir.components() {
+        let name = match c {
+            Component::RootDir => continue,
+            Component::Normal(n) => n,
+            _ => return Err(refused(dir, "has a `.` or `..` component")),
+        };
+        fd = match openat(&fd, name, flags | OFlag::O_NOFOLLOW, Mode::empty()) {
+            Ok(next) => next,
+            Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
+                let link =
+                    nix::sys::stat::fstatat(&fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map_err(err)?;
+                let parent = fstat(&fd).map_err(io::Error::from)?;
+                if link.st_uid != 0 || parent.st_uid != 0 {
+                    return Err(refused(
+                        dir,
+                        "goes through a symbolic link root does not own; not followed",
+                    ));
+                }
+                openat(&fd, name, flags, Mode::empty()).map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+    }
+    Ok(fd)
+}
+
+/// Makes the directory `path` (its parent must exist) owned `uid:gid` with `mode`, or checks
+/// that it exists as a directory, without following links (as [`write`]).
+pub fn mkdir(path: &Path, mode: u32, uid: u32, gid: u32) -> io::Result<()> {
+    let (dir, name) = split(path)?;
+    let dirfd = open_dir(dir)?;
+    match nix::sys::stat::mkdirat(&dirfd, name, Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(io::Error::from(e)),
+    }
+    let fd = openat(
+        &dirfd,
+        name,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("{}: {e}", dir.display())))
+    .map_err(|e| match e {
+        Errno::ELOOP | Errno::ENOTDIR => refused(path, "is not a directory; not followed"),
+        e => io::Error::from(e),
+    })?;
+    fchown(&fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(io::Error::from)?;
+    nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode as _)).map_err(io::Error::from)
 }
 
 /// Reads `path`; `None` if it does not exist. Refuses a symlink, anything but a regular file,
@@ -181,12 +235,52 @@ mod tests {
     }
 
     #[test]
+    fn a_link_in_the_middle_of_the_path_is_not_followed_and_dirs_are_made_in_place() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let elsewhere = d.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("mkdir");
+        let home = d.path().join("home");
+        std::fs::create_dir(&home).expect("mkdir");
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        if uid != 0 {
+            // Only root's links are followed: as a user, the tempdir itself is "another user's".
+            return;
+        }
+        std::os::unix::fs::symlink(&elsewhere, home.join(".config")).expect("symlink");
+        let deep = home.join(".config/environment.d");
+        assert!(
+            mkdir(&deep, 0o755, uid, gid).is_ok(),
+            "root's own link is followed"
+        );
+        std::fs::remove_dir(elsewhere.join("environment.d")).expect("rmdir");
+        std::os::unix::fs::lchown(home.join(".config"), Some(65534), None).expect("chown link");
+        let err = mkdir(&deep, 0o755, uid, gid).expect_err("another user's link");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(write(&deep.join("x.conf"), b"x", 0o644, uid, gid).is_err());
+        assert!(!elsewhere.join("environment.d").exists());
+        std::fs::remove_file(home.join(".config")).expect("rm link");
+        mkdir(&home.join(".config"), 0o755, uid, gid).expect("mkdir");
+        mkdir(&deep, 0o755, uid, gid).expect("mkdir");
+        mkdir(&deep, 0o755, uid, gid).expect("again: exists");
+        write(&deep.join("60.conf"), b"A=1\n", 0o644, uid, gid).expect("write");
+        assert_eq!(
+            std::fs::read_to_string(deep.join("60.conf")).expect("read"),
+            "A=1\n"
+        );
+    }
+
+    #[test]
     fn a_symlinked_directory_is_not_entered() {
         let d = tempfile::tempdir().expect("tempdir");
         let real = d.path().join("real");
         std::fs::create_dir(&real).expect("mkdir");
         let home = d.path().join("home");
         std::os::unix::fs::symlink(&real, &home).expect("symlink");
+        // Root follows only root's own links: this one is another user's.
+        std::os::unix::fs::lchown(&home, Some(65534), None).ok();
         assert!(read(&home.join(".profile")).is_err());
         assert!(write(&home.join(".profile"), b"x", 0o644, 0, 0).is_err());
         assert!(!real.join(".profile").exists());
