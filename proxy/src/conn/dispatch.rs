@@ -19,6 +19,7 @@ use super::classify::{classify, ClassifyError, Kind};
 use super::http::{serve_http, server_head_cap, HttpVersions};
 use super::intercept::intercept;
 use super::opaque::{self, relay_opaque};
+use super::passthrough;
 use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
 use crate::proxy::Proxy;
@@ -55,6 +56,16 @@ where
     };
     let stream = Prefixed::new(prefix.freeze(), stream);
     match kind {
+        Kind::Tls if proxy.policy().has_passthrough() => {
+            let mut stream = stream;
+            let hello = passthrough::read_hello(&mut stream, limits.tls_handshake_timeout).await;
+            match passthrough::decide(&proxy, &ctx, &hello) {
+                Some((sni, d)) => {
+                    passthrough::splice(proxy, ctx, sni, d, hello.bytes, stream).await;
+                }
+                None => intercept(proxy, ctx, Prefixed::new(hello.bytes, stream)).await,
+            }
+        }
         Kind::Tls => intercept(proxy, ctx, stream).await,
         Kind::Http => serve_http(proxy, Arc::new(ctx), stream, HttpVersions::Any).await,
         Kind::Other => relay_opaque(proxy, ctx, tcp, stream).await,

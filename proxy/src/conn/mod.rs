@@ -12,6 +12,7 @@ mod explicit;
 mod http;
 mod intercept;
 mod opaque;
+mod passthrough;
 mod prefixed;
 pub(crate) mod server_tls;
 mod watchdog;

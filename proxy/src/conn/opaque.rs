@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
@@ -131,7 +132,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let shown: Arc<str> = proxy.vault.current().redact(&tcp.host).into();
-    let mut rec = Record {
+    let rec = Record {
         kind: RecordKind::Connection,
         protocol: Protocol::Tcp,
         rule: tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone()),
@@ -151,31 +152,67 @@ where
             return;
         }
     };
-    let (upstream, addr) = match proxy.dialer.dial(&tcp.dial, ctx.dest.port).await {
-        Ok(dialed) => dialed,
-        Err(e) => {
-            let r = crate::upstream::client::dial_refusal(&e);
-            refuse(&proxy, rec, &r, tcp.started).await;
+    let spliced = Splice {
+        dial: &tcp.dial,
+        first: None,
+        facts: TunnelFacts::Tcp {
+            host: tcp.host.clone(),
+            port: ctx.dest.port,
+        },
+        protocol: ConnProtocol::Tcp,
+        started: tcp.started,
+    };
+    spliced.run(&proxy, &ctx, rec, permit, client).await;
+}
+
+/// An allowed byte stream, from the dial on: what to dial, bytes already read from the client
+/// (sent first), the tunnel it is registered as, its metric label.
+pub(super) struct Splice<'a> {
+    pub dial: &'a str,
+    pub first: Option<bytes::Bytes>,
+    pub facts: TunnelFacts,
+    pub protocol: ConnProtocol,
+    pub started: Instant,
+}
+
+impl Splice<'_> {
+    /// Dials (through the resolver and the guard), records the decision (nothing is relayed
+    /// unless it is in the audit log), relays until either side ends, a policy change
+    /// revokes it or it idles out, then records the close with its bytes.
+    pub(super) async fn run<S>(
+        self,
+        proxy: &Arc<Proxy>,
+        ctx: &ConnCtx,
+        mut rec: Record,
+        permit: Option<ConcurrencyPermit>,
+        client: S,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (upstream, addr) = match proxy.dialer.dial(self.dial, ctx.dest.port).await {
+            Ok(dialed) => dialed,
+            Err(e) => {
+                let r = crate::upstream::client::dial_refusal(&e);
+                refuse(proxy, rec, &r, self.started).await;
+                return;
+            }
+        };
+        rec.decision = Verdict::Allow;
+        rec.upstream = Some(addr);
+        rec.ms = record::ms_since(self.started);
+        if !record::connection(proxy, rec.clone()).await {
             return;
         }
-    };
-    rec.decision = Verdict::Allow;
-    rec.upstream = Some(addr);
-    rec.ms = record::ms_since(tcp.started);
-    // Nothing is relayed unless the decision is in the audit log.
-    if !record::connection(&proxy, rec.clone()).await {
-        return;
+        let _open = proxy.metrics.connection(self.protocol);
+        let _permit: Option<ConcurrencyPermit> = permit;
+        let mut live = proxy.tunnels.open(self.facts);
+        let started = Instant::now();
+        // What was read already goes first, and counts as sent.
+        let client = Prefixed::new(self.first.unwrap_or_default(), client);
+        let idle = proxy.limits.tunnel_idle_timeout;
+        let relayed = relay(client, upstream, idle, &mut live.revoked).await;
+        record::tunnel_closed(proxy, &rec, &relayed, started).await;
     }
-    let _open = proxy.metrics.connection(ConnProtocol::Tcp);
-    let _permit: Option<ConcurrencyPermit> = permit;
-    let mut live = proxy.tunnels.open(TunnelFacts::Tcp {
-        host: tcp.host.clone(),
-        port: ctx.dest.port,
-    });
-    let started = Instant::now();
-    let idle = proxy.limits.tunnel_idle_timeout;
-    let relayed = relay(client, upstream, idle, &mut live.revoked).await;
-    record::tunnel_closed(&proxy, &rec, &relayed, started).await;
 }
 
 /// The audit log's readiness, the policy's outcome, then the rule's limits.
@@ -191,7 +228,7 @@ fn admit(
     limit::connection(proxy, d, &tcp.host)
 }
 
-async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {
+pub(super) async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {
     let secrets = proxy.vault.current();
     rec.decision = r.verdict;
     rec.error_code = Some(r.code);

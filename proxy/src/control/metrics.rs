@@ -32,6 +32,8 @@ pub(crate) enum ConnProtocol {
     H2,
     Ws,
     Tcp,
+    /// TLS spliced unopened (`tls = "passthrough"`).
+    TlsPassthrough,
 }
 
 impl ConnProtocol {
@@ -41,6 +43,7 @@ impl ConnProtocol {
             ConnProtocol::H2 => "h2",
             ConnProtocol::Ws => "ws",
             ConnProtocol::Tcp => "tcp",
+            ConnProtocol::TlsPassthrough => "tls-passthrough",
         }
     }
 }
@@ -351,6 +354,7 @@ impl Metrics {
             ConnProtocol::H2,
             ConnProtocol::Ws,
             ConnProtocol::Tcp,
+            ConnProtocol::TlsPassthrough,
         ] {
             m.connections_active.with_label_values(&[p.label()]);
             m.connections_total.with_label_values(&[p.label()]);

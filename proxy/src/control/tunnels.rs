@@ -17,6 +17,8 @@ use crate::policy::{Action, Policy, RequestFacts, Scheme};
 pub(crate) enum TunnelFacts {
     /// Raw TCP to `host:port`.
     Tcp { host: String, port: u16 },
+    /// TLS to `host:port` passed through unopened (`tls = "passthrough"`).
+    Passthrough { host: String, port: u16 },
     /// A request that switched protocols (a WebSocket): its host, port, scheme and path (the
     /// matching form).
     Upgrade {
@@ -33,6 +35,11 @@ impl TunnelFacts {
     fn allowed(&self, policy: &Policy) -> bool {
         let d = match self {
             TunnelFacts::Tcp { host, port } => decide::connection(policy, host, *port),
+            TunnelFacts::Passthrough { host, port } => {
+                return policy
+                    .decide_passthrough(host, *port)
+                    .is_some_and(|d| d.action == Action::Allow)
+            }
             TunnelFacts::Upgrade {
                 host,
                 port,

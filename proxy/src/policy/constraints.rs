@@ -56,6 +56,7 @@ pub(crate) fn rules(
         rules.push(RuleDef {
             secrets: None,
             inject: None,
+            tls: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),
             priority,

@@ -114,7 +114,7 @@ impl Policy {
         }
     }
 
-    fn verdict(
+    pub(super) fn verdict(
         &self,
         action: Action,
         rule: Option<&CompiledRule>,

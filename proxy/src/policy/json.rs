@@ -143,6 +143,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
         out.rules.push(RuleDef {
             secrets: None,
             inject: None,
+            tls: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),
             priority: r.priority.unwrap_or(0),

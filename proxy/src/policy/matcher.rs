@@ -30,6 +30,8 @@ pub(crate) struct CompiledRule {
     pub obligations: Obligations,
     /// Secrets the rule binds (shared by all its matchers).
     pub secrets: Option<Arc<SecretBindings>>,
+    /// `tls = "passthrough"`: the TLS connections it allows are spliced, not intercepted.
+    pub passthrough: bool,
 }
 
 /// A set of schemes as a bit mask.

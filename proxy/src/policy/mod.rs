@@ -21,6 +21,7 @@ mod load;
 mod matcher;
 mod model;
 mod name;
+mod passthrough;
 mod path;
 mod pattern;
 mod rate;
@@ -71,6 +72,8 @@ pub struct Policy {
     ignored: usize,
     secret_refs: Vec<SecretRef>,
     secret_rates: Vec<SecretRate>,
+    /// Some rule says `tls = "passthrough"`.
+    passthrough: bool,
 }
 
 /// What the proxy knows about one request or connection.
@@ -149,7 +152,9 @@ impl Policy {
             });
         }
         let compiled = compile::compile(sources)?;
+        let passthrough = compiled.rules.iter().any(|r| r.passthrough);
         let policy = Policy {
+            passthrough,
             rules: compiled.rules,
             index: compiled.index,
             default: compiled.default,

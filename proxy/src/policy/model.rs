@@ -46,6 +46,8 @@ pub(crate) struct RuleDef {
     pub secrets: Option<List<String>>,
     /// Headers or query parameters set on the requests it allows.
     pub inject: Option<Spanned<Vec<InjectFile>>>,
+    /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.
+    pub tls: Option<Spanned<String>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
     pub matchers: Vec<MatchDef>,
 }

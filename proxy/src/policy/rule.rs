@@ -53,6 +53,7 @@ pub(crate) fn compile_rule(
             "`secrets` and `inject` apply only to \"allow\" and \"ask\" rules".into(),
         ));
     }
+    let passthrough = passthrough(def, action, &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
     for m in &def.matchers {
@@ -65,7 +66,11 @@ pub(crate) fn compile_rule(
             .iter()
             .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e)))
             .collect::<Result<Vec<_>, _>>()?;
-        let schemes = schemes(m, action, &err)?;
+        let schemes = if passthrough {
+            passthrough_schemes(m, &err)?
+        } else {
+            schemes(m, action, &err)?
+        };
         let ports = match &m.ports {
             None => PortMatch::Any,
             Some(list) if m.ports_excluded => PortMatch::NotIn(ports(list, &err)?),
@@ -94,6 +99,7 @@ pub(crate) fn compile_rule(
             except_hosts: except_hosts.into_boxed_slice(),
             obligations,
             secrets: secrets.clone(),
+            passthrough,
         };
         out.push((rule, hosts));
     }
@@ -132,6 +138,69 @@ fn obligations(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<Obligat
         rate,
         max_concurrent,
     })
+}
+
+/// `tls`: `"intercept"` (the default) or `"passthrough"`, which only an allow rule may say
+/// and which rules out everything that needs to see inside the TLS: methods, paths, secrets,
+/// injection.
+fn passthrough(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<bool, PolicyError> {
+    let Some(tls) = &def.tls else {
+        return Ok(false);
+    };
+    match tls.get_ref().as_str() {
+        "intercept" => return Ok(false),
+        "passthrough" => {}
+        other => {
+            return Err(err(
+                tls.span(),
+                format!("unknown tls {other:?}, expected \"intercept\" or \"passthrough\""),
+            ))
+        }
+    }
+    if action != Action::Allow {
+        return Err(err(
+            tls.span(),
+            "tls = \"passthrough\" applies only to \"allow\" rules".into(),
+        ));
+    }
+    let blind = "tls = \"passthrough\" splices the TLS unopened, so the proxy never sees";
+    if let Some(i) = &def.inject {
+        return Err(err(i.span(), format!("{blind} a request to inject into")));
+    }
+    if let Some(s) = &def.secrets {
+        return Err(err(
+            s.span(),
+            format!("{blind} a request to put a secret in"),
+        ));
+    }
+    for m in &def.matchers {
+        if let Some(l) = &m.methods {
+            return Err(err(l.span(), format!("{blind} a method")));
+        }
+        if let Some(l) = &m.paths {
+            return Err(err(l.span(), format!("{blind} a path")));
+        }
+    }
+    Ok(true)
+}
+
+/// A passthrough rule matches TLS only: `schemes`, if given, must be `["https"]`.
+fn passthrough_schemes(m: &MatchDef, err: &ErrFn<'_>) -> Result<SchemeSet, PolicyError> {
+    if let Some(list) = &m.schemes {
+        for s in list.get_ref() {
+            if !s.get_ref().eq_ignore_ascii_case("https") {
+                return Err(err(
+                    s.span(),
+                    format!(
+                        "tls = \"passthrough\" passes TLS through: schemes may only be \
+                         [\"https\"], not {:?}",
+                        s.get_ref()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(SchemeSet::EMPTY.with(Scheme::Https))
 }
 
 fn schemes(m: &MatchDef, action: Action, err: &ErrFn<'_>) -> Result<SchemeSet, PolicyError> {

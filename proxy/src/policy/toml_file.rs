@@ -49,6 +49,7 @@ struct RuleFile {
     max_concurrent: Option<Spanned<i64>>,
     secrets: Option<List<String>>,
     inject: Option<Spanned<Vec<InjectFile>>>,
+    tls: Option<Spanned<String>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -101,6 +102,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             max_concurrent: r.max_concurrent,
             secrets: r.secrets,
             inject: r.inject,
+            tls: r.tls,
             matchers: vec![matcher],
         });
     }

@@ -42,6 +42,9 @@ pub(crate) enum Protocol {
     Tls,
     /// A query to the agent's DNS stub.
     Dns,
+    /// TLS spliced to its server name without interception (`tls = "passthrough"`).
+    #[serde(rename = "tls-passthrough")]
+    TlsPassthrough,
 }
 
 impl Protocol {
@@ -52,6 +55,7 @@ impl Protocol {
             Protocol::Tcp => "tcp",
             Protocol::Tls => "tls",
             Protocol::Dns => "dns",
+            Protocol::TlsPassthrough => "tls-passthrough",
         }
     }
 }
@@ -282,7 +286,8 @@ mod tests {
                     Protocol::Https,
                     Protocol::Tcp,
                     Protocol::Tls,
-                    Protocol::Dns
+                    Protocol::Dns,
+                    Protocol::TlsPassthrough
                 ]
                 .iter()
                 .map(json)
