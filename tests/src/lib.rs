@@ -7,6 +7,8 @@ pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;
 #[cfg(target_os = "linux")]
+pub mod installation;
+#[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod pki;
 pub mod upstream;

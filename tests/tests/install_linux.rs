@@ -2,295 +2,21 @@
 //! files and modes, the real nftables redirect, the agent's login shell trusting our CA
 //! through the environment install wrote, and an uninstall that leaves no trace.
 //!
-//! It refuses to touch a machine where AgenShield is installed (the agent or broker user,
-//! the admin group, the manifest, /opt/agenshield/{bin,config,certs,policies} or the unit
-//! exist): a skip with the reason, a failure under CI=true. Empty leftovers of other tests'
-//! daemons (an empty /opt/agenshield/vault, /var/log/agenshield) are not an installation:
-//! install adopts them and uninstall leaves them as they were.
+//! It refuses to touch a machine where AgenShield is installed (`installation`): a skip with
+//! the reason, a failure under CI=true.
 #![cfg(target_os = "linux")]
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use agenshield_e2e::daemon::binary;
+use agenshield_e2e::installation::*;
 use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
-
-const AGENT: &str = "ash_default_agent";
-const BROKER: &str = "ash_default_broker";
-const ADMIN: &str = "agenshield-admin";
-const ROOT: &str = "/opt/agenshield";
-const MANIFEST: &str = "/opt/agenshield/.install-manifest.json";
-const UNIT: &str = "/etc/systemd/system/agenshield-proxy.service";
-const HOME: &str = "/home/ash_default_agent";
-/// The test's admin socket directory: its own, so a daemon another test left on the default
-/// socket cannot collide with ours.
-const RUN_DIR: &str = "/var/run/agenshield-install-e2e";
-
-/// Everything install may create; what existed before the test is never removed by it.
-fn candidates() -> Vec<PathBuf> {
-    [
-        ROOT,
-        "/opt/agenshield/bin",
-        "/opt/agenshield/config",
-        "/opt/agenshield/certs",
-        "/opt/agenshield/policies",
-        "/opt/agenshield/vault",
-        MANIFEST,
-        "/var/log/agenshield",
-        RUN_DIR,
-        HOME,
-        UNIT,
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect()
-}
-
-fn user_exists(name: &str) -> bool {
-    matches!(nix::unistd::User::from_name(name), Ok(Some(_)))
-}
-
-fn group_exists(name: &str) -> bool {
-    matches!(nix::unistd::Group::from_name(name), Ok(Some(_)))
-}
-
-/// Why this machine already has (part of) an installation, if it does.
-fn installed_already() -> Option<String> {
-    for u in [AGENT, BROKER] {
-        if user_exists(u) {
-            return Some(format!("user {u} exists"));
-        }
-    }
-    if group_exists(ADMIN) {
-        return Some(format!("group {ADMIN} exists"));
-    }
-    [
-        MANIFEST,
-        "/opt/agenshield/bin",
-        "/opt/agenshield/config",
-        "/opt/agenshield/certs",
-        "/opt/agenshield/policies",
-        UNIT,
-        HOME,
-        RUN_DIR,
-    ]
-    .iter()
-    .find(|p| Path::new(p).exists())
-    .map(|p| format!("{p} exists"))
-}
-
-/// Undoes everything on drop, also when the test fails: the daemon, `uninstall`, then any
-/// leftover this test can prove is its own (absent before it started).
-struct Cleanup {
-    daemon: Option<Child>,
-    existed: Vec<PathBuf>,
-    extra_files: Vec<PathBuf>,
-}
-
-impl Cleanup {
-    fn stop_daemon(&mut self) {
-        if let Some(mut child) = self.daemon.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            for _ in 0..100 {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        self.stop_daemon();
-        let _ = Command::new(binary()).args(["proxy", "uninstall"]).output();
-        for f in &self.extra_files {
-            let _ = std::fs::remove_file(f);
-        }
-        let mut left: Vec<PathBuf> = candidates()
-            .into_iter()
-            .filter(|p| !self.existed.contains(p))
-            .collect();
-        left.reverse();
-        for p in left {
-            let _ = std::fs::remove_file(&p);
-            let _ = std::fs::remove_dir_all(&p);
-        }
-        for u in [AGENT, BROKER] {
-            let _ = Command::new("userdel").arg(u).output();
-        }
-        for g in [AGENT, BROKER, ADMIN] {
-            let _ = Command::new("groupdel").arg(g).output();
-        }
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", "agenshield"])
-            .output();
-    }
-}
-
-fn run(args: &[&str]) -> (i32, String) {
-    let out = Command::new(binary())
-        .args(args)
-        .output()
-        .expect("run agenshield");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
-/// A login shell of the agent user: its environment is what its start-up files make it.
-fn as_agent(script: &str) -> Output {
-    Command::new("su")
-        .args(["-l", AGENT, "-c", script])
-        .stdin(Stdio::null())
-        .output()
-        .expect("su")
-}
-
-fn meta(p: &str) -> (u32, String, String) {
-    let m = std::fs::metadata(p).unwrap_or_else(|e| panic!("{p}: {e}"));
-    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(m.uid()))
-        .ok()
-        .flatten()
-        .map_or(m.uid().to_string(), |u| u.name);
-    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(m.gid()))
-        .ok()
-        .flatten()
-        .map_or(m.gid().to_string(), |g| g.name);
-    (m.permissions().mode() & 0o7777, user, group)
-}
-
-fn assert_meta(p: &str, mode: u32, owner: &str, group: &str) {
-    assert_eq!(
-        meta(p),
-        (mode, owner.to_string(), group.to_string()),
-        "mode and owner of {p}"
-    );
-}
-
-/// Every path under the candidates with mode, owner, size and mtime, plus the accounts and
-/// the firewall table: what a no-op must leave exactly as it was.
-fn snapshot() -> BTreeMap<String, String> {
-    fn walk(p: &Path, out: &mut BTreeMap<String, String>) {
-        let Ok(m) = std::fs::symlink_metadata(p) else {
-            return;
-        };
-        out.insert(
-            p.display().to_string(),
-            format!(
-                "{:o} {}:{} {} {}.{}",
-                m.mode(),
-                m.uid(),
-                m.gid(),
-                m.len(),
-                m.mtime(),
-                m.mtime_nsec()
-            ),
-        );
-        if m.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(p) {
-                for e in rd.flatten() {
-                    walk(&e.path(), out);
-                }
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for p in candidates() {
-        walk(&p, &mut out);
-    }
-    let getent = Command::new("getent")
-        .args(["passwd", AGENT, BROKER])
-        .output()
-        .expect("getent");
-    out.insert(
-        "passwd".into(),
-        String::from_utf8_lossy(&getent.stdout).into(),
-    );
-    let getent = Command::new("getent")
-        .args(["group", AGENT, BROKER, ADMIN])
-        .output()
-        .expect("getent");
-    out.insert(
-        "group".into(),
-        String::from_utf8_lossy(&getent.stdout).into(),
-    );
-    let nft = Command::new("nft")
-        .args(["list", "table", "inet", "agenshield"])
-        .output()
-        .expect("nft");
-    out.insert("nft".into(), String::from_utf8_lossy(&nft.stdout).into());
-    out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// A port free on 127.0.0.1 for UDP and TCP both (the DNS stub takes both).
-fn free_dns_port() -> u16 {
-    for _ in 0..20 {
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
-        let port = udp.local_addr().expect("addr").port();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no port free for both UDP and TCP");
-}
-
-/// Starts the installed daemon as the unit would (root, the installed config) and waits for
-/// its ready line.
-fn start_daemon(log: &Path) -> Child {
-    let log_file = std::fs::File::create(log).expect("log");
-    let mut child = Command::new("/opt/agenshield/bin/agenshield")
-        .args([
-            "proxy",
-            "run",
-            "--config",
-            "/opt/agenshield/config/proxy.toml",
-        ])
-        .env("AGENSHIELD_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log_file))
-        .spawn()
-        .expect("start the installed daemon");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("agenshield: ready ") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-        let _ = child.kill();
-        panic!(
-            "the installed daemon did not become ready; its log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-    }
-    child
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves_no_trace() {
@@ -561,6 +287,24 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         seen.iter().any(|r| r.path_and_query == "/hello"),
         "the upstream did not see the request: {seen:?}"
     );
+    // Outside a login shell (su without -l, no start-up file read, nothing inherited): PAM
+    // gives the agent's session the variables, and wget has its ~/.wgetrc.
+    let plain = as_agent_plain(&format!(
+        "curl -sS --max-time 10 {url} && wget -q -O /dev/null --timeout=10 {url} && echo ok"
+    ));
+    assert!(
+        String::from_utf8_lossy(&plain.stdout).contains("ok"),
+        "the agent outside a login shell: {}{}",
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    // Another user's session gets none of it.
+    let other = Command::new("su")
+        .args(["nobody", "-s", "/bin/sh", "-c", "echo \"[$SSL_CERT_FILE]\""])
+        .env_clear()
+        .output()
+        .expect("su nobody");
+    assert_eq!(String::from_utf8_lossy(&other.stdout).trim(), "[]");
     // Without the variables, curl's system roots do not know our CA: the file is what works.
     let bare = as_agent(&format!(
         "unset CURL_CA_BUNDLE SSL_CERT_FILE; curl -sS --max-time 10 {url}"
