@@ -36,6 +36,31 @@ impl Clone for TestLeaf {
     }
 }
 
+impl TestLeaf {
+    /// The chain (leaf first) and the PKCS#8 key as PEM files, for servers that read files.
+    pub fn write_pems(&self, chain: &Path, key: &Path) -> std::io::Result<()> {
+        let chain_pem: String = self
+            .chain
+            .iter()
+            .map(|c| pem("CERTIFICATE", c.as_ref()))
+            .collect();
+        std::fs::write(chain, chain_pem)?;
+        std::fs::write(key, pem("PRIVATE KEY", self.key.secret_der()))
+    }
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut s = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        s.push_str(&String::from_utf8_lossy(line));
+        s.push('\n');
+    }
+    s.push_str(&format!("-----END {label}-----\n"));
+    s
+}
+
 impl TestCa {
     /// Creates a new CA with the given common name. Panics on failure (test code).
     pub fn new(cn: &str) -> TestCa {
