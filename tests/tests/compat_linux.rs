@@ -508,6 +508,23 @@ fn checks(bin: &Path, upstream_ca: &Path, ssh_repo: &Path) -> Vec<Check> {
         denied,
         refused,
     };
+    // python websockets: an echo on /ws, and a handshake to a denied path.
+    let ws = |scheme: &'static str| {
+        let script = |path: &str, body: &str| {
+            format!(
+                "{py} -c \"import asyncio, websockets\nasync def m():\n  async with \
+                 websockets.connect('{scheme}://api.compat.test/{path}') as w:\n    {body}\n\
+                 asyncio.run(m())\""
+            )
+        };
+        c(
+            scheme,
+            script("ws", "await w.send('hi'); print('got', await w.recv())"),
+            "got hi",
+            script("denied", "pass"),
+            "403",
+        )
+    };
     vec![
         c(
             "curl",
@@ -632,28 +649,8 @@ fn checks(bin: &Path, upstream_ca: &Path, ssh_repo: &Path) -> Vec<Check> {
             ),
             "PERMISSION_DENIED",
         ),
-        c(
-            "wss",
-            format!(
-                "{py} -c \"import asyncio, websockets\nasync def m():\n  async with websockets.connect('wss://api.compat.test/ws') as w:\n    await w.send('hi'); print('got', await w.recv())\nasyncio.run(m())\""
-            ),
-            "got hi",
-            format!(
-                "{py} -c \"import asyncio, websockets\nasync def m():\n  async with websockets.connect('wss://api.compat.test/denied') as w:\n    pass\nasyncio.run(m())\""
-            ),
-            "403",
-        ),
-        c(
-            "ws",
-            format!(
-                "{py} -c \"import asyncio, websockets\nasync def m():\n  async with websockets.connect('ws://api.compat.test/ws') as w:\n    await w.send('hi'); print('got', await w.recv())\nasyncio.run(m())\""
-            ),
-            "got hi",
-            format!(
-                "{py} -c \"import asyncio, websockets\nasync def m():\n  async with websockets.connect('ws://api.compat.test/denied') as w:\n    pass\nasyncio.run(m())\""
-            ),
-            "403",
-        ),
+        ws("wss"),
+        ws("ws"),
         c(
             "rustls-webpki",
             format!(

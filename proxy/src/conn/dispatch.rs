@@ -56,15 +56,8 @@ where
     };
     let stream = Prefixed::new(prefix.freeze(), stream);
     match kind {
-        Kind::Tls if proxy.policy().has_passthrough() => {
-            let mut stream = stream;
-            let hello = passthrough::read_hello(&mut stream, limits.tls_handshake_timeout).await;
-            match passthrough::decide(&proxy, &ctx, &hello) {
-                Some((sni, d)) => {
-                    passthrough::splice(proxy, ctx, sni, d, hello.bytes, stream).await;
-                }
-                None => intercept(proxy, ctx, Prefixed::new(hello.bytes, stream)).await,
-            }
+        Kind::Tls if tcp.policy().has_passthrough() => {
+            passthrough::serve(proxy, ctx, tcp.into_policy(), stream).await
         }
         Kind::Tls => intercept(proxy, ctx, stream).await,
         Kind::Http => serve_http(proxy, Arc::new(ctx), stream, HttpVersions::Any).await,

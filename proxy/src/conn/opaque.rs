@@ -56,6 +56,11 @@ impl TcpDecision {
         &self.policy
     }
 
+    /// The policy, for what the connection turns out to be.
+    pub(super) fn into_policy(self) -> Arc<Policy> {
+        self.policy
+    }
+
     /// The name it was decided by, when the DNS stub gave the agent this address for one.
     pub(super) fn name(&self) -> Option<&str> {
         self.by_name.then_some(self.host.as_str())

@@ -14,15 +14,17 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use rustls::server::Acceptor;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
+use super::intercept::intercept;
 use super::opaque::{refuse, Splice};
+use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::limit;
 use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId};
-use crate::policy::{normalize_host, Decision};
+use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
@@ -30,14 +32,14 @@ use crate::proxy::Proxy;
 const MAX_HELLO: usize = 64 * 1024;
 
 /// The ClientHello as read: every byte so far, and the server name it gives.
-pub(super) struct Hello {
+struct Hello {
     pub bytes: Bytes,
     pub sni: Option<String>,
 }
 
 /// Reads until rustls has a whole ClientHello (or it cannot be one, or `wait` passes, or
 /// [`MAX_HELLO`]): what was read is returned either way, to be replayed.
-pub(super) async fn read_hello<S>(stream: &mut S, wait: Duration) -> Hello
+async fn read_hello<S>(stream: &mut S, wait: Duration) -> Hello
 where
     S: AsyncRead + Unpin,
 {
@@ -74,34 +76,47 @@ where
     }
 }
 
+/// A TLS connection under a policy with passthrough rules (the one it was accepted under):
+/// spliced if one decides its ClientHello, otherwise intercepted with the hello replayed.
+pub(super) async fn serve<S>(proxy: Arc<Proxy>, ctx: ConnCtx, policy: Arc<Policy>, mut stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let hello = read_hello(&mut stream, proxy.limits.tls_handshake_timeout).await;
+    match decide(&policy, &ctx, &hello) {
+        Some((sni, d)) => splice(proxy, ctx, policy, sni, d, hello.bytes, stream).await,
+        None => intercept(proxy, ctx, Prefixed::new(hello.bytes, stream)).await,
+    }
+}
+
 /// The passthrough decision for this connection's ClientHello, if a passthrough rule makes
 /// one: the normalised name and the decision.
-pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx, hello: &Hello) -> Option<(String, Decision)> {
+fn decide(policy: &Policy, ctx: &ConnCtx, hello: &Hello) -> Option<(String, Decision)> {
     let sni = normalize_host(hello.sni.as_deref()?).ok()?;
     if let DestHost::Name(n) = &ctx.dest.host {
         if *n != sni {
             return None;
         }
     }
-    let d = proxy.policy().decide_passthrough(&sni, ctx.dest.port)?;
+    let d = policy.decide_passthrough(&sni, ctx.dest.port)?;
     Some((sni, d))
 }
 
 /// Records the decision and splices `client` (the ClientHello replayed first) to `sni`.
-pub(super) async fn splice<S>(
+async fn splice<S>(
     proxy: Arc<Proxy>,
     ctx: ConnCtx,
+    policy: Arc<Policy>,
     sni: String,
     decision: Decision,
     hello: Bytes,
     client: S,
 ) where
-    S: AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let started = Instant::now();
     let secrets = proxy.vault.current();
     let shown: Arc<str> = secrets.redact(&sni).into();
-    let policy = proxy.policy();
     let rec = Record {
         kind: RecordKind::Connection,
         protocol: Protocol::TlsPassthrough,

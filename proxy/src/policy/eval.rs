@@ -29,13 +29,8 @@ impl Policy {
         };
         let path = path.as_deref();
 
-        let mut found = None;
-        self.scan(&host, |rule| {
-            let hit = rule.matches(&host, req.scheme, req.port, req.method, path);
-            if hit {
-                found = Some(rule);
-            }
-            hit
+        let found = self.first(&host, |rule| {
+            rule.matches(&host, req.scheme, req.port, req.method, path)
         });
         match found {
             Some(rule) => self.verdict(rule.action, Some(rule), req, &host, path),
@@ -63,10 +58,24 @@ impl Policy {
         let Ok(host) = normalize_host_cow(name) else {
             return false;
         };
-        let mut found = false;
-        self.scan(&host, |rule| {
-            found = for_http(rule) && !rule.is_excepted(&host);
-            found
+        self.first(&host, |rule| for_http(rule) && !rule.is_excepted(&host))
+            .is_some()
+    }
+
+    /// The first rule, in evaluation order, whose host patterns match canonical `host` and
+    /// for which `pick` holds.
+    pub(super) fn first<'a>(
+        &'a self,
+        host: &str,
+        mut pick: impl FnMut(&'a CompiledRule) -> bool,
+    ) -> Option<&'a CompiledRule> {
+        let mut found = None;
+        self.scan(host, |rule| {
+            let hit = pick(rule);
+            if hit {
+                found = Some(rule);
+            }
+            hit
         });
         found
     }

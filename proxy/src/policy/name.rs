@@ -23,19 +23,12 @@ impl Policy {
             Ok(h) => h,
             Err(e) => return invalid(format!("invalid name {name:?}: {e}; denied")),
         };
-        let mut found: Option<&CompiledRule> = None;
-        self.scan(&host, |rule| {
-            if rule.is_excepted(&host) {
-                return false;
-            }
-            let decides = match rule.action {
-                Action::Allow | Action::Ask => true,
-                Action::Deny => covers_everything(rule),
-            };
-            if decides {
-                found = Some(rule);
-            }
-            decides
+        let found = self.first(&host, |rule| {
+            !rule.is_excepted(&host)
+                && match rule.action {
+                    Action::Allow | Action::Ask => true,
+                    Action::Deny => covers_everything(rule),
+                }
         });
         let (action, rule) = match found {
             Some(r) => (r.action, Some(r)),

@@ -25,15 +25,11 @@ impl Policy {
         if host.parse::<IpAddr>().is_ok() {
             return None;
         }
-        let mut found = None;
-        self.scan(&host, |rule| {
-            let hit = rule.matches(&host, Scheme::Https, port, None, None);
-            if hit {
-                found = Some(rule);
-            }
-            hit
-        });
-        let rule = found.filter(|r| r.passthrough)?;
+        let rule = self
+            .first(&host, |rule| {
+                rule.matches(&host, Scheme::Https, port, None, None)
+            })
+            .filter(|r| r.passthrough)?;
         let req = RequestFacts {
             host: sni,
             port,

@@ -219,14 +219,14 @@ pub fn ensure_bundle(ca: &Path, dir: &Path) -> Result<PathBuf, String> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    // `write_bundle` writes through a uniquely named temp file: concurrent execs each
-    // rename a whole bundle into place.
+    // `write_public` writes through a uniquely named temp file: concurrent execs each rename
+    // a whole file into place.
     let configured = trust::bundle::configured_bundles(Path::new("/etc"));
-    trust::bundle::write_bundle(ca, &configured, &out)
+    let text = trust::bundle::bundle_pem(&String::from_utf8_lossy(&pem), &configured)
+        .and_then(|text| trust::bundle::write_public(&out, text.as_bytes()).map(|()| text))
         .map_err(|e| format!("writing the CA bundle {}: {e}", out.display()))?;
     let store = truststore_for(&out);
-    std::fs::read_to_string(&out)
-        .and_then(|b| trust::truststore::from_bundle(&b))
+    trust::truststore::from_bundle(&text)
         .and_then(|p12| trust::bundle::write_public(&store, &p12))
         .map_err(|e| format!("writing the JVM trust store {}: {e}", store.display()))?;
     Ok(out)

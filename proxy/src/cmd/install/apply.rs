@@ -368,24 +368,27 @@ fn write_content(
             Ok(None)
         }
         Content::CaBundle { ca, keep } => {
-            crate::cmd::trust::bundle::write_bundle(ca, keep, path).map_err(io(format!(
-                "writing {} from {}",
-                path.display(),
-                ca.display()
-            )))?;
-            set_meta(path, meta)?;
-            let bytes = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
-            Ok(Some(sha256_hex(&bytes)))
+            let text = bundle_text(path, ca, keep)?;
+            write_atomic(path, meta, |f| f.write_all(text.as_bytes()))?;
+            Ok(Some(sha256_hex(text.as_bytes())))
         }
         Content::TrustStore { ca, keep } => {
-            use crate::cmd::trust::{bundle, truststore};
-            let what = format!("writing {} from {}", path.display(), ca.display());
-            let pem = std::fs::read_to_string(ca).map_err(io(what.clone()))?;
-            let p12 = bundle::bundle_pem(&pem, keep)
-                .and_then(|b| truststore::from_bundle(&b))
-                .map_err(io(what))?;
+            let text = bundle_text(path, ca, keep)?;
+            let p12 = crate::cmd::trust::truststore::from_bundle(&text)
+                .map_err(io(format!("writing {}", path.display())))?;
             write_atomic(path, meta, |f| f.write_all(&p12))?;
             Ok(Some(sha256_hex(&p12)))
         }
     }
+}
+
+/// The agent's bundle for the CA at `ca`, for the file at `path`.
+fn bundle_text(
+    path: &Path,
+    ca: &Path,
+    keep: &[crate::cmd::trust::bundle::Configured],
+) -> Result<String, ApplyError> {
+    let what = || format!("writing {} from {}", path.display(), ca.display());
+    let pem = std::fs::read_to_string(ca).map_err(io(what()))?;
+    crate::cmd::trust::bundle::bundle_pem(&pem, keep).map_err(io(what()))
 }

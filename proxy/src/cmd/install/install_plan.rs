@@ -197,12 +197,7 @@ fn ca_steps(b: &mut Builder) {
     );
     match (b.seen.path(&cert), b.seen.path(&key)) {
         (Some(_), Some(k)) => {
-            b.push(
-                "create the local CA".into(),
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            );
+            b.already("create the local CA".into(), detail);
             if !meta_ok(k, &key_meta) {
                 b.fix_meta("the CA key", &key, &k.clone(), key_meta);
             }
@@ -379,12 +374,7 @@ fn keychain_steps(b: &mut Builder) {
         common_name: String::new(),
     };
     if b.seen.keychain_has_ca {
-        b.push(
-            summary,
-            detail,
-            Action::Note,
-            State::Done("already done".into()),
-        );
+        b.already(summary, detail);
     } else {
         b.push_recorded(
             summary,
@@ -477,12 +467,7 @@ fn service_steps(b: &mut Builder, daemon_inputs_changed: bool) {
     };
     let detail = command_line(&commands);
     if svc.enabled && svc.active && !changed {
-        b.push(
-            summary.into(),
-            detail,
-            Action::Note,
-            State::Done("already done".into()),
-        );
+        b.already(summary.into(), detail);
     } else {
         b.push_recorded(
             summary.into(),

@@ -28,6 +28,12 @@ impl Builder<'_> {
         });
     }
 
+    /// A step whose effect is in place already.
+    pub(super) fn already(&mut self, summary: String, detail: String) {
+        let done = State::Done("already done".into());
+        self.push(summary, detail, Action::Note, done);
+    }
+
     pub(super) fn push_recorded(
         &mut self,
         summary: String,
@@ -96,12 +102,7 @@ impl Builder<'_> {
                 },
             ),
             Some(st) if !st.dir => return Err(PlanError::NotADir(path.into())),
-            Some(st) if meta_ok(st, &m) => self.push(
-                format!("create {what}"),
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            ),
+            Some(st) if meta_ok(st, &m) => self.already(format!("create {what}"), detail),
             Some(_) if !self.manifest.owns_path(path) && shared_system_dir(path) => {
                 return Err(PlanError::Invalid(format!(
                     "{} is a shared system directory: install will not change its owner or \
@@ -191,12 +192,7 @@ impl Builder<'_> {
                 State::Todo,
                 record,
             ),
-            Some(st) if same && meta_ok(&st, &m) => self.push(
-                format!("install {what}"),
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            ),
+            Some(st) if same && meta_ok(&st, &m) => self.already(format!("install {what}"), detail),
             Some(st) if same => self.fix_meta(what, path, &st, m),
             Some(_) if replace => self.push_recorded(
                 format!("update {what} (it differs)"),
@@ -304,12 +300,7 @@ impl Builder<'_> {
         let summary = format!("create the agent's {}", path.display());
         let detail = format!("mkdir {} ({m})", path.display());
         if self.seen.path(path).is_some_and(|st| st.dir) {
-            self.push(
-                summary,
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            );
+            self.already(summary, detail);
         } else {
             self.push(
                 summary,
@@ -330,12 +321,7 @@ impl Builder<'_> {
         let detail = format!("write {} ({m})", path.display());
         let want = Some(super::observe::sha256_hex(text.as_bytes()));
         if self.seen.path(path).is_some_and(|st| st.sha256 == want) {
-            self.push(
-                format!("install {what}"),
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            );
+            self.already(format!("install {what}"), detail);
             return;
         }
         self.push_recorded(
@@ -386,12 +372,7 @@ impl Builder<'_> {
         );
         let existing = self.seen.texts.get(path);
         if existing.is_some_and(|t| envblock::has_block(t, &block)) {
-            self.push(
-                summary,
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            );
+            self.already(summary, detail);
             return;
         }
         let record = Created::EnvBlock {
@@ -422,12 +403,7 @@ impl Builder<'_> {
     ) {
         let detail = command_line(&commands);
         if done {
-            self.push(
-                summary,
-                detail,
-                Action::Note,
-                State::Done("already done".into()),
-            );
+            self.already(summary, detail);
         } else {
             self.push_recorded(
                 summary,

@@ -129,15 +129,8 @@ pub fn certs_of(pem: &str) -> Vec<CertificateDer<'static>> {
         .collect()
 }
 
-/// Writes the bundle to `out` atomically (a uniquely named temp file beside it, then a
-/// rename), mode 0644. Concurrent writers each rename a complete file into place.
-pub fn write_bundle(our_ca: &Path, configured: &[Configured], out: &Path) -> io::Result<()> {
-    let pem = std::fs::read_to_string(our_ca)?;
-    let text = bundle_pem(&pem, configured)?;
-    write_public(out, text.as_bytes())
-}
-
-/// `bytes` to `path` through a temp file beside it and a rename; mode 0644.
+/// `bytes` to `path` through a uniquely named temp file beside it and a rename, mode 0644:
+/// concurrent writers each rename a complete file into place.
 pub fn write_public(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
