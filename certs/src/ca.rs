@@ -21,7 +21,7 @@ const CERT_FILE: &str = "ca.pem";
 const KEY_FILE: &str = "ca-key.pem";
 const CA_VALIDITY_DAYS: i64 = 3650;
 /// Warn when a loaded CA is this close to expiry, so operators rotate it in time.
-const EXPIRY_WARNING_DAYS: i64 = 30;
+pub(crate) const EXPIRY_WARNING_DAYS: i64 = 30;
 
 /// Whether [`Ca::load_or_create`] found an existing CA or made a new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +83,7 @@ impl Ca {
 
     /// SHA-256 fingerprint of the CA certificate DER, uppercase hex joined by colons.
     pub fn fingerprint_sha256(&self) -> String {
-        let digest = ring::digest::digest(&ring::digest::SHA256, &self.cert_der);
-        digest
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02X}"))
-            .collect::<Vec<_>>()
-            .join(":")
+        fingerprint(&self.cert_der)
     }
 
     pub(crate) fn issuer(&self) -> &Issuer<'static, KeyPair> {
@@ -285,6 +279,17 @@ fn rename(from: &Path, to: &Path) -> Result<(), CaError> {
             source,
         }
     })
+}
+
+/// SHA-256 of `der`, uppercase hex joined by colons.
+pub(crate) fn fingerprint(der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]

@@ -11,9 +11,11 @@
 mod ca;
 mod cache;
 mod error;
+mod inspect;
 mod leaf;
 
 pub use ca::{Ca, CaOrigin};
 pub use cache::{LeafCache, LeafConfig};
 pub use error::CaError;
+pub use inspect::{inspect, CertFacts, Expiry};
 pub use leaf::LeafName;

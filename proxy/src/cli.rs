@@ -62,6 +62,32 @@ pub enum ProxyCommand {
     /// Run a command through the explicit listener, sandboxed so it can connect only to the
     /// proxy (Landlock on Linux, Seatbelt on macOS). No root needed.
     Exec(ExecArgs),
+
+    /// Check the installation end to end and print the fix for each problem
+    ///
+    /// The firewall redirect; the daemon; the CA files; the agent's CA variables in a login
+    /// shell and outside one (root; or run it as the agent to check your own environment);
+    /// for each runtime on the machine (curl, wget, git, python, requests, httpx, pip, node,
+    /// npm, java, go, grpc) whether it will trust the AgenShield CA, by what it reads; and the
+    /// hosts where clients refused the CA recently (from the audit log). Exit 0 when nothing
+    /// failed, 1 when something did.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Daemon configuration file (TOML); default as for `run`
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Machine-readable output: one JSON object (`ok`, counts, `findings` with area,
+    /// subject, status, detail and fix)
+    #[arg(long)]
+    pub json: bool,
+
+    /// How far back to look for clients that refused the CA
+    #[arg(long, value_name = "DURATION", default_value = "24h")]
+    pub since: humantime::Duration,
 }
 
 #[derive(Debug, clap::Args)]

@@ -34,26 +34,14 @@ fn main() -> ExitCode {
         Top::Proxy(ProxyCommand::Uninstall(args)) => {
             ExitCode::from(agenshield_proxy::cmd::install::command(&args.into(), true))
         }
-        Top::Proxy(ProxyCommand::Exec(args)) => {
-            let cfg = match load_config(args.config.as_deref()) {
-                Ok(cfg) => cfg,
-                // The agent user may not read the installed config (by design): exec needs
-                // only the listener's address and the CA, so the installed defaults do.
-                Err(e) if args.config.is_none() && unreadable_installed_config() => {
-                    eprintln!(
-                        "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e}); \
-                         using the installed defaults (explicit listener 127.0.0.1:15080, CA \
-                         in /opt/agenshield/certs)"
-                    );
-                    Config::installed_defaults()
-                }
-                Err(e) => {
-                    eprintln!("agenshield: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            ExitCode::from(agenshield_proxy::cmd::exec::command(&cfg, args.command))
-        }
+        Top::Proxy(ProxyCommand::Exec(args)) => match agent_config(args.config.as_deref()) {
+            Some(cfg) => ExitCode::from(agenshield_proxy::cmd::exec::command(&cfg, args.command)),
+            None => ExitCode::from(2),
+        },
+        Top::Proxy(ProxyCommand::Doctor(args)) => match agent_config(args.config.as_deref()) {
+            Some(cfg) => ExitCode::from(agenshield_proxy::cmd::doctor::command(&cfg, &args)),
+            None => ExitCode::from(2),
+        },
         Top::Proxy(ProxyCommand::Run(args)) => {
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {
@@ -127,21 +115,42 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
     if let Some(p) = path {
         return Ok(Config::load(p)?);
     }
+    // A config this user may not even look at (the agent, under /opt/agenshield/config,
+    // 0750) is there all the same: loading it says so, rather than falling back unnoticed.
     let installed = std::path::Path::new(DEFAULT_CONFIG_PATH);
-    if installed.exists() {
+    if installed.try_exists().unwrap_or(true) {
         return Ok(Config::load(installed)?);
     }
     Ok(Config::defaults_in(&default_state_dir()?))
 }
 
+/// The config for a command the agent user runs too (`exec`, `doctor`). The agent may not
+/// read the installed config (by design); what these need of it (the listener, the CA
+/// directory) the installed defaults give. `None` after printing why there is none.
+fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
+    match load_config(path) {
+        Ok(cfg) => Some(cfg),
+        Err(e) if path.is_none() && unreadable_installed_config() => {
+            eprintln!(
+                "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e}); using the \
+                 installed defaults (explicit listener 127.0.0.1:15080, CA in \
+                 /opt/agenshield/certs)"
+            );
+            Some(Config::installed_defaults())
+        }
+        Err(e) => {
+            eprintln!("agenshield: {e}");
+            None
+        }
+    }
+}
+
 /// The installed config exists but this user may not read it.
 fn unreadable_installed_config() -> bool {
-    let path = std::path::Path::new(DEFAULT_CONFIG_PATH);
-    path.exists()
-        && matches!(
-            std::fs::File::open(path),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
-        )
+    matches!(
+        std::fs::File::open(DEFAULT_CONFIG_PATH),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
+    )
 }
 
 fn init_logging() {

@@ -1,7 +1,8 @@
 //! The one-shot commands of the `agenshield` binary beside `proxy run`: `ctl`, `install` /
-//! `uninstall`, `firewall`, `exec`, and the CA trust variables they share.
+//! `uninstall`, `firewall`, `exec`, `doctor`, and the CA trust variables they share.
 
 pub mod ctl;
+pub mod doctor;
 pub mod exec;
 pub mod firewall;
 pub mod install;

@@ -1,7 +1,7 @@
 //! `agenshield proxy ctl …`: the operator's client for the admin API, plus the offline
 //! policy commands. Exit codes: 0 ok, 1 the operation failed, 2 bad usage or bad input.
 
-mod client;
+pub(crate) mod client;
 mod render;
 mod secrets;
 

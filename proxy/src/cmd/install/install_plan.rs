@@ -250,8 +250,9 @@ fn trust_steps(b: &mut Builder, system_store: bool) {
 }
 
 /// PAM: the environment file for the agent's sessions only, whatever starts them (su with or
-/// without -l, sudo, runuser, cron, sshd, the systemd user manager). Through Debian's
-/// `pam-auth-update`; elsewhere the two lines to add are printed.
+/// without -l, sudo, cron, sshd, the systemd user manager; not runuser, whose stack has no
+/// session include). Through Debian's `pam-auth-update`; elsewhere the two lines to add are
+/// printed.
 fn pam_steps(b: &mut Builder) {
     use super::layout::{PAM_PROFILE_NAME, PAM_PROFILE_PATH};
     use crate::cmd::trust::files;
@@ -279,7 +280,14 @@ fn pam_steps(b: &mut Builder) {
         true,
     );
     let profile_changed = b.steps.last().is_some_and(|s| s.state == State::Todo);
-    let enable = vec![vec!["pam-auth-update".to_string(), "--package".to_string()]];
+    // `--enable`: install is the administrator's explicit choice, so a profile disabled
+    // earlier is enabled again (`--package` alone keeps an administrator's "disabled").
+    let enable = vec![vec![
+        "pam-auth-update".to_string(),
+        "--package".to_string(),
+        "--enable".to_string(),
+        PAM_PROFILE_NAME.to_string(),
+    ]];
     let undo = vec![vec![
         "pam-auth-update".to_string(),
         "--package".to_string(),
@@ -288,7 +296,7 @@ fn pam_steps(b: &mut Builder) {
     ]];
     b.registered(
         format!(
-            "apply the environment file to {}'s PAM sessions (su, sudo, runuser, cron, ssh)",
+            "apply the environment file to {}'s PAM sessions (su, sudo, cron, ssh)",
             l.agent.name
         ),
         enable,

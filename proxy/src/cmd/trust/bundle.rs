@@ -35,19 +35,7 @@ pub fn configured_bundles(etc: &Path) -> Vec<Configured> {
         let Ok(text) = std::fs::read_to_string(etc.join(file)) else {
             continue;
         };
-        for line in text.lines() {
-            let line = line.trim();
-            if line.starts_with(['#', ';']) {
-                continue;
-            }
-            let line = line.strip_prefix("export ").unwrap_or(line);
-            let Some((k, v)) = line.split_once('=') else {
-                continue;
-            };
-            let (k, v) = (k.trim(), unquote(v.trim()));
-            let Some(key) = keys.iter().find(|want| want.eq_ignore_ascii_case(k)) else {
-                continue;
-            };
+        for (key, v) in super::settings::settings(&text, keys) {
             let path = PathBuf::from(v);
             if path.is_absolute() && !out.iter().any(|c| c.path == path) {
                 out.push(Configured {
@@ -58,15 +46,6 @@ pub fn configured_bundles(etc: &Path) -> Vec<Configured> {
         }
     }
     out
-}
-
-fn unquote(v: &str) -> &str {
-    for q in ['"', '\''] {
-        if let Some(inner) = v.strip_prefix(q).and_then(|s| s.strip_suffix(q)) {
-            return inner;
-        }
-    }
-    v
 }
 
 /// The bundle's text: the system's trusted roots (as `rustls-native-certs` finds them), the

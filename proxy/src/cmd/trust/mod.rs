@@ -6,6 +6,7 @@
 
 pub mod bundle;
 pub mod files;
+pub mod settings;
 pub mod system_store;
 pub mod truststore;
 pub mod vars;

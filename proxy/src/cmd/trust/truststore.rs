@@ -32,7 +32,12 @@ pub fn from_bundle(bundle_pem: &str) -> io::Result<Vec<u8>> {
 /// The DER certificates a trust store holds (`None` if it is no PKCS12 store we can read):
 /// the store is written with fresh salts each time, so install compares it by content.
 pub fn certs_in(p12: &[u8]) -> Option<BTreeSet<Vec<u8>>> {
-    let ks = KeyStore::from_pkcs12(p12, PASSWORD, Pkcs12ImportPolicy::Strict).ok()?;
+    certs_in_store(p12, PASSWORD)
+}
+
+/// The DER certificates of a PKCS12 store opened with `password` (`None` if it does not open).
+pub fn certs_in_store(p12: &[u8], password: &str) -> Option<BTreeSet<Vec<u8>>> {
+    let ks = KeyStore::from_pkcs12(p12, password, Pkcs12ImportPolicy::Strict).ok()?;
     Some(
         ks.entries()
             .filter_map(|(_, e)| match e {

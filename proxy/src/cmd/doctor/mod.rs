@@ -1,0 +1,254 @@
+//! `agenshield proxy doctor`: is this machine's installation sound, end to end, for the
+//! agent? The firewall redirect and the daemon; the CA files; the agent's environment in a
+//! login shell and outside one; for every runtime found, whether it will trust our CA, by
+//! what it reads; and the hosts where clients recently refused our leaf. Each failure comes
+//! with its fix. Exit 0 when nothing failed, 1 otherwise.
+
+pub mod agent;
+pub mod ca_files;
+pub mod contexts;
+pub mod environment;
+pub mod finding;
+pub mod holds;
+pub mod rejected;
+pub mod runtimes;
+pub mod service;
+pub mod sources;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::cli::DoctorArgs;
+use crate::cmd::install::layout::{AGENT_ENV_FILE, BUNDLE_FILE, TRUSTSTORE_FILE};
+use crate::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
+use agent::Agent;
+use contexts::{Context, ContextKind};
+use finding::{Area, Finding, Report};
+use runtimes::Installed;
+
+/// Runs every check; prints the report; the exit code.
+pub fn command(cfg: &Config, args: &DoctorArgs) -> u8 {
+    let report = diagnose(cfg, args.since.into());
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.text());
+        if report.skipped > 0 && !nix::unistd::geteuid().is_root() {
+            println!(
+                "(run it as root, `sudo agenshield proxy doctor`, for the checks skipped here)"
+            );
+        }
+    }
+    u8::from(!report.ok)
+}
+
+fn diagnose(cfg: &Config, since: Duration) -> Report {
+    // The agent may not read the installed config: it runs on the installed defaults, which
+    // say nothing of the redirect.
+    let unreadable = cfg.source.is_none()
+        && matches!(
+            std::fs::File::open(DEFAULT_CONFIG_PATH),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
+        );
+    let mut out = vec![Finding::ok(
+        Area::Config,
+        "config",
+        match &cfg.source {
+            Some(p) => p.display().to_string(),
+            None if unreadable => format!(
+                "the installed defaults ({DEFAULT_CONFIG_PATH} is not readable by this user)"
+            ),
+            None => "the built-in defaults".to_string(),
+        },
+    )];
+    let status = service::daemon_status(cfg);
+    out.push(if unreadable {
+        Finding::skipped(
+            Area::Firewall,
+            "redirect",
+            "this user cannot read the config that says which redirect to expect",
+        )
+    } else {
+        service::firewall(cfg, &status)
+    });
+    out.push(service::daemon(cfg, &status));
+
+    let agent = the_agent(cfg, &mut out);
+    let linux = cfg!(target_os = "linux");
+    let inst = Installed {
+        ca: cfg.certs.join("ca.pem"),
+        bundle: cfg.certs.join(BUNDLE_FILE),
+        truststore: cfg.certs.join(TRUSTSTORE_FILE),
+        env_file: cfg.certs.join(AGENT_ENV_FILE),
+        pam_enabled: linux.then(|| {
+            std::fs::read_to_string("/etc/pam.d/common-session")
+                .is_ok_and(|t| t.contains(&cfg.certs.join(AGENT_ENV_FILE).display().to_string()))
+        }),
+    };
+    // Without the account, judge readability as any other user would.
+    let reader = agent.clone().unwrap_or(Agent {
+        name: "other users".into(),
+        uid: u32::MAX,
+        gids: Vec::new(),
+        home: PathBuf::from("/nonexistent"),
+    });
+    let (ca, found) = ca_files::check(&inst, &reader);
+    out.extend(found);
+
+    let contexts = match &agent {
+        Some(a) => agent_contexts(a, &inst, &mut out),
+        None => Vec::new(),
+    };
+    match (&ca, &agent, contexts.is_empty()) {
+        (Some(ca), Some(agent), false) => {
+            out.extend(runtime_findings(&contexts, agent, ca, &inst));
+        }
+        _ => out.push(Finding::skipped(
+            Area::Runtime,
+            "runtimes",
+            "needs the CA and at least one of the agent's environments (see above)",
+        )),
+    }
+
+    let scan = match &cfg.audit_path {
+        Some(live) => rejected::scan(
+            &crate::audit::verify::rotation_set(live, cfg.audit.keep),
+            since,
+            SystemTime::now(),
+        ),
+        None => Err(std::io::Error::other(
+            "the audit log is off (audit.enabled = false)",
+        )),
+    };
+    out.extend(rejected::findings(scan, since));
+    Report::new(out)
+}
+
+/// The agent install set up: the first user named in `redirect.agent_users`.
+fn the_agent(cfg: &Config, out: &mut Vec<Finding>) -> Option<Agent> {
+    let named = cfg.redirect.agent_users.iter().find_map(|u| match u {
+        AgentUser::Name(n) => Some(n.clone()),
+        AgentUser::Uid(_) => None,
+    });
+    let Some(name) = named else {
+        out.push(Finding::skipped(
+            Area::Config,
+            "agent",
+            "redirect.agent_users names no user (only uids): the agent's environment is not \
+             checked",
+        ));
+        return None;
+    };
+    match Agent::lookup(&name) {
+        Some(a) => {
+            out.push(Finding::ok(
+                Area::Config,
+                "agent",
+                format!("{} (uid {}, home {})", a.name, a.uid, a.home.display()),
+            ));
+            Some(a)
+        }
+        None => {
+            out.push(Finding::fail(
+                Area::Config,
+                "agent",
+                format!("the agent user {name} does not exist"),
+                "`sudo agenshield proxy install` creates it",
+            ));
+            None
+        }
+    }
+}
+
+/// The agent's environments this user may look at, and a finding for each (root: a login
+/// shell and, on Linux, a session outside one; the agent itself: this process).
+fn agent_contexts(agent: &Agent, inst: &Installed, out: &mut Vec<Finding>) -> Vec<Context> {
+    let me = nix::unistd::geteuid();
+    let captured: Vec<(ContextKind, Result<Context, String>)> = if me.is_root() {
+        let mut v = vec![(ContextKind::Login, contexts::login(&agent.name))];
+        if cfg!(target_os = "linux") {
+            v.push((ContextKind::NonLogin, contexts::non_login(&agent.name)));
+        }
+        v
+    } else if me.as_raw() == agent.uid {
+        vec![(ContextKind::ThisProcess, Ok(Context::this_process()))]
+    } else {
+        out.push(Finding::skipped(
+            Area::Environment,
+            &agent.name,
+            "seeing the agent's environment needs root (su), or run doctor as the agent",
+        ));
+        return Vec::new();
+    };
+    let mut got = Vec::new();
+    for (kind, r) in captured {
+        match r {
+            Ok(ctx) => {
+                out.push(environment::context(&ctx, agent, inst));
+                got.push(ctx);
+            }
+            Err(why) => out.push(Finding::fail(
+                Area::Environment,
+                kind.name(),
+                why,
+                format!(
+                    "`su -l {} -c env` must work: check the agent's shell and start-up files",
+                    agent.name
+                ),
+            )),
+        }
+    }
+    if me.is_root() {
+        match inst.pam_enabled {
+            Some(enabled) => out.push(environment::pam(enabled, agent, &inst.env_file)),
+            None => out.push(environment::launch_agent(agent, inst)),
+        }
+    }
+    got
+}
+
+fn runtime_findings(
+    contexts: &[Context],
+    agent: &Agent,
+    ca: &[u8],
+    inst: &Installed,
+) -> Vec<Finding> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let standard = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    for path in contexts
+        .iter()
+        .filter_map(|c| c.get("PATH"))
+        .chain([standard])
+    {
+        for d in path.split(':').filter(|d| d.starts_with('/')) {
+            let d = PathBuf::from(d);
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    let mut machine = sources::Machine::here();
+    let (python, certifi) = match runtimes::which("python3", &dirs) {
+        Some(py) => runtimes::probe_python(&py),
+        None => Default::default(),
+    };
+    machine.certifi = certifi;
+    if let Some(java) = runtimes::which("java", &dirs) {
+        (machine.java_cacerts, machine.keytool) = runtimes::jdk(&java);
+    }
+    let found = runtimes::find(&dirs, &python);
+    if found.is_empty() {
+        return vec![Finding::skipped(
+            Area::Runtime,
+            "runtimes",
+            "none of curl, wget, git, python3, pip, node, npm, java, go found",
+        )];
+    }
+    found
+        .iter()
+        .map(|f| runtimes::check(f, contexts, agent, &machine, ca, inst))
+        .collect()
+}
