@@ -22,6 +22,9 @@ use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
 
+#[path = "compat_linux/doctor.rs"]
+mod doctor;
+
 /// Tools the suite runs, beyond the root lab's: (command, Debian package).
 const TOOLS: [(&str, &str); 12] = [
     ("wget", "wget"),
@@ -434,6 +437,8 @@ async fn every_tool_works_as_the_agent_with_no_flags_in_and_out_of_a_login_shell
             .any(|r| r.path_and_query == "/ok/pinned"),
         "the passthrough client reached the API"
     );
+
+    doctor::finds_and_fixes(&upstream_ca, &config);
 
     cleanup.stop_daemon();
     let (code, undo) = run(&["proxy", "uninstall"]);
