@@ -60,9 +60,11 @@ fn append(path: &Path, line: &str) {
 }
 
 const WGET: &str = "wget -q -O- https://api.compat.test/ok";
-const NODE: &str = "node -e \"require('https').get('https://api.compat.test/ok', r => \
-                    console.log('status', r.statusCode)).on('error', e => { console.log(e.code); \
-                    process.exit(1) })\"";
+// It exits as soon as it has the status: node keeps a connection whose body it never read
+// open until the server closes it.
+const NODE: &str = "node -e \"require('https').get('https://api.compat.test/ok', r => { \
+                    console.log('status', r.statusCode); process.exit(0) }).on('error', e => { \
+                    console.log(e.code); process.exit(1) })\"";
 
 pub fn finds_and_fixes(upstream_ca: &Path, config: &Path) {
     // Sound: every runtime trusts the CA, in and out of a login shell.

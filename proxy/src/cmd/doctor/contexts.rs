@@ -5,9 +5,10 @@
 //! the agent itself, its own environment is the context.
 
 use std::collections::BTreeMap;
-use std::io::Read as _;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use super::bounded::{self, RunError};
 
 /// The line the capturing shell prints before `env`, so that whatever a start-up file
 /// prints is not taken for variables.
@@ -95,48 +96,25 @@ fn script() -> String {
     format!("printf '\\n%s\\n' '{MARKER}'; env")
 }
 
-fn capture(kind: ContextKind, mut cmd: Command) -> Result<Context, String> {
-    let what = kind.name();
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start su: {e}"))?;
-    let mut stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut stderr = child.stderr.take().ok_or("no stderr")?;
-    let out = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = stdout.read_to_end(&mut b);
-        b
-    });
-    let err = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = stderr.read_to_end(&mut b);
-        b
-    });
-    let deadline = Instant::now() + TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "the agent's {what} did not finish within {}s (a start-up file waits or loops?)",
-                    TIMEOUT.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("waiting for su: {e}")),
-        }
-    };
-    let out = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
-    let err = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+fn capture(kind: ContextKind, cmd: Command) -> Result<Context, String> {
+    let ran = bounded::output(cmd, TIMEOUT).map_err(|e| match e {
+        RunError::Start(e) => format!("cannot start su: {e}"),
+        RunError::TimedOut(t) => format!(
+            "the agent's {} did not finish within {}s (a start-up file waits or loops?)",
+            kind.name(),
+            t.as_secs()
+        ),
+    })?;
+    let out = String::from_utf8_lossy(&ran.stdout);
     let Some((_, env_text)) = out.split_once(&format!("\n{MARKER}\n")) else {
         return Err(format!(
-            "su as the agent failed ({status}): {}",
-            err.trim().lines().last().unwrap_or("no output")
+            "su as the agent failed ({}): {}",
+            ran.status,
+            String::from_utf8_lossy(&ran.stderr)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("no output")
         ));
     };
     Ok(Context {

@@ -124,12 +124,10 @@ fn keytool_certs(
     store: &Path,
     password: &str,
 ) -> Option<std::collections::BTreeSet<Vec<u8>>> {
-    let out = std::process::Command::new(keytool)
-        .args(["-list", "-rfc", "-storepass", password, "-keystore"])
-        .arg(store)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
+    let mut cmd = std::process::Command::new(keytool);
+    cmd.args(["-list", "-rfc", "-storepass", password, "-keystore"])
+        .arg(store);
+    let out = super::bounded::output(cmd, std::time::Duration::from_secs(30))
         .ok()
         .filter(|o| o.status.success())?;
     Some(truststore::certs_of_bundle(&String::from_utf8_lossy(

@@ -5,6 +5,7 @@
 //! with its fix. Exit 0 when nothing failed, 1 otherwise.
 
 pub mod agent;
+pub mod bounded;
 pub mod ca_files;
 pub mod contexts;
 pub mod environment;

@@ -2,9 +2,11 @@
 //! contexts, by what it reads there, and if not, the fix.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
 use super::agent::Agent;
+use super::bounded;
 use super::contexts::{Context, ContextKind};
 use super::finding::{Area, Finding};
 use super::holds::{holds, Holds};
@@ -39,13 +41,9 @@ print(json.dumps(r))\n";
 /// Asks `python3` (isolated: no user site, no environment) which packages it has and where
 /// certifi's bundle is.
 pub fn probe_python(python: &Path) -> (Python, Option<PathBuf>) {
-    let out = Command::new(python)
-        .args(["-I", "-c", PROBE])
-        .env_clear()
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output();
-    let Some(v) = out
+    let mut cmd = Command::new(python);
+    cmd.args(["-I", "-c", PROBE]).env_clear();
+    let Some(v) = bounded::output(cmd, Duration::from_secs(15))
         .ok()
         .filter(|o| o.status.success())
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
