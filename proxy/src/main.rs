@@ -119,7 +119,18 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
     // 0750) is there all the same: loading it says so, rather than falling back unnoticed.
     let installed = std::path::Path::new(DEFAULT_CONFIG_PATH);
     if installed.try_exists().unwrap_or(true) {
-        return Ok(Config::load(installed)?);
+        return Config::load(installed).map_err(|e| {
+            if unreadable_installed_config() {
+                format!(
+                    "{e}: the installed config is for root and {} (pass --config FILE to use \
+                     another)",
+                    agenshield_proxy::cmd::install::layout::ADMIN_GROUP
+                )
+                .into()
+            } else {
+                e.into()
+            }
+        });
     }
     Ok(Config::defaults_in(&default_state_dir()?))
 }
@@ -130,9 +141,9 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
 fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
     match load_config(path) {
         Ok(cfg) => Some(cfg),
-        Err(e) if path.is_none() && unreadable_installed_config() => {
+        Err(_) if path.is_none() && unreadable_installed_config() => {
             eprintln!(
-                "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user ({e}); using the \
+                "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user; using the \
                  installed defaults (explicit listener 127.0.0.1:15080, CA in \
                  /opt/agenshield/certs)"
             );

@@ -323,6 +323,7 @@ pub fn unset_fix(var: &str, kind: ContextKind, agent: &Agent, inst: &Installed) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmd::doctor::finding::Status;
     use std::os::unix::fs::PermissionsExt;
 
     fn pem() -> (String, Vec<u8>) {
@@ -377,20 +378,16 @@ mod tests {
             env: Default::default(),
         };
         let contexts = [login, plain];
-        let found = |rt| Found {
-            runtime: rt,
-            at: "/usr/bin/x".into(),
+        let check_rt = |rt| {
+            let found = Found {
+                runtime: rt,
+                at: "/usr/bin/x".into(),
+            };
+            check(&found, &contexts, &agent, &machine, &ca, &inst)
         };
-        // curl: inst in the login shell; nothing outside it, where PAM is not enabled.
-        let f = check(
-            &found(Runtime::Curl),
-            &contexts,
-            &agent,
-            &machine,
-            &ca,
-            &inst,
-        );
-        assert_eq!(f.status, super::super::finding::Status::Fail);
+        // curl: ours in the login shell; nothing outside it, where PAM is not enabled.
+        let f = check_rt(Runtime::Curl);
+        assert_eq!(f.status, Status::Fail);
         assert!(
             f.detail
                 .starts_with("non-login: CURL_CA_BUNDLE is not set, so it reads the system bundle"),
@@ -406,15 +403,8 @@ mod tests {
         );
         // wget: our block in ~/.wgetrc works in every context...
         std::fs::write(home.join(".wgetrc"), format!("ca_certificate = {b}\n")).expect("write");
-        let f = check(
-            &found(Runtime::Wget),
-            &contexts,
-            &agent,
-            &machine,
-            &ca,
-            &inst,
-        );
-        assert_eq!(f.status, super::super::finding::Status::Ok, "{f:?}");
+        let f = check_rt(Runtime::Wget);
+        assert_eq!(f.status, Status::Ok, "{f:?}");
         assert!(f.detail.contains("[login, non-login]"), "{}", f.detail);
         // ...until a later line points it elsewhere.
         std::fs::write(
@@ -422,15 +412,8 @@ mod tests {
             format!("ca_certificate = {b}\nca_certificate = {}\n", sys.display()),
         )
         .expect("write");
-        let f = check(
-            &found(Runtime::Wget),
-            &contexts,
-            &agent,
-            &machine,
-            &ca,
-            &inst,
-        );
-        assert_eq!(f.status, super::super::finding::Status::Fail);
+        let f = check_rt(Runtime::Wget);
+        assert_eq!(f.status, Status::Fail);
         assert!(
             f.detail.contains("does not hold the AgenShield CA"),
             "{}",

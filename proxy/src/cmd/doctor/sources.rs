@@ -270,6 +270,8 @@ pub fn sources(rt: Runtime, ctx: &Context, home: &Path, m: &Machine) -> Vec<Sour
             dir: true,
         })
     };
+    // A file a variable may move elsewhere.
+    let path_or = |name: &str, default: PathBuf| ctx.get(name).map_or(default, PathBuf::from);
     // OpenSSL's defaults, which SSL_CERT_FILE and SSL_CERT_DIR replace.
     let openssl = |fallback: Source| {
         let v: Vec<Source> = [var("SSL_CERT_FILE"), dir_var("SSL_CERT_DIR")]
@@ -302,14 +304,8 @@ pub fn sources(rt: Runtime, ctx: &Context, home: &Path, m: &Machine) -> Vec<Sour
             }
         }
         Runtime::Wget => {
-            let user = ctx
-                .get("WGETRC")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".wgetrc"));
-            let system = ctx
-                .get("SYSTEM_WGETRC")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| m.etc.join("wgetrc"));
+            let user = path_or("WGETRC", home.join(".wgetrc"));
+            let system = path_or("SYSTEM_WGETRC", m.etc.join("wgetrc"));
             let s = setting(&user, "ca_certificate", home)
                 .or_else(|| setting(&system, "ca_certificate", home))
                 .unwrap_or_else(|| m.system());
@@ -319,19 +315,9 @@ pub fn sources(rt: Runtime, ctx: &Context, home: &Path, m: &Machine) -> Vec<Sour
             if let Some(s) = var("GIT_SSL_CAINFO") {
                 return vec![s];
             }
-            let global = ctx
-                .get("GIT_CONFIG_GLOBAL")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".gitconfig"));
-            let xdg = ctx
-                .get("XDG_CONFIG_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".config"))
-                .join("git/config");
-            let system = ctx
-                .get("GIT_CONFIG_SYSTEM")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| m.etc.join("gitconfig"));
+            let global = path_or("GIT_CONFIG_GLOBAL", home.join(".gitconfig"));
+            let xdg = path_or("XDG_CONFIG_HOME", home.join(".config")).join("git/config");
+            let system = path_or("GIT_CONFIG_SYSTEM", m.etc.join("gitconfig"));
             let s = [global, xdg, system]
                 .iter()
                 .find_map(|f| setting(f, "sslCAInfo", home))
@@ -347,10 +333,7 @@ pub fn sources(rt: Runtime, ctx: &Context, home: &Path, m: &Machine) -> Vec<Sour
             if let Some(s) = var("PIP_CERT") {
                 return vec![s];
             }
-            let config_dir = ctx
-                .get("XDG_CONFIG_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".config"));
+            let config_dir = path_or("XDG_CONFIG_HOME", home.join(".config"));
             let files = [
                 ctx.get("PIP_CONFIG_FILE").map(PathBuf::from),
                 Some(config_dir.join("pip/pip.conf")),
