@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::serve_explicit;
-use crate::conn::{ConnCtx, Dest, ListenerKind};
+use crate::conn::{shards, ConnCtx, Dest, ListenerKind};
 use crate::pipeline::record::{self, Record, RequestId};
 use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::proxy::Proxy;
@@ -136,8 +136,14 @@ pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: 
         };
         let span = tracing::info_span!("conn", id, client = %peer, orig_dst = %dst, sni = tracing::field::Empty);
         let proxy = proxy.clone();
-        tokio::spawn(
+        let Some(sock) = hand_over(sock, id) else {
+            return;
+        };
+        shards::spawn(move || {
             async move {
+                let Some(sock) = take_over(sock, id) else {
+                    return;
+                };
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
@@ -146,8 +152,8 @@ pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: 
                 };
                 serve_stream(proxy, ctx, sock).await;
             }
-            .instrument(span),
-        );
+            .instrument(span)
+        });
     })
     .await;
 }
@@ -167,18 +173,38 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
         };
         let span = tracing::info_span!("conn", id, client = %peer, listener = "explicit", sni = tracing::field::Empty);
         let proxy = proxy.clone();
-        tokio::spawn(
+        let Some(sock) = hand_over(sock, id) else {
+            return;
+        };
+        shards::spawn(move || {
             async move {
+                let Some(sock) = take_over(sock, id) else {
+                    return;
+                };
                 ctx.agent_uid = agent_uid(peer, &[local]);
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
                 serve_explicit(proxy, ctx, sock).await;
             }
-            .instrument(span),
-        );
+            .instrument(span)
+        });
     })
     .await;
+}
+
+/// The accepted socket, out of the accepting runtime's reactor, for a shard to take over.
+fn hand_over(sock: TcpStream, id: u64) -> Option<std::net::TcpStream> {
+    sock.into_std()
+        .inspect_err(|e| tracing::warn!(conn = id, "closing: handing the connection over: {e}"))
+        .ok()
+}
+
+/// The socket in the reactor of the shard this runs on.
+fn take_over(sock: std::net::TcpStream, id: u64) -> Option<TcpStream> {
+    TcpStream::from_std(sock)
+        .inspect_err(|e| tracing::warn!(conn = id, "closing: registering the connection: {e}"))
+        .ok()
 }
 
 /// The uid owning the client's socket (`client`, connected to one of `peers`), if it is a

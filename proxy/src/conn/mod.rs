@@ -15,6 +15,7 @@ mod opaque;
 mod passthrough;
 mod prefixed;
 pub(crate) mod server_tls;
+pub(crate) mod shards;
 mod watchdog;
 
 pub(crate) use budget::Budgets;

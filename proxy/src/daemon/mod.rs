@@ -125,6 +125,7 @@ pub async fn serve(
     );
     let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
     let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
+    crate::conn::shards::start();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
         tasks.spawn(accept::transparent(proxy.clone(), l, orig.clone()));

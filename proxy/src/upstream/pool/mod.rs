@@ -55,12 +55,15 @@ const MAX_HEADER_LIST: u32 = 256 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct UpstreamAddr(pub SocketAddr);
 
-/// Where a request goes.
+/// Where a request goes, and from which connection thread: each shard
+/// (`conn::shards`) keeps its own upstream connections, whose tasks run beside the requests
+/// that use them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     pub tls: bool,
     pub host: Arc<str>,
     pub port: u16,
+    pub shard: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
