@@ -5,6 +5,31 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc commits its arenas eagerly where the kernel overcommits: +25 MiB of resident
+/// memory for the daemon, for no speed we could measure. Its options are read from the
+/// environment before `main`, so the daemon sets this one and starts itself again.
+const MIMALLOC_EAGER: &str = "MIMALLOC_ARENA_EAGER_COMMIT";
+
+/// For `proxy run`: the same command again with the allocator's settings (once; on failure
+/// the daemon goes on as it is, with more memory resident).
+fn reexec_with_allocator_settings() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(MIMALLOC_EAGER).is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+    let err = std::process::Command::new(&exe)
+        .arg0(arg0)
+        .args(args)
+        .env(MIMALLOC_EAGER, "0")
+        .exec();
+    eprintln!("agenshield: restarting with the allocator's settings failed ({err}); going on");
+}
+
 use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
 use agenshield_proxy::config::{default_state_dir, Config, DEFAULT_CONFIG_PATH};
 use agenshield_proxy::daemon::privsep;
@@ -48,6 +73,7 @@ fn main() -> ExitCode {
             None => ExitCode::from(2),
         },
         Top::Proxy(ProxyCommand::Run(args)) => {
+            reexec_with_allocator_settings();
             let cfg = match load_config(args.config.as_deref()) {
                 Ok(mut cfg) => {
                     if args.orig_dst_override.is_some() {

@@ -53,7 +53,9 @@ pub(super) async fn serve_http<S>(
             let proxy = proxy.clone();
             let ctx = ctx.clone();
             async move {
-                let resp = pipeline::handle(proxy, ctx, req).await;
+                // Boxed: the pipeline's future is large, and hyper moves the service future
+                // (into each HTTP/2 stream's task, among others); a pointer moves for free.
+                let resp = Box::pin(pipeline::handle(proxy, ctx, req)).await;
                 // In flight until hyper has sent (or dropped) the whole body.
                 Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
             }

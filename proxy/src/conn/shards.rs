@@ -77,7 +77,9 @@ fn shards() -> &'static Shards {
             // No thread or runtime for a shard: serve on the caller's runtime instead (the
             // daemon works as before, only without the per-core split).
             Err(e) => {
-                tracing::error!("starting the connection threads failed ({e}); serving on the main runtime");
+                tracing::error!(
+                    "starting the connection threads failed ({e}); serving on the main runtime"
+                );
                 Shards {
                     handles: Vec::new(),
                     next: AtomicUsize::new(0),
@@ -122,7 +124,10 @@ mod tests {
         });
         let (name, shard) = rx.await.expect("ran");
         assert!(name.unwrap_or_default().starts_with("agenshield-conn-"));
-        assert!(shard >= 1, "the pool tells shards apart from the main runtime");
+        assert!(
+            shard >= 1,
+            "the pool tells shards apart from the main runtime"
+        );
         assert_eq!(current(), 0);
     }
 }
