@@ -67,11 +67,11 @@ main_profile() {
     workload "$w" >"$out/$w.load.txt" 2>&1 || true
     wait "$perf_pid" || true
     perf script -i "$S/$w.perf" 2>/dev/null | inferno-collapse-perf >"$S/$w.folded"
-    inferno-flamegraph --title "agenshield: $w" <"$S/$w.folded" >"$out/$w.svg"
+    inferno-flamegraph --minwidth 0.2 --title "agenshield: $w" <"$S/$w.folded" >"$out/$w.svg"
     perf report -i "$S/$w.perf" --no-children --sort symbol --stdio 2>/dev/null |
       awk '/^ +[0-9.]+%/ && n < 40 { sub(/[ -]+$/, ""); print; n++ }' >"$out/$w.txt"
     printf '%s: perf record -F %s -g --call-graph dwarf,32768 -p <daemon pids> -- sleep %s, while: %s\n' \
-      "$w" "$FREQ" "$((SECS + 1))" "$(declare -f workload | grep -m1 "^ *$w)" | sed 's/^ *//')" >>"$out/commands.txt"
+      "$w" "$FREQ" "$((SECS + 1))" "$(declare -f workload | grep -A1 "^ *$w)" | tail -n1 | sed 's/^ *//; s/;* *$//')" >>"$out/commands.txt"
     row_cleanup
   done
   log "wrote $out/{$(echo "$WORKLOADS" | tr ' ' ,)}.{svg,txt}"
