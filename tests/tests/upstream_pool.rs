@@ -205,15 +205,29 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
         panic!("processed twice: {twice:?}; the daemon sent again: {again:#?}");
     }
     assert_eq!(seen.len(), total, "every request reached the upstream");
-    // Those the upstream turned away were sent again, and counted.
+    // The upstream closed a connection every hundred requests (finishing the up to 16 more
+    // already under way): the proxy moved on to a new one each time, without a failure above.
+    let conns: std::collections::HashSet<std::net::SocketAddr> =
+        w.up.requests().iter().map(|r| r.peer).collect();
+    assert!(
+        conns.len() >= total / (100 + 16),
+        "{} upstream connections",
+        conns.len()
+    );
+    // Requests the upstream provably did not process are sent again and counted. Since each
+    // agent connection is served on one thread with its upstream connections, the pool
+    // learns of the upstream's GOAWAY before it opens another stream there, so this is
+    // usually 0 here; nothing above may have failed either way.
     let metrics = metrics_text(&w.daemon).await;
     let retried: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("agenshield_proxy_upstream_retries_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    eprintln!("retried transparently: {retried}");
-    assert!(retried > 0.0, "{metrics}");
+    eprintln!(
+        "{} upstream connections; retried transparently: {retried}",
+        conns.len()
+    );
 
     // HTTP/1.1 upstream connections (plain http through the explicit listener): a pooled
     // connection the upstream closed is not an error either.
