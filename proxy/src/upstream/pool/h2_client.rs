@@ -203,3 +203,64 @@ impl Body for RecvBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP/2 upstream over an in-memory pipe that refuses the first stream
+    /// (`REFUSED_STREAM`), fails the second (`INTERNAL_ERROR`) and answers the rest.
+    async fn upstream() -> h2::client::SendRequest<Bytes> {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io)
+                .await
+                .expect("server handshake");
+            let mut n = 0;
+            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                n += 1;
+                match n {
+                    1 => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                    2 => respond.send_reset(h2::Reason::INTERNAL_ERROR),
+                    _ => {
+                        let resp = Response::builder().status(200).body(()).expect("resp");
+                        let _ = respond.send_response(resp, true);
+                    }
+                }
+            }
+        });
+        let (send, conn) = h2::client::handshake(client_io)
+            .await
+            .expect("client handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        send
+    }
+
+    fn get() -> Request<ProxyBody> {
+        Request::get("https://api.test/x")
+            .body(crate::body::empty())
+            .expect("request")
+    }
+
+    /// What a retry rests on: only a stream the upstream provably did not process is
+    /// `Refused` (sent again by the pool); any other reset may have been processed.
+    #[tokio::test]
+    async fn a_refused_stream_is_told_apart_from_a_failed_one() {
+        let send = upstream().await;
+        let end = TransportEnd::default();
+        assert!(matches!(
+            super::send(&send, get(), &end).await,
+            Err(StreamFailure::Refused(_))
+        ));
+        assert!(matches!(
+            super::send(&send, get(), &end).await,
+            Err(StreamFailure::Failed(_))
+        ));
+        match super::send(&send, get(), &end).await {
+            Ok(resp) => assert_eq!(resp.status(), 200),
+            Err(_) => panic!("the third stream is answered"),
+        }
+    }
+}
