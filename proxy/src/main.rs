@@ -31,7 +31,9 @@ fn reexec_with_allocator_settings() {
 }
 
 use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
-use agenshield_proxy::config::{default_state_dir, Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::config::{
+    default_state_dir, installed_config_unreadable, Config, DEFAULT_CONFIG_PATH,
+};
 use agenshield_proxy::daemon::privsep;
 use agenshield_proxy::daemon::{self, BadInput};
 use clap::Parser;
@@ -151,7 +153,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
     let installed = std::path::Path::new(DEFAULT_CONFIG_PATH);
     if installed.try_exists().unwrap_or(true) {
         return Config::load(installed).map_err(|e| {
-            if unreadable_installed_config() {
+            if installed_config_unreadable() {
                 format!(
                     "{e}: the installed config is for root and {} (pass --config FILE to use \
                      another)",
@@ -172,7 +174,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
 fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
     match load_config(path) {
         Ok(cfg) => Some(cfg),
-        Err(_) if path.is_none() && unreadable_installed_config() => {
+        Err(_) if path.is_none() && installed_config_unreadable() => {
             eprintln!(
                 "agenshield: {DEFAULT_CONFIG_PATH} is not readable by this user; using the \
                  installed defaults (explicit listener 127.0.0.1:15080, CA in \
@@ -185,14 +187,6 @@ fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
             None
         }
     }
-}
-
-/// The installed config exists but this user may not read it.
-fn unreadable_installed_config() -> bool {
-    matches!(
-        std::fs::File::open(DEFAULT_CONFIG_PATH),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
-    )
 }
 
 fn init_logging() {

@@ -16,6 +16,14 @@ pub use upstream_proxy::{authority, UpstreamProxy};
 
 /// Where the installed product keeps its configuration.
 pub const DEFAULT_CONFIG_PATH: &str = "/opt/agenshield/config/proxy.toml";
+
+/// The installed config is there but this user may not read it (the agent, by design).
+pub fn installed_config_unreadable() -> bool {
+    matches!(
+        std::fs::File::open(DEFAULT_CONFIG_PATH),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
+    )
+}
 /// The installed daemon's admin socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";

@@ -5,8 +5,8 @@
 use super::agent::Agent;
 use super::finding::{Area, Finding};
 use super::holds::{holds, Format, Holds};
-use super::runtimes::Installed;
-use crate::cmd::trust::{bundle, files, truststore, AgentTrust};
+use super::installed::Installed;
+use crate::cmd::trust::{bundle, files, truststore};
 
 const REINSTALL: &str = "`sudo agenshield proxy install` writes it anew";
 
@@ -48,10 +48,7 @@ pub fn check(inst: &Installed, agent: &Agent) -> (Option<Vec<u8>>, Vec<Finding>)
             ),
         });
     }
-    let want = files::env_file(&AgentTrust {
-        bundle: &inst.bundle,
-        truststore: Some(&inst.truststore),
-    });
+    let want = files::env_file(&inst.trust());
     let subject = inst.env_file.display().to_string();
     out.push(match std::fs::read_to_string(&inst.env_file) {
         Ok(text) if text == want => Finding::ok(

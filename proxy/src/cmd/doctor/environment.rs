@@ -7,16 +7,14 @@ use std::path::Path;
 use super::agent::Agent;
 use super::contexts::Context;
 use super::finding::{Area, Finding};
-use super::runtimes::{unset_fix, Installed};
+use super::installed::Installed;
+use super::runtimes::unset_fix;
 use crate::cmd::install::layout::{LAUNCHD_ENV_LABEL, PAM_PROFILE_PATH};
-use crate::cmd::trust::{files, AgentTrust};
+use crate::cmd::trust::files;
 
 /// The finding for one captured context.
 pub fn context(ctx: &Context, agent: &Agent, inst: &Installed) -> Finding {
-    let trust = AgentTrust {
-        bundle: &inst.bundle,
-        truststore: Some(&inst.truststore),
-    };
+    let trust = inst.trust();
     let java_flag = format!("-Djavax.net.ssl.trustStore={}", inst.truststore.display());
     let mut missing = Vec::new();
     let mut elsewhere = Vec::new();
@@ -77,13 +75,14 @@ pub fn pam(enabled: bool, agent: &Agent, env_file: &Path) -> Finding {
             Area::Environment,
             subject,
             format!(
-                "/etc/pam.d/common-session applies {} to {}'s sessions",
+                "{} applies {} to {}'s sessions",
+                files::PAM_SESSION_STACK,
                 env_file.display(),
                 agent.name
             ),
         );
     }
-    let fix = if Path::new("/usr/sbin/pam-auth-update").exists() {
+    let fix = if Path::new(files::PAM_AUTH_UPDATE).exists() {
         if Path::new(PAM_PROFILE_PATH).exists() {
             "`sudo pam-auth-update --enable agenshield`".to_string()
         } else {
@@ -92,7 +91,8 @@ pub fn pam(enabled: bool, agent: &Agent, env_file: &Path) -> Finding {
     } else {
         format!(
             "no pam-auth-update here: add these lines to the session stack (e.g. \
-             /etc/pam.d/common-session): {}",
+             {}): {}",
+            files::PAM_SESSION_STACK,
             files::pam_lines(&agent.name, env_file)
                 .lines()
                 .collect::<Vec<_>>()
@@ -117,13 +117,7 @@ pub fn launch_agent(agent: &Agent, inst: &Installed) -> Finding {
     let path = agent
         .home
         .join(format!("Library/LaunchAgents/{LAUNCHD_ENV_LABEL}.plist"));
-    let want = files::launchd_env_plist(
-        LAUNCHD_ENV_LABEL,
-        &AgentTrust {
-            bundle: &inst.bundle,
-            truststore: Some(&inst.truststore),
-        },
-    );
+    let want = files::launchd_env_plist(LAUNCHD_ENV_LABEL, &inst.trust());
     let subject = "launchd (apps, launchd jobs)";
     match std::fs::read_to_string(&path) {
         Ok(text) if text == want => Finding::ok(
@@ -168,10 +162,7 @@ mod tests {
             gids: vec![],
             home: PathBuf::from("/h"),
         };
-        let trust = AgentTrust {
-            bundle: &inst.bundle,
-            truststore: Some(&inst.truststore),
-        };
+        let trust = inst.trust();
         let mut env: std::collections::BTreeMap<String, String> = trust
             .env()
             .into_iter()

@@ -11,6 +11,7 @@ pub mod contexts;
 pub mod environment;
 pub mod finding;
 pub mod holds;
+pub mod installed;
 pub mod rejected;
 pub mod runtimes;
 pub mod service;
@@ -25,7 +26,7 @@ use crate::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
 use agent::Agent;
 use contexts::{Context, ContextKind};
 use finding::{Area, Finding, Report};
-use runtimes::Installed;
+use installed::Installed;
 
 /// Runs every check; prints the report; the exit code.
 pub fn command(cfg: &Config, args: &DoctorArgs) -> u8 {
@@ -49,11 +50,7 @@ pub fn command(cfg: &Config, args: &DoctorArgs) -> u8 {
 fn diagnose(cfg: &Config, since: Duration) -> Report {
     // The agent may not read the installed config: it runs on the installed defaults, which
     // say nothing of the redirect.
-    let unreadable = cfg.source.is_none()
-        && matches!(
-            std::fs::File::open(DEFAULT_CONFIG_PATH),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied
-        );
+    let unreadable = cfg.source.is_none() && crate::config::installed_config_unreadable();
     let mut out = vec![Finding::ok(
         Area::Config,
         "config",
@@ -78,16 +75,14 @@ fn diagnose(cfg: &Config, since: Duration) -> Report {
     out.push(service::daemon(cfg, &status));
 
     let agent = the_agent(cfg, &mut out);
-    let linux = cfg!(target_os = "linux");
+    let env_file = cfg.certs.join(AGENT_ENV_FILE);
     let inst = Installed {
         ca: cfg.certs.join("ca.pem"),
         bundle: cfg.certs.join(BUNDLE_FILE),
         truststore: cfg.certs.join(TRUSTSTORE_FILE),
-        env_file: cfg.certs.join(AGENT_ENV_FILE),
-        pam_enabled: linux.then(|| {
-            std::fs::read_to_string("/etc/pam.d/common-session")
-                .is_ok_and(|t| t.contains(&cfg.certs.join(AGENT_ENV_FILE).display().to_string()))
-        }),
+        pam_enabled: cfg!(target_os = "linux")
+            .then(|| crate::cmd::trust::files::pam_applies(&env_file)),
+        env_file,
     };
     // Without the account, judge readability as any other user would.
     let reader = agent.clone().unwrap_or(Agent {

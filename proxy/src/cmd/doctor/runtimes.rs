@@ -10,19 +10,8 @@ use super::bounded;
 use super::contexts::{Context, ContextKind};
 use super::finding::{Area, Finding};
 use super::holds::{holds, Holds};
+use super::installed::Installed;
 use super::sources::{sources, Machine, Ours, Runtime, Source};
-
-/// The files install made for the agent, and what doctor knows of the agent's sessions.
-#[derive(Debug, Clone)]
-pub struct Installed {
-    pub ca: PathBuf,
-    pub bundle: PathBuf,
-    pub truststore: PathBuf,
-    pub env_file: PathBuf,
-    /// Linux: whether our PAM profile is in the session stack (`None` where PAM is not how
-    /// the agent's sessions get the variables).
-    pub pam_enabled: Option<bool>,
-}
 
 /// What python3 has installed, asked once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

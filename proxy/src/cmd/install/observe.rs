@@ -209,9 +209,8 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
     use crate::cmd::trust::system_store::SystemStore;
     match layout.platform {
         Platform::Linux => {
-            o.pam_auth_update = Path::new("/usr/sbin/pam-auth-update").exists();
-            o.pam_enabled = std::fs::read_to_string("/etc/pam.d/common-session")
-                .is_ok_and(|t| t.contains(&layout.env_file.display().to_string()));
+            o.pam_auth_update = Path::new(crate::cmd::trust::files::PAM_AUTH_UPDATE).exists();
+            o.pam_enabled = crate::cmd::trust::files::pam_applies(&layout.env_file);
             o.system_store = SystemStore::linux(Path::exists);
         }
         Platform::MacOs => o.system_store = Some(SystemStore::MacOs),

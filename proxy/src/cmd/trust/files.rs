@@ -47,6 +47,18 @@ pub fn wgetrc_lines(t: &AgentTrust) -> String {
     format!("ca_certificate = {}\n", t.bundle.display())
 }
 
+/// Debian's tool that enables PAM profiles.
+pub const PAM_AUTH_UPDATE: &str = "/usr/sbin/pam-auth-update";
+
+/// The session stack Debian's `pam-auth-update` writes the profile into.
+pub const PAM_SESSION_STACK: &str = "/etc/pam.d/common-session";
+
+/// Whether the session stack applies `env_file` (our profile is enabled).
+pub fn pam_applies(env_file: &std::path::Path) -> bool {
+    std::fs::read_to_string(PAM_SESSION_STACK)
+        .is_ok_and(|t| t.contains(&env_file.display().to_string()))
+}
+
 /// Debian's `pam-auth-update` profile: for the agent's sessions only, pam_env applies the
 /// environment file. `pam_succeed_if` skips the next line for every other user.
 pub fn pam_profile(agent: &str, env_file: &std::path::Path) -> String {
