@@ -62,7 +62,7 @@ fn the_record_format_matches_the_golden_file() {
         1,
         "2026-11-23T10:00:00.012Z",
         0,
-        &request(1, "allow"),
+        &Fields::of(&request(1, "allow")),
         GENESIS,
     );
     // A raw TCP connection refused, one allowed and its close, a client that rejected our
@@ -137,7 +137,7 @@ fn the_record_format_matches_the_golden_file() {
             seq,
             "2026-11-23T10:00:01.000Z",
             0,
-            &Entry::Record(Box::new(r)),
+            &Fields::of(&Entry::Record(Box::new(r))),
             &prev,
         );
     }
@@ -148,7 +148,14 @@ fn the_record_format_matches_the_golden_file() {
         rules: None,
         error: Some("policies/main.toml:3: unknown key \"hots\"".into()),
     });
-    encode(&mut buf, 8, "2026-11-23T10:00:02.000Z", 3, &reload, &prev);
+    encode(
+        &mut buf,
+        8,
+        "2026-11-23T10:00:02.000Z",
+        3,
+        &Fields::of(&reload),
+        &prev,
+    );
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/audit-records.jsonl");
     let got = String::from_utf8(buf).expect("utf8");
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
@@ -393,7 +400,7 @@ fn a_sequence_at_u64_max_followed_by_another_record_is_a_break() {
         u64::MAX,
         "2026-11-23T10:00:00.000Z",
         0,
-        &request(1, "allow"),
+        &Fields::of(&request(1, "allow")),
         GENESIS,
     );
     // Sealed correctly, chained correctly: only the sequence number is impossible.
@@ -402,7 +409,7 @@ fn a_sequence_at_u64_max_followed_by_another_record_is_a_break() {
         0,
         "2026-11-23T10:00:00.001Z",
         0,
-        &request(2, "allow"),
+        &Fields::of(&request(2, "allow")),
         &h1,
     );
     std::fs::write(&path, &buf).expect("write");

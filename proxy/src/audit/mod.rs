@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 use health::Health;
-pub(crate) use record::{Entry, LifecycleEntry, ReloadEntry, ReloadResult};
+pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult};
 pub(crate) use writer::Head;
 use writer::{Msg, Writer};
 
@@ -190,7 +190,7 @@ impl Audit {
         let keep = entry.must_keep();
         let msg = Msg::Entry {
             time: crate::clock::now_rfc3339(),
-            entry,
+            fields: Fields::of(&entry),
             ack: Some(ack),
         };
         match self.tx.try_send(msg) {

@@ -64,6 +64,32 @@ impl Serialize for Entry {
     }
 }
 
+/// An entry's fields as they go into its line: `,"kind":…,…` — the entry's JSON object
+/// without its braces, so the writer only has to put the envelope around it. Made by the
+/// submitter, on its own thread, so the writer role (which every shard's records wait for)
+/// holds only the envelope, the hash and the write.
+#[derive(Debug, Clone)]
+pub(crate) struct Fields(Vec<u8>);
+
+impl Fields {
+    pub(crate) fn of(entry: &Entry) -> Fields {
+        let mut out = Vec::with_capacity(768);
+        if serde_json::to_writer(&mut out, entry).is_err() || out.len() < 2 {
+            // Cannot happen for these types; never write half a record.
+            out.clear();
+            out.extend_from_slice(b"{\"kind\":\"unencodable\"}");
+        }
+        // `{"kind":…}` becomes `,"kind":…`.
+        out[0] = b',';
+        out.pop();
+        Fields(out)
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// How a policy load or reload went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

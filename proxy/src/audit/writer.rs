@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use super::chain::{seal, unseal, GENESIS};
 use super::health::Health;
-use super::record::Entry;
+use super::record::Fields;
 use crate::control::metrics::Metrics;
 
 /// The record format's version, the envelope's `v`. 1: HTTP requests only (`kind:
@@ -38,7 +38,8 @@ pub(crate) const SYNC_EVERY: Duration = Duration::from_millis(100);
 pub(crate) enum Msg {
     Entry {
         time: String,
-        entry: Entry,
+        /// The entry already encoded, by whoever submitted it (outside the writer role).
+        fields: Fields,
         ack: Option<oneshot::Sender<()>>,
     },
     /// Write everything before this, fsync, then answer.
@@ -133,9 +134,9 @@ impl Writer {
         let mut records = 0;
         for msg in batch.drain(..) {
             match msg {
-                Msg::Entry { time, entry, ack } => {
+                Msg::Entry { time, fields, ack } => {
                     head.seq += 1;
-                    head.hash = self.encode(buf, head.seq, &time, &entry, &head.hash);
+                    head.hash = self.encode(buf, head.seq, &time, &fields, &head.hash);
                     records += 1;
                     acks.extend(ack);
                 }
@@ -186,9 +187,16 @@ impl Writer {
         }
     }
 
-    fn encode(&self, buf: &mut Vec<u8>, seq: u64, time: &str, entry: &Entry, prev: &str) -> String {
+    fn encode(
+        &self,
+        buf: &mut Vec<u8>,
+        seq: u64,
+        time: &str,
+        fields: &Fields,
+        prev: &str,
+    ) -> String {
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
-        encode(buf, seq, time, dropped, entry, prev)
+        encode(buf, seq, time, dropped, fields, prev)
     }
 
     /// What the periodic fsync needs: a handle on the file if a write made since the last
@@ -330,13 +338,14 @@ fn ends_with_newline(file: &mut File) -> io::Result<bool> {
 }
 
 /// Appends one sealed line to `buf`; returns its hash. `dropped`: records lost just before
-/// this one (written as `dropped_before` when not 0).
+/// this one (written as `dropped_before` when not 0). Only the envelope is made here: the
+/// entry's own fields were encoded by its submitter.
 pub(crate) fn encode(
     buf: &mut Vec<u8>,
     seq: u64,
     time: &str,
     dropped: u64,
-    entry: &Entry,
+    fields: &Fields,
     prev: &str,
 ) -> String {
     let start = buf.len();
@@ -350,15 +359,7 @@ pub(crate) fn encode(
         buf.extend_from_slice(b",\"dropped_before\":");
         buf.extend_from_slice(dropped.to_string().as_bytes());
     }
-    let body_at = buf.len();
-    if serde_json::to_writer(&mut *buf, entry).is_err() || buf.len() < body_at + 2 {
-        // Cannot happen for these types; never write half a record.
-        buf.truncate(body_at);
-        buf.extend_from_slice(b"{\"kind\":\"unencodable\"}");
-    }
-    // `{"kind":…}` becomes `,"kind":…` inside the envelope, its `}` dropped for the seal.
-    buf[body_at] = b',';
-    buf.pop();
+    buf.extend_from_slice(fields.as_bytes());
     let mut line = buf.split_off(start);
     let hash = seal(&mut line, prev);
     buf.extend_from_slice(&line);
