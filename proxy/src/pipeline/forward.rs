@@ -23,9 +23,10 @@ pub(super) async fn send(
     req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, Refusal> {
     let target = ctx.target.as_ref().expect("the target phase ran");
+    let path = ctx.upstream_path.as_deref().unwrap_or(&ctx.path);
     let path_and_query = match &ctx.query {
-        Some(q) => format!("{}?{q}", ctx.path),
-        None => ctx.path.clone(),
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
     };
     let forwarded = ctx
         .proxy

@@ -53,8 +53,10 @@ pub(crate) struct RequestCtx {
     pub path: String,
     /// The path as policy matches it (`NormalizedPath::matching`), once normalized.
     pub matching_path: String,
-    /// The query sent upstream (injection may set parameters).
+    /// The query sent upstream (injection may set parameters, a swap put values in).
     pub query: Option<String>,
+    /// The path sent upstream when a swap put a value in it (`path` keeps the placeholder).
+    pub upstream_path: Option<String>,
     /// The protocol the request asks to switch to (`Upgrade`), if any.
     pub upgrade: Option<Arc<str>>,
     pub target: Option<Target>,
@@ -111,6 +113,7 @@ impl RequestCtx {
             path: req.uri().path().to_string(),
             matching_path: String::new(),
             query: req.uri().query().map(str::to_string),
+            upstream_path: None,
             upgrade: crate::upstream::client::upgrade_token(req).map(Arc::from),
             target: None,
             decision: None,

@@ -32,8 +32,8 @@ pub(super) fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), R
     Ok(())
 }
 
-/// Counts the body going up, injects, and guards the body; the query sent upstream may
-/// change (`ctx.query`).
+/// Counts the body going up, injects, swaps, and guards the body; the path and query sent
+/// upstream may change (`ctx.upstream_path`, `ctx.query`).
 pub(super) async fn apply(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
@@ -43,13 +43,19 @@ pub(super) async fn apply(
     let Some(phase) = &ctx.secrets else {
         return Ok(req);
     };
-    let (req, query) = phase
-        .apply(req, ctx.proxy.scan_body_bytes)
+    let (req, url) = phase
+        .apply(
+            req,
+            &ctx.path,
+            ctx.query.as_deref(),
+            ctx.proxy.scan_body_bytes,
+        )
         .await
         .map_err(|e| refused(ctx, &e))?;
-    if query.is_some() {
-        ctx.query = query;
+    if url.query.is_some() {
+        ctx.query = url.query;
     }
+    ctx.upstream_path = url.path;
     ctx.proxy.vault.record_use(&phase.used);
     Ok(req)
 }
@@ -63,7 +69,7 @@ pub(super) fn refused(ctx: &RequestCtx, e: &SecretRefusal) -> Refusal {
 
 pub(crate) fn refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
     let code = match e.violation {
-        Violation::Scope | Violation::Transport => ErrorCode::SecretScope,
+        Violation::Scope | Violation::Transport | Violation::NotSwapped => ErrorCode::SecretScope,
         Violation::Leak => ErrorCode::SecretLeak,
         Violation::Unavailable => ErrorCode::SecretUnavailable,
     };

@@ -55,6 +55,7 @@ pub(crate) fn rules(
     let mut rule = |name: &str, action: &str, priority, span: Range<usize>, m: MatchDef| {
         rules.push(RuleDef {
             secrets: None,
+            swap: None,
             inject: None,
             tls: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),

@@ -3,6 +3,11 @@
 //! in an `inject` template (`value = "Bearer ${secret:NAME}"`); only requests that rule
 //! allows get the value, and only rules that bind a secret may see it at all.
 //!
+//! `swap = ["headers", "url", "body"]` says where the agent's placeholders of those secrets
+//! become values: headers (Basic credentials included) and the URL unless the rule says
+//! otherwise; a request body only where the rule names it, because a body is where content
+//! goes (a placeholder written into an issue comment would publish the value).
+//!
 //! `[secrets.NAME] rate = {...}` (policy-wide) limits how often NAME is used, over every
 //! rule that binds it.
 
@@ -40,6 +45,41 @@ pub struct SecretBindings {
     pub names: Box<[Arc<str>]>,
     /// Set on each request the rule allows, in the order written.
     pub inject: Box<[Injection]>,
+    /// Where placeholders of these secrets are swapped for their values.
+    pub swap: SwapPlaces,
+}
+
+/// Where a rule swaps placeholders (`swap = [...]`). Elsewhere a placeholder of a secret it
+/// binds is refused, never sent on as the placeholder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwapPlaces {
+    /// Header values, and the credentials inside `Authorization: Basic` (where a URL's
+    /// userinfo ends up).
+    pub headers: bool,
+    /// The request target's path and query.
+    pub url: bool,
+    /// JSON, form-urlencoded and text request bodies.
+    pub body: bool,
+}
+
+impl SwapPlaces {
+    /// Without `swap`: headers and URL, the places credentials go.
+    pub const DEFAULT: SwapPlaces = SwapPlaces {
+        headers: true,
+        url: true,
+        body: false,
+    };
+    pub const NAMES: [&'static str; 3] = ["headers", "url", "body"];
+
+    /// As written in a policy: `headers, url`.
+    pub fn names(&self) -> Vec<&'static str> {
+        [self.headers, self.url, self.body]
+            .iter()
+            .zip(SwapPlaces::NAMES)
+            .filter(|(on, _)| **on)
+            .map(|(_, n)| n)
+            .collect()
+    }
 }
 
 impl SecretBindings {
@@ -97,6 +137,7 @@ type ErrFn<'a> = dyn Fn(Range<usize>, String) -> PolicyError + 'a;
 pub(crate) fn compile_bindings(
     secrets: Option<&Spanned<Vec<Spanned<String>>>>,
     inject: Option<&Spanned<Vec<InjectFile>>>,
+    swap: Option<&Spanned<Vec<Spanned<String>>>>,
     err: &ErrFn<'_>,
     uses: &mut Vec<SecretUse>,
 ) -> Result<Option<Arc<SecretBindings>>, PolicyError> {
@@ -181,12 +222,57 @@ pub(crate) fn compile_bindings(
         }
     }
     if names.is_empty() && injections.is_empty() {
+        if let Some(list) = swap {
+            return Err(err(
+                list.span(),
+                "`swap` says where placeholders of the rule's secrets are swapped, and it binds none (add `secrets = [...]`)".into(),
+            ));
+        }
         return Ok(None);
     }
+    let swap = match swap {
+        None => SwapPlaces::DEFAULT,
+        Some(list) => compile_swap(list, err)?,
+    };
     Ok(Some(Arc::new(SecretBindings {
         names: names.into_iter().map(|n| Arc::from(n.as_str())).collect(),
         inject: injections.into_boxed_slice(),
+        swap,
     })))
+}
+
+fn compile_swap(
+    list: &Spanned<Vec<Spanned<String>>>,
+    err: &ErrFn<'_>,
+) -> Result<SwapPlaces, PolicyError> {
+    let mut places = SwapPlaces {
+        headers: false,
+        url: false,
+        body: false,
+    };
+    for p in list.get_ref() {
+        let slot = match p.get_ref().as_str() {
+            "headers" => &mut places.headers,
+            "url" => &mut places.url,
+            "body" => &mut places.body,
+            other => {
+                return Err(err(
+                    p.span(),
+                    format!(
+                        "unknown place {other:?} in `swap`; expected any of \"headers\", \"url\", \"body\""
+                    ),
+                ))
+            }
+        };
+        if *slot {
+            return Err(err(
+                p.span(),
+                format!("{:?} is listed twice in `swap`", p.get_ref()),
+            ));
+        }
+        *slot = true;
+    }
+    Ok(places)
 }
 
 /// `Bearer ${secret:NAME}`: literal text and `${secret:NAME}` references; `$$` is a `$`.

@@ -142,6 +142,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
         }
         out.rules.push(RuleDef {
             secrets: None,
+            swap: None,
             inject: None,
             tls: None,
             id: Spanned::new(id_span.clone(), id),

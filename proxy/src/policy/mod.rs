@@ -36,7 +36,9 @@ use serde::Deserialize;
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
-pub use inject::{InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, TemplatePart};
+pub use inject::{
+    InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, SwapPlaces, TemplatePart,
+};
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};

@@ -44,6 +44,8 @@ pub(crate) struct RuleDef {
     pub max_concurrent: Option<Spanned<i64>>,
     /// Secrets the rule's requests may carry (placeholders swapped, values let through).
     pub secrets: Option<List<String>>,
+    /// Where placeholders are swapped (`swap = ["headers", "url", "body"]`; TOML only).
+    pub swap: Option<List<String>>,
     /// Headers or query parameters set on the requests it allows.
     pub inject: Option<Spanned<Vec<InjectFile>>>,
     /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.

@@ -41,7 +41,13 @@ pub(crate) fn compile_rule(
         }
     };
     let obligations = obligations(def, action, &err)?;
-    let secrets = compile_bindings(def.secrets.as_ref(), def.inject.as_ref(), &err, uses)?;
+    let secrets = compile_bindings(
+        def.secrets.as_ref(),
+        def.inject.as_ref(),
+        def.swap.as_ref(),
+        &err,
+        uses,
+    )?;
     if secrets.is_some() && action == Action::Deny {
         let span = match (&def.inject, &def.secrets) {
             (Some(i), _) => i.span(),
@@ -167,7 +173,7 @@ fn passthrough(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<bool, P
     if let Some(i) = &def.inject {
         return Err(err(i.span(), format!("{blind} a request to inject into")));
     }
-    if let Some(s) = &def.secrets {
+    if let Some(s) = def.secrets.as_ref().or(def.swap.as_ref()) {
         return Err(err(
             s.span(),
             format!("{blind} a request to put a secret in"),

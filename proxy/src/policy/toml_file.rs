@@ -48,6 +48,7 @@ struct RuleFile {
     rate: Option<Spanned<RateFile>>,
     max_concurrent: Option<Spanned<i64>>,
     secrets: Option<List<String>>,
+    swap: Option<List<String>>,
     inject: Option<Spanned<Vec<InjectFile>>>,
     tls: Option<Spanned<String>>,
 }
@@ -101,6 +102,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             rate: r.rate,
             max_concurrent: r.max_concurrent,
             secrets: r.secrets,
+            swap: r.swap,
             inject: r.inject,
             tls: r.tls,
             matchers: vec![matcher],

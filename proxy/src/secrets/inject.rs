@@ -1,6 +1,9 @@
 //! Injection: the deciding rule's `inject` entries set headers and query parameters from
-//! secret values, and placeholders of bound secrets in headers (Basic credentials included)
-//! become the values. Runs after the leak guard and the rate limits passed.
+//! secret values, and placeholders of bound secrets become the values where the rule swaps
+//! them: headers (Basic credentials included) and the URL's path and query (a placeholder as
+//! written or with its colons percent-encoded; the value goes in percent-encoded). Bodies
+//! are swapped as they stream (`scan_body`). Runs after the leak guard and the rate limits
+//! passed.
 
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -11,15 +14,48 @@ use super::scan::{basic_credentials, split_scheme};
 use super::set::SecretSet;
 use crate::policy::{InjectTarget, SecretBindings, TemplatePart};
 
-/// Sets `headers` and returns the new query (`None`: unchanged). The scan checked that every
-/// secret named here exists in `set`; one missing now is skipped rather than half-injected.
+/// The request target as it goes upstream, where injection or a swap changed it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Url {
+    /// `None`: unchanged.
+    pub path: Option<String>,
+    /// `None`: unchanged.
+    pub query: Option<String>,
+}
+
+/// Sets `headers` and returns the URL's changes. The scan checked that every secret named
+/// here exists in `set`; one missing now is skipped rather than half-injected.
 pub(crate) fn apply(
+    set: &SecretSet,
+    bindings: &SecretBindings,
+    headers: &mut HeaderMap,
+    path: &str,
+    query: Option<&str>,
+) -> Url {
+    if bindings.swap.headers {
+        swap_placeholders(set, bindings, headers);
+    }
+    let (path, swapped) = if bindings.swap.url {
+        let q = query.and_then(|q| swap_in_url(set, bindings, q));
+        (swap_in_url(set, bindings, path), q)
+    } else {
+        (None, None)
+    };
+    let injected = inject(set, bindings, headers, swapped.as_deref().or(query));
+    Url {
+        path,
+        query: injected.or(swapped),
+    }
+}
+
+/// Sets the rule's `inject` headers; returns the query with its parameters set (`None`: no
+/// parameter injected).
+fn inject(
     set: &SecretSet,
     bindings: &SecretBindings,
     headers: &mut HeaderMap,
     query: Option<&str>,
 ) -> Option<String> {
-    swap_placeholders(set, bindings, headers);
     let mut query = query.map(str::to_string);
     let mut changed = false;
     for inj in bindings.inject.iter() {
@@ -46,8 +82,39 @@ pub(crate) fn apply(
     }
 }
 
+/// `text` (a path or a query) with each bound placeholder, as written or with `%3A` for its
+/// colons, replaced by the value percent-encoded; `None` if none was.
+fn swap_in_url(set: &SecretSet, bindings: &SecretBindings, text: &str) -> Option<String> {
+    let m = set.matcher()?;
+    let bytes = text.as_bytes();
+    let mut out: Option<String> = None;
+    let mut pos = 0;
+    for (tag, r) in m.find_iter(bytes) {
+        if tag.kind != super::matcher::HitKind::Placeholder {
+            continue;
+        }
+        let secret = set.at(tag.secret);
+        let longer_name = bytes
+            .get(r.end)
+            .is_some_and(|b| super::value::is_name_byte(*b));
+        if longer_name || !bindings.binds(secret.name.as_str()) {
+            continue;
+        }
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
+        o.push_str(&text[pos..r.start]);
+        o.extend(percent_encoding::percent_encode(
+            secret.value.expose(),
+            QUERY_VALUE,
+        ));
+        pos = r.end;
+    }
+    let mut o = out?;
+    o.push_str(&text[pos..]);
+    Some(o)
+}
+
 /// Characters left as they are in a query parameter value: unreserved ones.
-const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+pub(crate) const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')

@@ -27,7 +27,7 @@ fn templates_set_headers_and_replace_what_the_agent_sent() {
     let mut h = HeaderMap::new();
     h.append("authorization", HeaderValue::from_static("Bearer fake"));
     h.append("authorization", HeaderValue::from_static("Bearer fake2"));
-    assert_eq!(apply(&s, &b, &mut h, None), None);
+    assert_eq!(apply(&s, &b, &mut h, "/", None), Url::default());
     let all: Vec<_> = h.get_all("authorization").iter().collect();
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].as_bytes(), b"token ghp_GITHUB_456789");
@@ -48,7 +48,7 @@ fn bound_placeholders_are_swapped_in_headers_and_basic_credentials() {
         "x-both",
         HeaderValue::from_static("agenshield:secret:openai/agenshield:secret:github"),
     );
-    apply(&s, &b, &mut h, None);
+    apply(&s, &b, &mut h, "/", None);
     assert_eq!(h["authorization"].as_bytes(), b"Bearer sk-test-OPENAI-123");
     assert_eq!(
         h["x-both"].as_bytes(),
@@ -62,7 +62,7 @@ fn bound_placeholders_are_swapped_in_headers_and_basic_credentials() {
         "authorization",
         HeaderValue::from_str(&format!("Basic {enc}")).expect("v"),
     );
-    apply(&s, &b, &mut h, None);
+    apply(&s, &b, &mut h, "/", None);
     let v = h["authorization"].as_bytes();
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(&v[b"Basic ".len()..])
@@ -82,11 +82,13 @@ fn query_injection_replaces_or_appends_one_parameter() {
     );
     let mut h = HeaderMap::new();
     assert_eq!(
-        apply(&s, &b, &mut h, Some("a=1&key=old&b=2&key=again")).as_deref(),
+        apply(&s, &b, &mut h, "/", Some("a=1&key=old&b=2&key=again"))
+            .query
+            .as_deref(),
         Some("a=1&key=sk-test-OPENAI-123&b=2")
     );
     assert_eq!(
-        apply(&s, &b, &mut h, None).as_deref(),
+        apply(&s, &b, &mut h, "/", None).query.as_deref(),
         Some("key=sk-test-OPENAI-123")
     );
 }

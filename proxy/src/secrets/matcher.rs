@@ -1,6 +1,6 @@
 //! One Aho-Corasick automaton over every secret value (and the forms a value takes when it
-//! is URL- or JSON-encoded) and every placeholder, so a header, a URL or a body chunk is
-//! searched for all of them in one pass.
+//! is URL- or JSON-encoded) and every placeholder (as written, and percent-encoded), so a
+//! header, a URL or a body chunk is searched for all of them in one pass.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use zeroize::Zeroizing;
@@ -61,11 +61,16 @@ impl Matcher {
                     kind: HitKind::Value,
                 });
             }
-            patterns.push(Zeroizing::new(placeholder(name).into_bytes()));
-            tags.push(Tag {
-                secret: i,
-                kind: HitKind::Placeholder,
-            });
+            // The placeholder as written, and with its colons percent-encoded (as a URL's
+            // query or a form body carries it); a name is only unreserved bytes.
+            let ph = placeholder(name);
+            for form in [ph.clone(), ph.replace(':', "%3A"), ph.replace(':', "%3a")] {
+                patterns.push(Zeroizing::new(form.into_bytes()));
+                tags.push(Tag {
+                    secret: i,
+                    kind: HitKind::Placeholder,
+                });
+            }
         }
         if patterns.is_empty() {
             return Ok(None);

@@ -1,14 +1,15 @@
 //! The pipeline's secret phases for one request: inspect the head (before rate limits),
 //! inject and guard the body (before forwarding), redact the response (after it).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
+use super::inject::Url;
 use super::redact::{redact_headers, RedactedBody};
 use super::scan::{inspect_head, SecretRefusal, Violation};
-use super::scan_body::ScannedBody;
+use super::scan_body::{BodySwap, ScannedBody};
 use super::set::SecretSet;
 use super::vault::Vault;
 use crate::body::ProxyBody;
@@ -39,6 +40,8 @@ pub(crate) struct SecretPhase {
     pub used: Vec<Arc<str>>,
     /// Set when the body guard refused the request body.
     body_verdict: Arc<OnceLock<SecretRefusal>>,
+    /// Bound secrets whose placeholders were swapped in the body (known as it streams).
+    body_used: Arc<Mutex<Vec<Arc<str>>>>,
 }
 
 impl SecretPhase {
@@ -66,6 +69,7 @@ impl SecretPhase {
             bindings,
             used: scan.used,
             body_verdict: Arc::default(),
+            body_used: Arc::default(),
         };
         // Where a bound secret goes, the channel must protect it: injected or swapped values
         // only over TLS, and no upgrade (its frames are neither inspected nor redacted).
@@ -95,17 +99,20 @@ impl SecretPhase {
         self.bindings.is_some() && !self.set.is_empty()
     }
 
-    /// Injects (headers, query) and puts the leak guard on the body. Returns the request and
-    /// the query to send (`None`: unchanged).
+    /// Injects and swaps (headers, path, query) and puts the leak guard, and the swap where
+    /// the rule has one, on the body. `path` and `query` are what would go upstream; returns
+    /// the request and the URL's changes.
     pub(crate) async fn apply(
         &self,
         req: Request<ProxyBody>,
+        path: &str,
+        query: Option<&str>,
         scan_body_bytes: usize,
-    ) -> Result<(Request<ProxyBody>, Option<String>), SecretRefusal> {
+    ) -> Result<(Request<ProxyBody>, Url), SecretRefusal> {
         let (mut parts, body) = req.into_parts();
-        let mut query = None;
+        let mut url = Url::default();
         if let Some(b) = &self.bindings {
-            query = super::inject::apply(&self.set, b, &mut parts.headers, parts.uri.query());
+            url = super::inject::apply(&self.set, b, &mut parts.headers, path, query);
         }
         if self.redacts() {
             // A compressed response could not be searched for echoed secrets.
@@ -114,22 +121,93 @@ impl SecretPhase {
                 HeaderValue::from_static("identity"),
             );
         }
-        let body = if scan_body_bytes > 0 && !http_body::Body::is_end_stream(&body) {
+        let has_body = !http_body::Body::is_end_stream(&body);
+        let swap = self.body_swap(&parts.headers);
+        let body = if has_body && (scan_body_bytes > 0 || swap.swaps()) {
             let mut scanned = ScannedBody::new(
                 body,
                 self.set.clone(),
                 self.bindings.clone(),
                 scan_body_bytes,
                 self.body_verdict.clone(),
+                swap.clone(),
+                self.body_used.clone(),
             );
-            scanned
-                .prefetch(PREFETCH_BYTES.min(scan_body_bytes), PREFETCH_WAIT)
-                .await?;
+            let first = if swap.swaps() {
+                PREFETCH_BYTES
+            } else {
+                PREFETCH_BYTES.min(scan_body_bytes)
+            };
+            let whole = scanned.prefetch(first, PREFETCH_WAIT).await?;
+            if swap.swaps() {
+                // The swap may change the length: stated when the whole body was read
+                // already, else the body is re-framed (chunked, or HTTP/2 DATA to its end).
+                parts.headers.remove(header::CONTENT_LENGTH);
+                if let Some(n) = whole {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+                }
+            }
             BodyExt::boxed(scanned)
         } else {
             body
         };
-        Ok((Request::from_parts(parts, body), query))
+        Ok((Request::from_parts(parts, body), url))
+    }
+
+    /// What a placeholder of a bound secret becomes in this request's body.
+    fn body_swap(&self, headers: &http::HeaderMap) -> BodySwap {
+        let refused = |place: String| BodySwap::Refused { place };
+        if !self.bindings.as_ref().is_some_and(|b| b.swap.body) {
+            return refused("body".into());
+        }
+        // A compressed body cannot be searched, so a placeholder in it could be neither
+        // swapped nor refused: the rule's bodies must come uncompressed.
+        let coded = headers
+            .get_all(header::CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+        if let Some(c) = coded {
+            return BodySwap::Refused {
+                place: format!("{}-encoded body", String::from_utf8_lossy(c).escape_debug()),
+            };
+        }
+        let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+            return BodySwap::Text;
+        };
+        let essence = ct
+            .to_str()
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/json" => BodySwap::Json,
+            e if e.starts_with("application/") && e.ends_with("+json") => BodySwap::Json,
+            "application/x-www-form-urlencoded" => BodySwap::Form,
+            e if e.starts_with("text/") => BodySwap::Text,
+            _ => refused(format!("body of type {}", essence.escape_debug())),
+        }
+    }
+
+    /// Every bound secret this request carried upstream: in its head, and those swapped in
+    /// its body so far. Sorted.
+    pub(crate) fn all_used(&self) -> Vec<Arc<str>> {
+        let mut all = self.used.clone();
+        if let Ok(body) = self.body_used.lock() {
+            for n in body.iter() {
+                if !all.contains(n) {
+                    all.push(n.clone());
+                }
+            }
+        }
+        all.sort();
+        all
     }
 
     /// Redacts what the upstream sent back; a compressed body (which cannot be searched) is

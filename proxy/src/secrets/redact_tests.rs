@@ -11,7 +11,7 @@ use crate::body::{BodyError, ProxyBody};
 use crate::secrets::redact::RedactedBody;
 use crate::secrets::scan::tests::{binds, set};
 use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::ScannedBody;
+use crate::secrets::scan_body::{BodySwap, ScannedBody};
 
 fn body(frames: Vec<Frame<Bytes>>) -> ProxyBody {
     let stream = futures_util::stream::iter(frames.into_iter().map(Ok::<_, BodyError>));
@@ -52,6 +52,10 @@ async fn the_guard_refuses_a_value_split_across_chunks_and_names_it() {
         None,
         1 << 20,
         verdict.clone(),
+        BodySwap::Refused {
+            place: "body".into(),
+        },
+        Arc::default(),
     );
     let (out, _) = drain(b).await;
     assert!(out.is_err(), "refused");
@@ -75,6 +79,10 @@ async fn the_guard_passes_bound_secrets_trailers_and_bytes_past_its_window_uncha
         Some(bound),
         1 << 20,
         Arc::default(),
+        BodySwap::Refused {
+            place: "body".into(),
+        },
+        Arc::default(),
     );
     let (out, t) = drain(b).await;
     assert_eq!(out.expect("passes"), b"key=sk-test-OPENAI-123&rest");
@@ -86,6 +94,10 @@ async fn the_guard_passes_bound_secrets_trailers_and_bytes_past_its_window_uncha
         Arc::new(set()),
         None,
         10,
+        Arc::default(),
+        BodySwap::Refused {
+            place: "body".into(),
+        },
         Arc::default(),
     );
     let (out, _) = drain(b).await;
@@ -102,6 +114,10 @@ async fn prefetch_refuses_a_small_body_before_anything_is_sent() {
         Arc::new(set()),
         Some(Arc::new(binds(&["openai"], vec![]))),
         1 << 20,
+        Arc::default(),
+        BodySwap::Refused {
+            place: "body".into(),
+        },
         Arc::default(),
     );
     let e = b
@@ -150,6 +166,10 @@ async fn the_guard_checks_request_trailers_even_past_its_window() {
             Some(Arc::new(binds(&["openai"], vec![]))),
             window,
             verdict.clone(),
+            BodySwap::Refused {
+                place: "body".into(),
+            },
+            Arc::default(),
         );
         let (out, trailers) = drain(b).await;
         assert!(out.is_err(), "window {window}: refused");

@@ -24,6 +24,11 @@ pub(crate) enum Violation {
     /// A bound secret would travel where it cannot be protected: over plain HTTP, or over a
     /// protocol upgrade whose frames the proxy does not inspect or redact.
     Transport,
+    /// A placeholder of a secret the rule binds, in a place where the rule does not swap it
+    /// (its `swap` leaves the place out, or the place cannot be rewritten: a compressed or
+    /// binary body, the method, trailers). Sending the placeholder on would only fail
+    /// upstream, less clearly.
+    NotSwapped,
 }
 
 /// Why a request was refused. Names the secret and the place, never the value.
@@ -58,6 +63,10 @@ impl SecretRefusal {
                 "{rule} binds secret {:?}, which is never sent over {}; refused",
                 self.secret, self.place
             ),
+            Violation::NotSwapped => format!(
+                "the placeholder for secret {:?} is in the {}, where {rule} does not swap it for the value; refused rather than sent on as the placeholder (the rule's `swap` lists where it does)",
+                self.secret, self.place
+            ),
         }
     }
 }
@@ -79,6 +88,7 @@ pub(crate) fn inspect_head(
     path_and_query: &str,
 ) -> Result<HeadScan, SecretRefusal> {
     let mut used = BTreeSet::new();
+    let swap = bindings.map(|b| b.swap);
     let mut check = Checker {
         set,
         bindings,
@@ -87,12 +97,13 @@ pub(crate) fn inspect_head(
     // A method is any token: a key made of token characters fits in it.
     check.text(method.as_bytes(), "method", false)?;
     check.text(host.as_bytes(), "host", false)?;
-    check.headers(headers, true)?;
+    check.headers(headers, swap.is_some_and(|s| s.headers))?;
     let url = path_and_query.as_bytes();
-    check.text(url, "URL", false)?;
+    let url_swaps = swap.is_some_and(|s| s.url);
+    check.text(url, "URL", url_swaps)?;
     if url.contains(&b'%') {
         let decoded: Vec<u8> = percent_encoding::percent_decode(url).collect();
-        check.text(&decoded, "URL", false)?;
+        check.text(&decoded, "URL", url_swaps)?;
     }
     if let Some(b) = bindings {
         for part in b.inject.iter().flat_map(|i| i.template.iter()) {
@@ -184,8 +195,8 @@ impl Checker<'_> {
         self.bindings.is_some_and(|b| b.binds(name))
     }
 
-    /// `swaps`: placeholders here are swapped for bound secrets (headers), so they count as
-    /// uses and must name a secret the store holds.
+    /// `swaps`: placeholders here are swapped for bound secrets, so they count as uses and
+    /// must name a secret the store holds; where nothing is swapped a bound one is refused.
     fn text(&mut self, bytes: &[u8], place: &str, swaps: bool) -> Result<(), SecretRefusal> {
         for found in placeholder::find_all(bytes) {
             if !self.bound(&found.name) {
@@ -195,12 +206,13 @@ impl Checker<'_> {
                     place,
                 ));
             }
-            if swaps {
-                let Some(s) = self.set.get(&found.name) else {
-                    return Err(refusal(Violation::Unavailable, &found.name, place));
-                };
-                self.used.insert(s.name.shared());
+            if !swaps {
+                return Err(refusal(Violation::NotSwapped, &found.name, place));
             }
+            let Some(s) = self.set.get(&found.name) else {
+                return Err(refusal(Violation::Unavailable, &found.name, place));
+            };
+            self.used.insert(s.name.shared());
         }
         if let Some(m) = self.set.matcher() {
             for (tag, _) in m.find_iter(bytes) {

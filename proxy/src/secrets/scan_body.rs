@@ -1,11 +1,15 @@
-//! The leak guard, for a request body: the first `window` bytes are checked as they stream
-//! upstream. A chunk is released only once it is known to carry no secret the rule does not
-//! bind; the bytes that could start one are held until the next chunk decides. On a hit the
-//! body fails, so the upstream request is aborted before any byte of the secret is sent.
+//! The leak guard and the placeholder swap, for a request body: the first `window` bytes
+//! (all of it where the rule swaps in bodies) are checked as they stream upstream. A chunk is
+//! released only once it is known to carry no secret the rule does not bind; the bytes that
+//! could start one are held until the next chunk decides, so a placeholder split across
+//! chunks (or HTTP/2 DATA frames) is found whole. On a hit the body fails, so the upstream
+//! request is aborted before any byte of the secret is sent. A placeholder of a bound secret
+//! becomes its value, encoded for the body's type, where the rule swaps in bodies; elsewhere
+//! it is refused.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -24,8 +28,52 @@ use crate::policy::SecretBindings;
 #[error("request body refused by the leak guard (secret {})", .0.secret)]
 pub(crate) struct BodyRefused(pub SecretRefusal);
 
+/// What becomes of a placeholder of a bound secret in the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BodySwap {
+    /// Refused: the rule does not swap in bodies, or this body cannot be rewritten (`place`
+    /// says which: `body`, `gzip-encoded body`, `body of type application/grpc`).
+    Refused { place: String },
+    /// The value JSON-escaped (`"` and `\`), for a placeholder inside a JSON string.
+    Json,
+    /// The value percent-encoded, as a form field's value.
+    Form,
+    /// The value as it is.
+    Text,
+}
+
+impl BodySwap {
+    pub(crate) fn swaps(&self) -> bool {
+        !matches!(self, BodySwap::Refused { .. })
+    }
+
+    fn encode(&self, value: &[u8]) -> Bytes {
+        match self {
+            BodySwap::Json => {
+                let mut out = BytesMut::with_capacity(value.len() + 8);
+                for &b in value {
+                    if matches!(b, b'"' | b'\\') {
+                        out.extend_from_slice(b"\\");
+                    }
+                    out.extend_from_slice(&[b]);
+                }
+                out.freeze()
+            }
+            BodySwap::Form => Bytes::from(
+                percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
+            ),
+            BodySwap::Text | BodySwap::Refused { .. } => Bytes::copy_from_slice(value),
+        }
+    }
+}
+
 pub(crate) struct ScannedBody {
     inner: ProxyBody,
+    swap: BodySwap,
+    /// Bound secrets whose placeholders were swapped in the body.
+    swapped: Arc<Mutex<Vec<Arc<str>>>>,
+    /// Data bytes released so far.
+    released: u64,
     set: Arc<SecretSet>,
     bindings: Option<Arc<SecretBindings>>,
     scanner: ChunkScanner,
@@ -40,14 +88,22 @@ pub(crate) struct ScannedBody {
 
 impl ScannedBody {
     /// A refusal is also written to `verdict`, for whoever sees the request fail.
+    /// `swapped` collects the secrets whose placeholders were swapped.
     pub(crate) fn new(
         inner: ProxyBody,
         set: Arc<SecretSet>,
         bindings: Option<Arc<SecretBindings>>,
         window: usize,
         verdict: Arc<OnceLock<SecretRefusal>>,
+        swap: BodySwap,
+        swapped: Arc<Mutex<Vec<Arc<str>>>>,
     ) -> ScannedBody {
+        // A swap must see the whole body, not only the guard's window.
+        let window = if swap.swaps() { usize::MAX } else { window };
         ScannedBody {
+            swap,
+            swapped,
+            released: 0,
             verdict,
             pending_error: None,
             inner,
@@ -64,11 +120,12 @@ impl ScannedBody {
     /// before anything is sent, waiting at most `wait`: a typical API body that carries a
     /// secret is refused before the upstream sees even the request head. Bounded, so a
     /// client that waits for the response before sending its body still goes on.
+    /// `Ok(Some(n))`: the whole body was read, and `n` bytes go upstream.
     pub(crate) async fn prefetch(
         &mut self,
         max: usize,
         wait: std::time::Duration,
-    ) -> Result<(), SecretRefusal> {
+    ) -> Result<Option<u64>, SecretRefusal> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut read = Vec::new();
         let mut bytes = 0;
@@ -93,10 +150,18 @@ impl ScannedBody {
         for frame in read.into_iter().rev() {
             self.queued.push_front(frame);
         }
-        Ok(())
+        let whole = self.finished && self.pending_error.is_none();
+        Ok(whole.then_some(self.released))
     }
 
-    /// Checks released pieces; returns the bytes to send on.
+    /// Where a refusal is left.
+    #[cfg(test)]
+    pub(crate) fn verdict_slot(&self) -> Arc<OnceLock<SecretRefusal>> {
+        self.verdict.clone()
+    }
+
+    /// Checks released pieces, swapping bound placeholders where the body may be rewritten;
+    /// returns the bytes to send on.
     fn check(&self, pieces: Vec<Piece>) -> Result<Bytes, SecretRefusal> {
         let mut out = BytesMut::new();
         let mut single = None;
@@ -105,19 +170,34 @@ impl ScannedBody {
             let bytes = match p {
                 Piece::Plain(b) => b,
                 Piece::Hit(tag, b) => {
-                    let name = self.set.at(tag.secret).name.as_str();
+                    let secret = self.set.at(tag.secret);
+                    let name = secret.name.as_str();
+                    let refusal = |violation, place: &str| SecretRefusal {
+                        violation,
+                        secret: name.to_string(),
+                        place: place.to_string(),
+                    };
                     if !self.bindings.as_ref().is_some_and(|bd| bd.binds(name)) {
                         let violation = match tag.kind {
                             HitKind::Value => Violation::Leak,
                             HitKind::Placeholder => Violation::Scope,
                         };
-                        return Err(SecretRefusal {
-                            violation,
-                            secret: name.to_string(),
-                            place: "body".into(),
-                        });
+                        return Err(refusal(violation, "body"));
                     }
-                    b
+                    match (tag.kind, &self.swap) {
+                        (HitKind::Value, _) => b,
+                        (HitKind::Placeholder, BodySwap::Refused { place }) => {
+                            return Err(refusal(Violation::NotSwapped, place));
+                        }
+                        (HitKind::Placeholder, swap) => {
+                            if let Ok(mut s) = self.swapped.lock() {
+                                if !s.iter().any(|n| &**n == name) {
+                                    s.push(secret.name.shared());
+                                }
+                            }
+                            swap.encode(secret.value.expose())
+                        }
+                    }
                 }
             };
             if n == 1 {
@@ -173,7 +253,10 @@ impl Body for ScannedBody {
             let Some(m) = this.set.matcher() else {
                 // Nothing to look for: pass through.
                 match frame {
-                    Some(f) => return Poll::Ready(Some(Ok(f))),
+                    Some(f) => {
+                        this.released += f.data_ref().map_or(0, |d| d.len() as u64);
+                        return Poll::Ready(Some(Ok(f)));
+                    }
                     None => return Poll::Ready(None),
                 }
             };
@@ -189,6 +272,7 @@ impl Body for ScannedBody {
                     }
                     match this.check(pieces) {
                         Ok(out) => {
+                            this.released += (out.len() + tail.len()) as u64;
                             if !out.is_empty() {
                                 this.queued.push_back(Frame::data(out));
                             }
@@ -203,7 +287,10 @@ impl Body for ScannedBody {
                     // Trailers or the end: whatever was held back is decided first.
                     let pieces = this.scanner.finish(m);
                     match this.check(pieces) {
-                        Ok(out) if !out.is_empty() => this.queued.push_back(Frame::data(out)),
+                        Ok(out) if !out.is_empty() => {
+                            this.released += out.len() as u64;
+                            this.queued.push_back(Frame::data(out));
+                        }
                         Ok(_) => {}
                         Err(r) => return this.refuse(r),
                     }
@@ -215,6 +302,7 @@ impl Body for ScannedBody {
                                 return this.refuse(r);
                             }
                         }
+                        this.released += f.data_ref().map_or(0, |d| d.len() as u64);
                         this.queued.push_back(f);
                     }
                 }
@@ -227,7 +315,23 @@ impl Body for ScannedBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        // The length is unchanged: the guard refuses, it never rewrites.
-        self.inner.size_hint()
+        if !self.swap.swaps() {
+            // The length is unchanged: the guard refuses, it never rewrites.
+            return self.inner.size_hint();
+        }
+        // A swap changes the length: known only once the whole body has been read.
+        if self.finished {
+            let queued = self
+                .queued
+                .iter()
+                .filter_map(Frame::data_ref)
+                .map(Bytes::len);
+            return SizeHint::with_exact(queued.sum::<usize>() as u64);
+        }
+        SizeHint::default()
     }
 }
+
+#[cfg(test)]
+#[path = "swap_tests.rs"]
+mod swap_tests;

@@ -31,6 +31,7 @@ pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
     SecretBindings {
         names: names.iter().map(|n| Arc::from(*n)).collect(),
         inject: inject.into_boxed_slice(),
+        swap: crate::policy::SwapPlaces::DEFAULT,
     }
 }
 

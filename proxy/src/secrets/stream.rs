@@ -10,7 +10,8 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::matcher::{Matcher, Tag};
+use super::matcher::{HitKind, Matcher, Tag};
+use super::value::is_name_byte;
 
 /// A piece of the stream, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,10 +62,12 @@ impl ChunkScanner {
 /// Appends the released pieces of `buf` to `out`; returns where the held-back tail starts.
 fn scan(m: &Matcher, buf: &Bytes, at_end: bool, out: &mut Vec<Piece>) -> usize {
     let len = buf.len();
+    // One byte more than the longest pattern: a match decided here has the byte after it in
+    // the buffer too (a placeholder must not run on into a longer name).
     let safe = if at_end {
         len
     } else {
-        len.saturating_sub(m.max_len() - 1)
+        len.saturating_sub(m.max_len())
     };
     let mut pos = 0;
     let mut hold = len;
@@ -72,6 +75,11 @@ fn scan(m: &Matcher, buf: &Bytes, at_end: bool, out: &mut Vec<Piece>) -> usize {
         if r.start >= safe {
             hold = r.start;
             break;
+        }
+        if tag.kind == HitKind::Placeholder && buf.get(r.end).is_some_and(|b| is_name_byte(*b)) {
+            // `agenshield:secret:gh-2` is not the placeholder of `gh`: a name the store does
+            // not hold, so no secret; it goes on as text.
+            continue;
         }
         if r.start > pos {
             out.push(Piece::Plain(buf.slice(pos..r.start)));
@@ -94,7 +102,6 @@ fn scan(m: &Matcher, buf: &Bytes, at_end: bool, out: &mut Vec<Piece>) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::matcher::HitKind;
     use crate::secrets::value::{SecretName, SecretValue};
 
     fn matcher(values: &[&str]) -> Matcher {
@@ -151,6 +158,31 @@ mod tests {
         let bytes: Vec<String> = text.chars().map(String::from).collect();
         let refs: Vec<&str> = bytes.iter().map(String::as_str).collect();
         assert_eq!(run(&m, &refs), want);
+    }
+
+    #[test]
+    fn a_placeholder_is_found_whole_and_encoded_and_never_inside_a_longer_name() {
+        let m = matcher(&["sk-live-ABCDEFGH"]);
+        let text = "a agenshield:secret:s0 b agenshield%3Asecret%3As0& c agenshield:secret:s0x d agenshield:secret:s0";
+        let want = "a [s0] b [s0]& c agenshield:secret:s0x d [s0]";
+        let show = |pieces: Vec<Piece>| -> String {
+            pieces
+                .iter()
+                .map(|p| match p {
+                    Piece::Hit(t, _) if t.kind == HitKind::Placeholder => {
+                        format!("[s{}]", t.secret)
+                    }
+                    Piece::Hit(_, b) | Piece::Plain(b) => String::from_utf8_lossy(b).into_owned(),
+                })
+                .collect()
+        };
+        for i in 0..=text.len() {
+            let mut s = ChunkScanner::default();
+            let mut out = s.push(&m, Bytes::copy_from_slice(&text.as_bytes()[..i]));
+            out.extend(s.push(&m, Bytes::copy_from_slice(&text.as_bytes()[i..])));
+            out.extend(s.finish(&m));
+            assert_eq!(show(out), want, "split at {i}");
+        }
     }
 
     #[test]

@@ -175,7 +175,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         secrets: ctx
             .secrets
             .as_ref()
-            .map(|p| p.used.clone())
+            .map(|p| p.all_used())
             .unwrap_or_default(),
         reason,
         ms: ms_since(ctx.started),
