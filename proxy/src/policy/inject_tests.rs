@@ -1,6 +1,6 @@
 //! Secret bindings in policy: parsing, validation with positions, decisions, the store check.
 
-use super::super::{Action, Policy, PolicySource, RequestFacts, Scheme};
+use super::super::{Action, Policy, PolicySource, RequestFacts, Scheme, SwapPlaces};
 use super::*;
 
 fn policy(text: &str) -> Result<Policy, String> {
@@ -64,6 +64,20 @@ fn templates_and_lists_compile_into_the_deciding_rules_bindings() {
 }
 
 #[test]
+fn swap_defaults_to_headers_and_url_and_says_body_only_when_asked() {
+    let places = |extra: &str| {
+        let p = policy(&rule(extra)).expect("valid");
+        get(&p, "api.test").secrets.expect("binds").swap
+    };
+    assert_eq!(places("secrets = [\"k\"]"), SwapPlaces::DEFAULT);
+    assert_eq!(places("secrets = [\"k\"]").names(), ["headers", "url"]);
+    let all = places("secrets = [\"k\"]\nswap = [\"body\", \"headers\", \"url\"]");
+    assert_eq!(all.names(), ["headers", "url", "body"]);
+    let body = places("secrets = [\"k\"]\nswap = [\"body\"]");
+    assert_eq!((body.headers, body.url, body.body), (false, false, true));
+}
+
+#[test]
 fn binding_mistakes_are_reported_where_they_are() {
     let cases = [
         (
@@ -117,6 +131,18 @@ fn binding_mistakes_are_reported_where_they_are() {
         (
             "secrets = [\"a.b\"]",
             "6:12: rule `api`: invalid secret name",
+        ),
+        (
+            "secrets = [\"k\"]\nswap = [\"bodies\"]",
+            "7:9: rule `api`: unknown place \"bodies\" in `swap`; expected any of \"headers\", \"url\", \"body\"",
+        ),
+        (
+            "secrets = [\"k\"]\nswap = [\"url\", \"url\"]",
+            "7:16: rule `api`: \"url\" is listed twice in `swap`",
+        ),
+        (
+            "swap = [\"body\"]",
+            "6:8: rule `api`: `swap` says where placeholders of the rule's secrets are swapped, and it binds none",
         ),
     ];
     for (extra, want) in cases {

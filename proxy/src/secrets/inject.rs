@@ -1,7 +1,8 @@
 //! Injection: the deciding rule's `inject` entries set headers and query parameters from
 //! secret values, and placeholders of bound secrets become the values where the rule swaps
 //! them: headers (Basic credentials included) and the URL's path and query (a placeholder as
-//! written or with its colons percent-encoded; the value goes in percent-encoded). Bodies
+//! written or with its colons percent-encoded; the value as it is where a URL may carry it
+//! so, else percent-encoded). Bodies
 //! are swapped as they stream (`scan_body`). Runs after the leak guard and the rate limits
 //! passed.
 
@@ -102,10 +103,18 @@ fn swap_in_url(set: &SecretSet, bindings: &SecretBindings, text: &str) -> Option
         }
         let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
         o.push_str(&text[pos..r.start]);
-        o.extend(percent_encoding::percent_encode(
-            secret.value.expose(),
-            QUERY_VALUE,
-        ));
+        let value = secret.value.expose();
+        // As it is when a path or query may carry it so (`123456:ABC-def`, a bot token);
+        // else every byte but unreserved ones encoded. Either is a form the redactor knows,
+        // so an upstream echoing the URL back is redacted.
+        if value
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~:@".contains(b))
+        {
+            o.push_str(&String::from_utf8_lossy(value));
+        } else {
+            o.extend(percent_encoding::percent_encode(value, QUERY_VALUE));
+        }
         pos = r.end;
     }
     let mut o = out?;

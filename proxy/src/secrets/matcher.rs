@@ -50,6 +50,7 @@ impl Matcher {
                 json_escaped(&raw, true),
                 json_escaped(&raw, false),
             ];
+            forms.extend(base64_cores(&raw));
             forms.retain(|f| **f != *raw);
             forms.sort_by(|a, b| a.as_slice().cmp(b.as_slice()));
             forms.dedup();
@@ -137,6 +138,36 @@ fn percent_encoded(v: &[u8], hex: &[u8; 16]) -> Zeroizing<Vec<u8>> {
     out
 }
 
+/// The value base64-encoded wherever it sits in the encoded data: for each of the three
+/// alignments (0, 1 or 2 bytes before it in its 3-byte group), the run of base64 characters
+/// made of the value's bits alone, in the standard and the URL-safe alphabet. Finds a value
+/// inside `Authorization: Basic` credentials an upstream echoes (`user:VALUE`), in a JWT or
+/// in any base64 blob; at least 9 characters for the shortest (8-byte) value.
+fn base64_cores(v: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
+    use base64::Engine as _;
+    let mut out = Vec::new();
+    for k in 0..3usize {
+        let mut padded = Zeroizing::new(vec![0u8; k]);
+        padded.extend_from_slice(v);
+        let (first, last) = (8 * k, 8 * (k + v.len()));
+        // A character holds bits [6i, 6i + 6): kept when they all are the value's.
+        let stable: Vec<usize> = (0..(padded.len() * 8).div_ceil(6))
+            .filter(|i| 6 * i >= first && 6 * i + 6 <= last)
+            .collect();
+        let (Some(&from), Some(&to)) = (stable.first(), stable.last()) else {
+            continue;
+        };
+        for engine in [
+            &base64::engine::general_purpose::STANDARD_NO_PAD,
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ] {
+            let encoded = Zeroizing::new(engine.encode(&*padded).into_bytes());
+            out.push(Zeroizing::new(encoded[from..=to].to_vec()));
+        }
+    }
+    out
+}
+
 /// As a JSON string body: `"` and `\` escaped, and `/` as `\/` if `slash` (some encoders
 /// write it, most do not).
 fn json_escaped(v: &[u8], slash: bool) -> Zeroizing<Vec<u8>> {
@@ -184,6 +215,29 @@ mod tests {
                 (1, HitKind::Placeholder),
                 (0, HitKind::Value)
             ]
+        );
+    }
+
+    #[test]
+    fn a_value_is_found_base64_encoded_at_any_offset_in_either_alphabet() {
+        use base64::Engine as _;
+        let value = "ghp_0123456789?>?>~~";
+        let m = build(&[("gh", value)]);
+        for prefix in ["", "u", "me", "user:", "x-access-token:"] {
+            for engine in [
+                &base64::engine::general_purpose::STANDARD,
+                &base64::engine::general_purpose::URL_SAFE,
+            ] {
+                let b64 = engine.encode(format!("{prefix}{value}:rest"));
+                let hits: Vec<_> = m.find_iter(b64.as_bytes()).collect();
+                assert_eq!(hits.len(), 1, "{prefix:?} {b64}");
+            }
+        }
+        let other = base64::engine::general_purpose::STANDARD.encode("ghp_0123456788?>?>~~");
+        assert_eq!(
+            m.find_iter(other.as_bytes()).count(),
+            0,
+            "one bit off: no hit"
         );
     }
 

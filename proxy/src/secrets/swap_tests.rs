@@ -147,7 +147,7 @@ async fn where_the_body_may_not_be_rewritten_a_bound_placeholder_is_refused_by_n
 }
 
 #[test]
-fn the_url_gets_values_percent_encoded_in_path_and_query() {
+fn the_url_gets_values_as_they_are_or_percent_encoded_in_path_and_query() {
     let s = odd_set();
     let b = binds(&["odd", "gh"], vec![]);
     let mut h = http::HeaderMap::new();

@@ -1,0 +1,411 @@
+//! Placeholders in every position a tool puts a credential: the URL's path and query, a
+//! URL's userinfo, Basic credentials, JSON and form bodies (split across chunks, over
+//! HTTP/1.1 and as HTTP/2 DATA frames). The real daemon and curl on loopback; the upstream
+//! gets the value, the agent only ever the placeholder, and nothing the daemon wrote (logs,
+//! audit log, metrics, ctl output) holds a value in any form.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Stdio;
+use std::time::Duration;
+
+use agenshield_e2e::curl::{curl, CurlOut};
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::upstream::{SeenRequest, Upstream, UpstreamOptions};
+use base64::Engine as _;
+use tokio::io::AsyncWriteExt;
+
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A bot token: a URL carries it as it is.
+const BOT: &str = "8123456789:AAE-botTOKEN_0123456789abcdef";
+/// A client secret with bytes JSON and forms must escape.
+const CLIENT: &str = "cs_\"q\"\\back/slash+plus=eq&amp-0123456789";
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "bot"
+hosts = ["bot.test"]
+action = "allow"
+secrets = ["bot"]
+
+[[rule]]
+id = "oauth"
+hosts = ["auth.test"]
+methods = ["POST"]
+paths = ["/echo/token/**"]
+action = "allow"
+secrets = ["client"]
+swap = ["headers", "url", "body"]
+
+[[rule]]
+id = "notes"
+hosts = ["notes.test"]
+action = "allow"
+secrets = ["client"]
+
+[[rule]]
+id = "other"
+hosts = ["other.test"]
+action = "allow"
+"#;
+
+const HOSTS: [&str; 4] = ["bot.test", "auth.test", "notes.test", "other.test"];
+
+struct World {
+    up: Upstream,
+    daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn new() -> World {
+        let ca = TestCa::new("positions upstream CA");
+        let up = Upstream::start(UpstreamOptions {
+            tls: Some(ca.leaf(&HOSTS)),
+            name: "up".into(),
+            ..Default::default()
+        })
+        .await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_file = dir.path().join("upstream-ca.pem");
+        ca.write_pem(&ca_file).expect("write CA");
+        let daemon = Daemon::start(DaemonOptions {
+            policies: vec![("main.toml".into(), POLICY.into())],
+            extra_ca: vec![ca_file],
+            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
+            orig_dst: Some(up.addr),
+            secrets: vec![("bot".into(), BOT.into()), ("client".into(), CLIENT.into())],
+            ..Default::default()
+        });
+        World {
+            up,
+            daemon,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.up.addr.port())
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        vec![
+            "--cacert".into(),
+            self.daemon.ca_path.display().to_string(),
+            "--proxy".into(),
+            format!("http://{}", self.daemon.explicit),
+            "--trace-ascii".into(),
+            "/dev/stderr".into(),
+        ]
+    }
+
+    /// curl through the explicit listener, with a trace of what it sent on stderr.
+    async fn curl(&self, url: &str, extra: &[&str]) -> CurlOut {
+        let mut args = self.base_args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push(url.to_string());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl(&refs, false).await
+    }
+
+    /// curl uploading `parts` from its stdin as they come (`-T -`: chunked on HTTP/1.1, DATA
+    /// frames on HTTP/2), `gap` apart, so each reaches the proxy as its own read.
+    async fn upload(&self, url: &str, extra: &[&str], parts: &[&[u8]], gap: Duration) -> CurlOut {
+        let mut cmd = tokio::process::Command::new("curl");
+        cmd.args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "-",
+            "-w",
+            "\n@@ %{http_code} %{http_version}",
+        ])
+        .args(self.base_args())
+        .args(["-X", "POST", "-T", "-"])
+        .args(extra)
+        .arg(url)
+        .env_remove("https_proxy")
+        .env_remove("HTTPS_PROXY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("curl runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            stdin.write_all(p).await.expect("write part");
+            stdin.flush().await.expect("flush");
+        }
+        drop(stdin);
+        let out = child.wait_with_output().await.expect("curl ends");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, tail) = stdout.rsplit_once("\n@@ ").expect("curl's -w line");
+        let mut tail = tail.split_whitespace();
+        CurlOut {
+            exit: out.status.code().unwrap_or(-1),
+            status: tail.next().and_then(|s| s.parse().ok()).unwrap_or(0),
+            http_version: tail.next().unwrap_or("").to_string(),
+            size_download: body.len() as u64,
+            body: body.as_bytes().to_vec(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    fn last(&self) -> SeenRequest {
+        self.up
+            .requests()
+            .last()
+            .cloned()
+            .expect("the upstream saw a request")
+    }
+}
+
+fn header(r: &SeenRequest, name: &str) -> Option<String> {
+    r.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
+fn body(r: &SeenRequest) -> String {
+    String::from_utf8_lossy(&r.body.lock().expect("body")).into_owned()
+}
+
+/// Everything the agent saw: its request as sent (curl's trace), the response, curl's errors.
+fn agent_view(out: &CurlOut) -> String {
+    format!("{}\n{}", out.text(), out.stderr)
+}
+
+/// Every form a value could be written in by the daemon or shown to the agent.
+fn forms(v: &str) -> Vec<String> {
+    let upper: String = v.bytes().map(|b| format!("%{b:02X}")).collect();
+    let url = percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC);
+    let json = serde_json::to_string(v).expect("json");
+    vec![
+        v.to_string(),
+        upper,
+        url.to_string(),
+        json.trim_matches('"').to_string(),
+        base64::engine::general_purpose::STANDARD.encode(v),
+    ]
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    for (name, v) in [("bot", BOT), ("client", CLIENT)] {
+        for f in forms(v) {
+            assert!(
+                !text.contains(&f),
+                "{what} contains secret {name} (as {f:?}):\n{text}"
+            );
+        }
+    }
+}
+
+fn assert_refused(out: &CurlOut, code: &str, rule: &str, says: &str) {
+    assert_eq!(out.exit, 0, "curl failed: {out:?}");
+    assert_eq!(out.status, 403, "body: {}", out.text());
+    let v = out.json();
+    assert_eq!(v["error_code"], code, "{v}");
+    assert_eq!(v["rule_id"], rule, "{v}");
+    let msg = v["message"].as_str().unwrap_or("");
+    assert!(msg.contains(says), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wrote_holds_one() {
+    let w = World::new().await;
+    let mut agent_saw = String::new();
+
+    // 1. Path: a bot token in the path (as Telegram's API wants it).
+    let out = w
+        .curl(
+            &w.url("bot.test", "/echo/botagenshield:secret:bot/sendMessage"),
+            &[],
+        )
+        .await;
+    assert_eq!(out.status, 200, "{}", agent_view(&out));
+    assert_eq!(
+        w.last().path_and_query,
+        format!("/echo/bot{BOT}/sendMessage")
+    );
+    assert_eq!(
+        out.json()["path"],
+        "/echo/botagenshield:secret:bot/sendMessage",
+        "the echoed path comes back redacted"
+    );
+    agent_saw.push_str(&agent_view(&out));
+
+    // 2. Query: as written, and with its colons percent-encoded (as a URL encoder writes it).
+    for q in ["agenshield:secret:bot", "agenshield%3Asecret%3Abot"] {
+        let out = w
+            .curl(&w.url("bot.test", &format!("/echo/q?token={q}&n=1")), &[])
+            .await;
+        assert_eq!(out.status, 200, "{}", agent_view(&out));
+        assert_eq!(w.last().path_and_query, format!("/echo/q?token={BOT}&n=1"));
+        agent_saw.push_str(&agent_view(&out));
+    }
+
+    // 3. Userinfo in the URL (curl sends it as Basic credentials), and -u: Basic.
+    let userinfo = format!(
+        "https://x-access-token:agenshield:secret:bot@bot.test:{}/echo/userinfo",
+        w.up.addr.port()
+    );
+    let out = w.curl(&userinfo, &[]).await;
+    assert_eq!(out.status, 200, "{}", agent_view(&out));
+    let basic = |user: &str| {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{BOT}"));
+        format!("Basic {b64}")
+    };
+    assert_eq!(
+        header(&w.last(), "authorization"),
+        Some(basic("x-access-token"))
+    );
+    agent_saw.push_str(&agent_view(&out));
+    let out = w
+        .curl(
+            &w.url("bot.test", "/echo/basic"),
+            &["-u", "me:agenshield:secret:bot"],
+        )
+        .await;
+    assert_eq!(out.status, 200, "{}", agent_view(&out));
+    assert_eq!(header(&w.last(), "authorization"), Some(basic("me")));
+    agent_saw.push_str(&agent_view(&out));
+
+    // 4. A JSON body split inside the placeholder, 300 ms apart, over HTTP/1.1 (chunked)
+    //    and HTTP/2 (DATA frames): the upstream gets valid JSON holding the value.
+    let json: &[u8] =
+        br#"{"grant_type":"client_credentials","client_secret":"agenshield:secret:client","n":1}"#;
+    let cut = json.windows(6).position(|w| w == b"secret").expect("cut") + 3;
+    for version in ["--http1.1", "--http2"] {
+        let out = w
+            .upload(
+                &w.url("auth.test", "/echo/token/up"),
+                &[version, "-H", "Content-Type: application/json"],
+                &[&json[..cut], &json[cut..]],
+                Duration::from_millis(300),
+            )
+            .await;
+        assert_eq!(out.status, 200, "{version}: {}", agent_view(&out));
+        let want_version = if version == "--http2" { "2" } else { "1.1" };
+        assert_eq!(out.http_version, want_version, "the agent spoke {version}");
+        let seen = w.last();
+        let v: serde_json::Value = serde_json::from_str(&body(&seen)).unwrap_or_else(|e| {
+            panic!("{version}: the upstream got no JSON ({e}): {}", body(&seen))
+        });
+        assert_eq!(v["client_secret"], CLIENT, "{version}");
+        assert_eq!(v["grant_type"], "client_credentials");
+        assert_eq!(
+            header(&seen, "content-length"),
+            None,
+            "{version}: re-framed"
+        );
+        agent_saw.push_str(&agent_view(&out));
+    }
+
+    // 5. A form body (curl percent-encodes the placeholder's colons): the value goes in
+    //    form-encoded, and Content-Length states the new length.
+    let out = w
+        .curl(
+            &w.url("auth.test", "/echo/token/up"),
+            &[
+                "--data-urlencode",
+                "client_secret=agenshield:secret:client",
+                "--data-urlencode",
+                "grant_type=client_credentials",
+            ],
+        )
+        .await;
+    assert_eq!(out.status, 200, "{}", agent_view(&out));
+    let seen = w.last();
+    let sent = body(&seen);
+    let fields: std::collections::HashMap<String, String> = form_urlencoded::parse(sent.as_bytes())
+        .into_owned()
+        .collect();
+    assert_eq!(fields["client_secret"], CLIENT, "{sent}");
+    assert_eq!(
+        header(&seen, "content-length"),
+        Some(sent.len().to_string()),
+        "the length is restated"
+    );
+    agent_saw.push_str(&agent_view(&out));
+
+    // 6. Where the placeholder may not become the value, it is refused, naming why; the
+    //    upstream sees none of them.
+    let before = w.up.requests().len();
+    let form = ["--data-binary", "k=agenshield:secret:client"];
+    let out = w.curl(&w.url("notes.test", "/echo"), &form).await;
+    assert_refused(
+        &out,
+        "secret_scope",
+        "notes",
+        "is in the body, where rule notes does not swap it",
+    );
+    agent_saw.push_str(&agent_view(&out));
+    let gz = [
+        "--data-binary",
+        "agenshield:secret:client",
+        "-H",
+        "Content-Encoding: gzip",
+    ];
+    let out = w.curl(&w.url("auth.test", "/echo/token/x"), &gz).await;
+    assert_refused(&out, "secret_scope", "oauth", "gzip-encoded body");
+    let bin = [
+        "--data-binary",
+        "agenshield:secret:client",
+        "-H",
+        "Content-Type: application/octet-stream",
+    ];
+    let out = w.curl(&w.url("auth.test", "/echo/token/x"), &bin).await;
+    assert_refused(&out, "secret_scope", "oauth", "application/octet-stream");
+    // The path binds: a GET to the token URL is not the rule's, so nothing is swapped.
+    let out = w
+        .curl(
+            &w.url("auth.test", "/echo/token/x?s=agenshield:secret:client"),
+            &[],
+        )
+        .await;
+    assert_eq!(out.status, 403, "{}", out.text());
+    // Out of scope, as ever: the placeholder to a host whose rule binds nothing.
+    let out = w
+        .curl(&w.url("other.test", "/echo/agenshield:secret:bot"), &[])
+        .await;
+    assert_refused(&out, "secret_scope", "other", "does not");
+    assert_eq!(
+        w.up.requests().len(),
+        before,
+        "none of them reached the upstream"
+    );
+    agent_saw.push_str(&agent_view(&out));
+
+    assert_no_secret("the agent's view", &agent_saw);
+
+    // 7. Every byte the daemon wrote: its log (debug), the audit log, the metrics, ctl.
+    let mut wrote = w.daemon.logs();
+    let audit = std::fs::read_to_string(w.daemon.audit_path()).expect("audit log");
+    assert!(
+        audit.contains("\"secrets\":[\"client\"]") && audit.contains("\"secrets\":[\"bot\"]"),
+        "the audit records name the secrets used, body swaps included"
+    );
+    wrote.push_str(&audit);
+    let metrics = curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false).await;
+    assert_eq!(metrics.status, 200);
+    wrote.push_str(&metrics.text());
+    for args in [
+        &["status"][..],
+        &["tail", "--json"],
+        &["secrets", "list", "--json"],
+        &["policy", "show"],
+    ] {
+        let (_, out, err) = w.daemon.ctl(&[], args);
+        wrote.push_str(&out);
+        wrote.push_str(&err);
+    }
+    assert_no_secret("what the daemon wrote", &wrote);
+}
