@@ -6,6 +6,12 @@
 # (headers and streamed body, the 64 MiB download included) searched and redacted. Both are
 # reported as ratios to `direct`, measured in the same run.
 #
+# Then the body swap: keep-alive POSTs of a 1 KiB JSON body holding a placeholder, through
+# `agenshield` (empty vault: the body goes on untouched) and `agenshield_swap` (its rule binds
+# the secret with swap = ["headers", "url", "body"]: every body is read, searched for 21
+# secrets' forms, the placeholder swapped JSON-escaped and Content-Length restated). Printed
+# as a ratio of swap to off, each run, and appended to the results file.
+#
 #   sudo bench/secrets.sh
 #   REPEATS=3 DUR=10 sudo bench/secrets.sh
 #
@@ -59,4 +65,58 @@ CONFIG
   start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
 }
 
+row_agenshield_swap() {
+  row_agenshield_secrets
+  stop_pgroup "$ROW_PID"
+  local d=$S/agenshield_secrets
+  sed -i 's/^inject = .*$/secrets = ["bench"]\nswap = ["headers", "url", "body"]/' "$d/policies/bench.toml"
+  ROW_DESC="$("$AGENSHIELD_BIN" --version), transparent, 21 secrets, the placeholder in each JSON body swapped"
+  start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
+}
+
+body_swap() { # keep-alive POSTs of a JSON body with a placeholder; req/s per row and run
+  local lua=$S/post-placeholder.lua pad
+  pad=$(head -c 900 /dev/zero | tr '\0' x)
+  cat >"$lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"bench","client_secret":"agenshield:secret:bench","pad":"$pad"}'
+LUA
+  chmod 0644 "$lua"
+  local rep row rps out
+  for ((rep = 1; rep <= REPEATS; rep++)); do
+    for row in agenshield agenshield_swap; do
+      ROW=$row REP=$rep
+      reset_row
+      "row_$row"
+      nft_up "$ROW_PORT" "$ROW_PORT"
+      as_agent wrk -t1 -c4 -d2s --timeout 5s -s "$lua" "$ROW_URL/small" >/dev/null 2>&1 || true
+      out=$(as_agent wrk -t2 -c32 -d"${DUR}s" --timeout 5s -s "$lua" "$ROW_URL/small" 2>&1 || true)
+      rps=$(awk '/Requests\/sec/{print $2}' <<<"$out")
+      log "body swap: $row (run $rep): ${rps:-?} req/s"
+      printf '%s\t%s\t%s\n' "$row" "$rep" "${rps:-0}" >>"$S/body-swap.tsv"
+      row_cleanup
+    done
+  done
+  python3 - "$S/body-swap.tsv" <<'PY' | tee -a "$RESULTS_MD"
+import sys, collections
+runs = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    row, rep, rps = line.split()
+    runs[int(rep)][row] = float(rps)
+print("\n## Body swap: keep-alive POST, 1 KiB JSON body with a placeholder\n")
+print("| run | secrets off req/s | body swapped req/s | ratio |")
+print("|---:|---:|---:|---:|")
+best = {}
+for rep in sorted(runs):
+    off, on = runs[rep].get("agenshield", 0), runs[rep].get("agenshield_swap", 0)
+    best = {"off": max(best.get("off", 0), off), "on": max(best.get("on", 0), on)}
+    print(f"| {rep} | {off:,.0f} | {on:,.0f} | {on / off:.2f} |" if off else f"| {rep} | – | – | – |")
+if best.get("off"):
+    print(f"| best | {best['off']:,.0f} | {best['on']:,.0f} | {best['on'] / best['off']:.2f} |")
+PY
+}
+
 main
+: >"$S/body-swap.tsv"
+body_swap
