@@ -56,6 +56,7 @@ transparent = ["127.0.0.1:15001"]
 policies = "$d/policies"
 certs = "$d/certs"
 vault = "$d/vault"
+audit = "$d/state/audit.jsonl"
 [upstream]
 extra_ca = ["$S/ca/ca.pem"]
 allow_private = ["127.0.0.0/8"]
