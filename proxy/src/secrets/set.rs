@@ -134,7 +134,7 @@ impl SecretSet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn set(pairs: &[(&str, &str)]) -> SecretSet {

@@ -13,24 +13,12 @@ use crate::secrets::scan::tests::binds;
 use crate::secrets::scan::Violation;
 use crate::secrets::scan_body::{BodySwap, ScannedBody};
 use crate::secrets::set::SecretSet;
-use crate::secrets::value::{SecretName, SecretValue};
 
 /// A value with every byte JSON or a form must escape.
 const ODD: &str = "a\"b\\c/d e&f=g+h-123";
 
 fn odd_set() -> SecretSet {
-    SecretSet::new(
-        [("odd", ODD), ("gh", "ghp_GITHUB_456789")]
-            .iter()
-            .map(|(n, v)| {
-                (
-                    SecretName::new(n).expect("name"),
-                    Arc::new(SecretValue::new(v.as_bytes().to_vec()).expect("value")),
-                )
-            })
-            .collect(),
-    )
-    .expect("set")
+    crate::secrets::set::tests::set(&[("odd", ODD), ("gh", "ghp_GITHUB_456789")])
 }
 
 fn chunks(parts: &[&[u8]]) -> ProxyBody {
