@@ -4,18 +4,15 @@
 //! gets the value, the agent only ever the placeholder, and nothing the daemon wrote (logs,
 //! audit log, metrics, ctl output) holds a value in any form.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::process::Stdio;
 use std::time::Duration;
 
+use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{SeenRequest, Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::{SeenRequest, UpstreamOptions};
 use base64::Engine as _;
 use tokio::io::AsyncWriteExt;
-
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// A bot token: a URL carries it as it is.
 const BOT: &str = "8123456789:AAE-botTOKEN_0123456789abcdef";
@@ -56,40 +53,31 @@ action = "allow"
 const HOSTS: [&str; 4] = ["bot.test", "auth.test", "notes.test", "other.test"];
 
 struct World {
-    up: Upstream,
+    api: ApiUpstream,
     daemon: Daemon,
-    _dir: tempfile::TempDir,
 }
 
 impl World {
     async fn new() -> World {
-        let ca = TestCa::new("positions upstream CA");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&HOSTS)),
-            name: "up".into(),
-            ..Default::default()
-        })
+        let api = ApiUpstream::start(
+            "positions upstream CA",
+            &HOSTS,
+            UpstreamOptions {
+                name: "up".into(),
+                ..Default::default()
+            },
+        )
         .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
         let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
-            extra_ca: vec![ca_file],
             hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            orig_dst: Some(up.addr),
             secrets: vec![("bot".into(), BOT.into()), ("client".into(), CLIENT.into())],
-            ..Default::default()
+            ..api.daemon_options(POLICY)
         });
-        World {
-            up,
-            daemon,
-            _dir: dir,
-        }
+        World { api, daemon }
     }
 
     fn url(&self, host: &str, path: &str) -> String {
-        format!("https://{host}:{}{path}", self.up.addr.port())
+        format!("https://{host}:{}{path}", self.api.up.addr.port())
     }
 
     fn base_args(&self) -> Vec<String> {
@@ -159,7 +147,8 @@ impl World {
     }
 
     fn last(&self) -> SeenRequest {
-        self.up
+        self.api
+            .up
             .requests()
             .last()
             .cloned()
@@ -255,7 +244,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
     // 3. Userinfo in the URL (curl sends it as Basic credentials), and -u: Basic.
     let userinfo = format!(
         "https://x-access-token:agenshield:secret:bot@bot.test:{}/echo/userinfo",
-        w.up.addr.port()
+        w.api.up.addr.port()
     );
     let out = w.curl(&userinfo, &[]).await;
     assert_eq!(out.status, 200, "{}", agent_view(&out));
@@ -338,7 +327,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
 
     // 6. Where the placeholder may not become the value, it is refused, naming why; the
     //    upstream sees none of them.
-    let before = w.up.requests().len();
+    let before = w.api.up.requests().len();
     let form = ["--data-binary", "k=agenshield:secret:client"];
     let out = w.curl(&w.url("notes.test", "/echo"), &form).await;
     assert_refused(
@@ -378,7 +367,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         .await;
     assert_refused(&out, "secret_scope", "other", "does not");
     assert_eq!(
-        w.up.requests().len(),
+        w.api.up.requests().len(),
         before,
         "none of them reached the upstream"
     );

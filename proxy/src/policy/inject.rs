@@ -72,6 +72,7 @@ impl SwapPlaces {
     pub const NAMES: [&'static str; 3] = ["headers", "url", "body"];
 
     /// As written in a policy: `headers, url`.
+    #[cfg(test)]
     pub fn names(&self) -> Vec<&'static str> {
         [self.headers, self.url, self.body]
             .iter()
@@ -256,12 +257,11 @@ fn compile_swap(
             "url" => &mut places.url,
             "body" => &mut places.body,
             other => {
+                let known = SwapPlaces::NAMES.map(|n| format!("{n:?}")).join(", ");
                 return Err(err(
                     p.span(),
-                    format!(
-                        "unknown place {other:?} in `swap`; expected any of \"headers\", \"url\", \"body\""
-                    ),
-                ))
+                    format!("unknown place {other:?} in `swap`; expected any of {known}"),
+                ));
             }
         };
         if *slot {

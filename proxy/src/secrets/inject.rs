@@ -2,9 +2,8 @@
 //! secret values, and placeholders of bound secrets become the values where the rule swaps
 //! them: headers (Basic credentials included) and the URL's path and query (a placeholder as
 //! written or with its colons percent-encoded; the value as it is where a URL may carry it
-//! so, else percent-encoded). Bodies
-//! are swapped as they stream (`scan_body`). Runs after the leak guard and the rate limits
-//! passed.
+//! so, else percent-encoded). Bodies are swapped as they stream (`scan_body`). Runs after
+//! the leak guard and the rate limits passed.
 
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};

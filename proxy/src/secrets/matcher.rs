@@ -170,7 +170,7 @@ fn base64_cores(v: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
 
 /// As a JSON string body: `"` and `\` escaped, and `/` as `\/` if `slash` (some encoders
 /// write it, most do not).
-fn json_escaped(v: &[u8], slash: bool) -> Zeroizing<Vec<u8>> {
+pub(crate) fn json_escaped(v: &[u8], slash: bool) -> Zeroizing<Vec<u8>> {
     let mut out = Zeroizing::new(Vec::with_capacity(v.len() + 8));
     for &b in v {
         if matches!(b, b'"' | b'\\') || (slash && b == b'/') {

@@ -162,18 +162,10 @@ impl SecretPhase {
         if !self.bindings.as_ref().is_some_and(|b| b.swap.body) {
             return refused("body".into());
         }
-        // A compressed body cannot be searched, so a placeholder in it could be neither
-        // swapped nor refused: the rule's bodies must come uncompressed.
-        let coded = headers
-            .get_all(header::CONTENT_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
-        if let Some(c) = coded {
-            return BodySwap::Refused {
-                place: format!("{}-encoded body", String::from_utf8_lossy(c).escape_debug()),
-            };
+        // A compressed body cannot be rewritten: a placeholder visible in its bytes is
+        // refused, one the compression hides goes on as the text it is.
+        if let Some(coding) = content_coding(headers) {
+            return refused(format!("{coding}-encoded body"));
         }
         let Some(ct) = headers.get(header::CONTENT_TYPE) else {
             return BodySwap::Text;
@@ -224,19 +216,11 @@ impl SecretPhase {
         redact_headers(&self.set, &mut parts.headers);
         let empty = head_only || http_body::Body::is_end_stream(&body);
         if !empty {
-            // Every Content-Encoding header, every coding in it: one that is not identity
-            // could not be searched for echoed secrets.
-            let encodings = parts.headers.get_all(header::CONTENT_ENCODING);
-            let coded = encodings
-                .iter()
-                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-                .map(<[u8]>::trim_ascii)
-                .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
-            if let Some(coding) = coded {
+            // A body in any coding but identity could not be searched for echoed secrets.
+            if let Some(coding) = content_coding(&parts.headers) {
                 return Err(format!(
-                    "the upstream sent a {}-encoded body although asked for identity; \
-                     it cannot be checked for secret values, so it is not passed on",
-                    String::from_utf8_lossy(coding).escape_debug()
+                    "the upstream sent a {coding}-encoded body although asked for identity; \
+                     it cannot be checked for secret values, so it is not passed on"
                 ));
             }
             // A placeholder is not as long as its value: the length is no longer known.
@@ -251,4 +235,16 @@ impl SecretPhase {
     pub(crate) fn body_refusal(&self) -> Option<&SecretRefusal> {
         self.body_verdict.get()
     }
+}
+
+/// The first coding but identity in any `Content-Encoding` header (every header, every
+/// coding in it), escaped for a message.
+fn content_coding(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+        .map(|c| String::from_utf8_lossy(c).escape_debug().to_string())
 }

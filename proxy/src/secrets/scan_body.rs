@@ -49,16 +49,7 @@ impl BodySwap {
 
     fn encode(&self, value: &[u8]) -> Bytes {
         match self {
-            BodySwap::Json => {
-                let mut out = BytesMut::with_capacity(value.len() + 8);
-                for &b in value {
-                    if matches!(b, b'"' | b'\\') {
-                        out.extend_from_slice(b"\\");
-                    }
-                    out.extend_from_slice(&[b]);
-                }
-                out.freeze()
-            }
+            BodySwap::Json => Bytes::copy_from_slice(&super::matcher::json_escaped(value, false)),
             BodySwap::Form => Bytes::from(
                 percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
             ),
@@ -72,8 +63,6 @@ pub(crate) struct ScannedBody {
     swap: BodySwap,
     /// Bound secrets whose placeholders were swapped in the body.
     swapped: Arc<Mutex<Vec<Arc<str>>>>,
-    /// Data bytes released so far.
-    released: u64,
     set: Arc<SecretSet>,
     bindings: Option<Arc<SecretBindings>>,
     scanner: ChunkScanner,
@@ -103,7 +92,6 @@ impl ScannedBody {
         ScannedBody {
             swap,
             swapped,
-            released: 0,
             verdict,
             pending_error: None,
             inner,
@@ -150,8 +138,19 @@ impl ScannedBody {
         for frame in read.into_iter().rev() {
             self.queued.push_front(frame);
         }
+        // Nothing has gone on yet: once the body ended, all of it is queued.
         let whole = self.finished && self.pending_error.is_none();
-        Ok(whole.then_some(self.released))
+        Ok(whole.then(|| self.queued_len()))
+    }
+
+    /// Data bytes queued to go on.
+    fn queued_len(&self) -> u64 {
+        let lens = self
+            .queued
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(Bytes::len);
+        lens.sum::<usize>() as u64
     }
 
     /// Where a refusal is left.
@@ -254,7 +253,6 @@ impl Body for ScannedBody {
                 // Nothing to look for: pass through.
                 match frame {
                     Some(f) => {
-                        this.released += f.data_ref().map_or(0, |d| d.len() as u64);
                         return Poll::Ready(Some(Ok(f)));
                     }
                     None => return Poll::Ready(None),
@@ -272,7 +270,6 @@ impl Body for ScannedBody {
                     }
                     match this.check(pieces) {
                         Ok(out) => {
-                            this.released += (out.len() + tail.len()) as u64;
                             if !out.is_empty() {
                                 this.queued.push_back(Frame::data(out));
                             }
@@ -287,10 +284,7 @@ impl Body for ScannedBody {
                     // Trailers or the end: whatever was held back is decided first.
                     let pieces = this.scanner.finish(m);
                     match this.check(pieces) {
-                        Ok(out) if !out.is_empty() => {
-                            this.released += out.len() as u64;
-                            this.queued.push_back(Frame::data(out));
-                        }
+                        Ok(out) if !out.is_empty() => this.queued.push_back(Frame::data(out)),
                         Ok(_) => {}
                         Err(r) => return this.refuse(r),
                     }
@@ -302,7 +296,6 @@ impl Body for ScannedBody {
                                 return this.refuse(r);
                             }
                         }
-                        this.released += f.data_ref().map_or(0, |d| d.len() as u64);
                         this.queued.push_back(f);
                     }
                 }
@@ -321,12 +314,7 @@ impl Body for ScannedBody {
         }
         // A swap changes the length: known only once the whole body has been read.
         if self.finished {
-            let queued = self
-                .queued
-                .iter()
-                .filter_map(Frame::data_ref)
-                .map(Bytes::len);
-            return SizeHint::with_exact(queued.sum::<usize>() as u64);
+            return SizeHint::with_exact(self.queued_len());
         }
         SizeHint::default()
     }
