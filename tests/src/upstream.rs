@@ -383,7 +383,8 @@ fn split_echo(seen: &SeenRequest) -> Response<Body> {
         .expect("valid response")
 }
 
-/// HTTP/1.1 Upgrade to a WebSocket that echoes text and binary messages.
+/// HTTP/1.1 Upgrade to a WebSocket that echoes text and binary messages, and records them
+/// (the request's `body`, one line each).
 fn websocket(req: &mut Request<Incoming>, info: &ConnInfo) -> Response<Body> {
     let headers = req.headers();
     let upgrade = headers.get(header::UPGRADE).map(lossy).unwrap_or_default();
@@ -392,6 +393,8 @@ fn websocket(req: &mut Request<Incoming>, info: &ConnInfo) -> Response<Body> {
         return text(StatusCode::BAD_REQUEST, TXT, "expected websocket upgrade\n");
     };
     let accept = derive_accept_key(accept.as_bytes());
+    // Each message received is appended to the request's body, a newline after each.
+    let received = record(req, info).body;
     let on_upgrade = hyper::upgrade::on(req);
     spawn_guarded(&info.shutdown, async move {
         let upgraded = match on_upgrade.await {
@@ -400,6 +403,11 @@ fn websocket(req: &mut Request<Incoming>, info: &ConnInfo) -> Response<Body> {
         };
         let mut ws = WebSocketStream::from_raw_socket(upgraded, Role::Server, None).await;
         while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Text(_) | Message::Binary(_) = &msg {
+                let mut got = received.lock().expect("body lock");
+                got.extend_from_slice(&msg.clone().into_data());
+                got.push(b'\n');
+            }
             if matches!(msg, Message::Text(_) | Message::Binary(_)) && ws.send(msg).await.is_err() {
                 break;
             }

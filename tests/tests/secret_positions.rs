@@ -1,8 +1,9 @@
 //! Placeholders in every position a tool puts a credential: the URL's path and query, a
 //! URL's userinfo, Basic credentials, JSON and form bodies (split across chunks, over
-//! HTTP/1.1 and as HTTP/2 DATA frames). The real daemon and curl on loopback; the upstream
-//! gets the value, the agent only ever the placeholder, and nothing the daemon wrote (logs,
-//! audit log, metrics, ctl output) holds a value in any form.
+//! HTTP/1.1 and as HTTP/2 DATA frames), WebSocket text messages (split across fragments).
+//! The real daemon, curl and a WebSocket client on loopback; the upstream gets the value,
+//! the agent only ever the placeholder, and nothing the daemon wrote (logs, audit log,
+//! metrics, ctl output) holds a value in any form.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,9 +11,19 @@ use std::time::Duration;
 use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::{SeenRequest, UpstreamOptions};
 use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use rustls_pki_types::ServerName;
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
 /// A bot token: a URL carries it as it is.
 const BOT: &str = "8123456789:AAE-botTOKEN_0123456789abcdef";
@@ -45,12 +56,26 @@ action = "allow"
 secrets = ["client"]
 
 [[rule]]
+id = "chat"
+hosts = ["chat.test"]
+paths = ["/ws"]
+action = "allow"
+secrets = ["bot"]
+swap = ["websocket"]
+
+[[rule]]
 id = "other"
 hosts = ["other.test"]
 action = "allow"
 "#;
 
-const HOSTS: [&str; 4] = ["bot.test", "auth.test", "notes.test", "other.test"];
+const HOSTS: [&str; 5] = [
+    "bot.test",
+    "auth.test",
+    "notes.test",
+    "chat.test",
+    "other.test",
+];
 
 struct World {
     api: ApiUpstream,
@@ -74,6 +99,24 @@ impl World {
             ..api.daemon_options(POLICY)
         });
         World { api, daemon }
+    }
+
+    /// A WebSocket to `host`'s `/ws` through the transparent listener, as the agent opens
+    /// one (TLS to the daemon's leaf, then the upgrade).
+    async fn websocket(&self, host: &str) -> WebSocketStream<TlsStream<TcpStream>> {
+        let tls =
+            tokio_rustls::TlsConnector::from(client_config(&[&self.daemon.ca_pem], &[b"http/1.1"]));
+        let tcp = TcpStream::connect(self.daemon.transparent)
+            .await
+            .expect("connect");
+        let name = ServerName::try_from(host.to_string()).expect("name");
+        let stream = tls.connect(name, tcp).await.expect("TLS");
+        let url = format!("wss://{host}:{}/ws", self.api.up.addr.port());
+        let (ws, resp) = tokio_tungstenite::client_async(url.as_str(), stream)
+            .await
+            .expect("websocket handshake");
+        assert_eq!(resp.status(), 101);
+        ws
     }
 
     fn url(&self, host: &str, path: &str) -> String {
@@ -194,6 +237,31 @@ fn assert_no_secret(what: &str, text: &str) {
                 "{what} contains secret {name} (as {f:?}):\n{text}"
             );
         }
+    }
+}
+
+async fn next_message(ws: &mut WebSocketStream<TlsStream<TcpStream>>) -> Message {
+    tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("a message in time")
+        .expect("a message")
+        .expect("a valid message")
+}
+
+/// The audit log's WebSocket close records, once there are `n`.
+fn wait_for_closes(w: &World, n: usize) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let audit = std::fs::read_to_string(w.daemon.audit_path()).expect("audit log");
+        let closes: Vec<serde_json::Value> = audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["kind"] == "close" && r["upgrade"] == "websocket")
+            .collect();
+        if closes.len() >= n || std::time::Instant::now() > deadline {
+            return closes;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -373,15 +441,72 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
     );
     agent_saw.push_str(&agent_view(&out));
 
+    // 7. WebSocket: a text message split inside the placeholder across two fragments goes
+    //    up holding the value; the upstream's echo comes back with the placeholder.
+    let mut ws = w.websocket("chat.test").await;
+    let msg = r#"{"auth":"agenshield:secret:bot","op":"hello"}"#;
+    let cut = msg.find("secret").expect("cut") + 2;
+    for (i, part) in [&msg[..cut], &msg[cut..]].into_iter().enumerate() {
+        let op = if i == 0 { Data::Text } else { Data::Continue };
+        let frame = Frame::message(Bytes::from(part.to_string()), OpCode::Data(op), i == 1);
+        ws.send(Message::Frame(frame)).await.expect("send fragment");
+    }
+    let echo = next_message(&mut ws).await;
+    assert_eq!(
+        echo,
+        Message::text(msg),
+        "the echo comes back as the placeholder"
+    );
+    let seen = w.last();
+    assert_eq!(seen.path_and_query, "/ws");
+    assert_eq!(
+        body(&seen),
+        format!("{}\n", msg.replace("agenshield:secret:bot", BOT))
+    );
+    agent_saw.push_str(&format!("{echo:?}"));
+    ws.close(None).await.expect("close");
+    while ws.next().await.is_some() {}
+    //    Under a rule that does not swap in WebSocket messages, the placeholder closes the
+    //    connection (1008) and the upstream never sees the message.
+    let mut ws = w.websocket("notes.test").await;
+    ws.send(Message::text("k=agenshield:secret:client"))
+        .await
+        .expect("send");
+    let close = next_message(&mut ws).await;
+    assert!(
+        matches!(&close, Message::Close(Some(f)) if f.code == CloseCode::Policy),
+        "{close:?}"
+    );
+    assert_eq!(body(&w.last()), "", "the upstream saw nothing of it");
+    agent_saw.push_str(&format!("{close:?}"));
+
     assert_no_secret("the agent's view", &agent_saw);
 
-    // 7. Every byte the daemon wrote: its log (debug), the audit log, the metrics, ctl.
+    // 8. Every byte the daemon wrote: its log (debug), the audit log, the metrics, ctl.
     let mut wrote = w.daemon.logs();
     let audit = std::fs::read_to_string(w.daemon.audit_path()).expect("audit log");
     assert!(
         audit.contains("\"secrets\":[\"client\"]") && audit.contains("\"secrets\":[\"bot\"]"),
         "the audit records name the secrets used, body swaps included"
     );
+    let records: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let closes = wait_for_closes(&w, 2);
+    let chat = closes
+        .iter()
+        .find(|r| r["host"] == "chat.test")
+        .expect("chat's close");
+    assert_eq!(chat["end"], "closed", "{chat}");
+    assert_eq!(chat["secrets"], serde_json::json!(["bot"]), "{chat}");
+    let notes = closes
+        .iter()
+        .find(|r| r["host"] == "notes.test")
+        .expect("notes' close");
+    assert_eq!(notes["end"], "refused", "{notes}");
+    assert_eq!(notes["error_code"], "secret_scope", "{notes}");
+    assert!(records.iter().any(|r| r["upgrade"] == "websocket"));
     wrote.push_str(&audit);
     let metrics = curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false).await;
     assert_eq!(metrics.status, 200);

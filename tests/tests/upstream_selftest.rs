@@ -177,7 +177,7 @@ async fn upstream_serves_tls_plain_ws_and_curl() {
     // The request log saw SNI, ALPN and plain requests.
     let seen = up.requests();
     assert!(
-        seen.len() == 8,
+        seen.len() == 9,
         "expected every request recorded, got {}",
         seen.len()
     );

@@ -123,7 +123,7 @@ fn decide_host(proxy: &Proxy, policy: &Policy, host: &str, port: u16) -> Result<
         headers: &http::HeaderMap::new(),
         path_and_query: "",
         tls: false,
-        upgrade: false,
+        upgrade: None,
     };
     match SecretPhase::inspect(&proxy.vault, None, &head) {
         Err(e) => Err(secrets::refusal(&e, None)),

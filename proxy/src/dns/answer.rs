@@ -174,7 +174,7 @@ fn secret_in(proxy: &Proxy, name: &str) -> Option<Refusal> {
             headers: &http::HeaderMap::new(),
             path_and_query: "",
             tls: false,
-            upgrade: false,
+            upgrade: None,
         };
         if let Err(e) = SecretPhase::inspect(&proxy.vault, None, &head) {
             return Some(secrets::refusal(&e, None));

@@ -15,6 +15,7 @@ use crate::body::{self, ProxyBody};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
+use crate::secrets::websocket::FrameGuard;
 use crate::upstream::client::{upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
 
@@ -59,6 +60,13 @@ pub(super) async fn send(
                     format!("the upstream switched to {to:?}, which was not asked for"),
                 ));
             }
+            // Under a rule that binds secrets, a WebSocket is relayed message by message,
+            // which needs frames as sent: no extension (none was offered).
+            let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
+            if guard.is_some() {
+                crate::secrets::websocket::check_accepted(resp.headers())
+                    .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?;
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
             ctx.on_recorded = Some(tx);
             let facts = TunnelFacts::Upgrade {
@@ -67,7 +75,7 @@ pub(super) async fn send(
                 scheme: target.scheme,
                 path: ctx.matching_path.clone(),
             };
-            tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, facts, rx));
+            tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, facts, guard, rx));
             resp
         }
     };
@@ -84,11 +92,13 @@ pub(super) async fn send(
 }
 
 /// Joins the agent's and the upstream's upgraded connections once the 101 is recorded and
-/// sent, relays, and records the close.
+/// sent, relays (message by message, through `guard`, where there is one), and records the
+/// close.
 async fn tunnel(
     proxy: Arc<Proxy>,
     upgrades: Upgrades,
     facts: TunnelFacts,
+    guard: Option<FrameGuard>,
     recorded: tokio::sync::oneshot::Receiver<Record>,
 ) {
     // No record (the audit log refused it): the agent got a refusal, not the 101.
@@ -104,6 +114,12 @@ async fn tunnel(
     let mut live = proxy.tunnels.open(facts);
     let started = Instant::now();
     let idle = proxy.limits.tunnel_idle_timeout;
-    let relayed = relay(client, upstream, idle, &mut live.revoked).await;
-    record::tunnel_closed(&proxy, &decided, &relayed, started).await;
+    let Some(guard) = guard else {
+        let relayed = relay(client, upstream, idle, &mut live.revoked).await;
+        return record::tunnel_closed(&proxy, &decided, &relayed, started).await;
+    };
+    let guarded = guard.relay(client, upstream, idle, &mut live.revoked).await;
+    let swapped = guard.swapped_names();
+    proxy.vault.record_use(&swapped);
+    record::guarded_tunnel_closed(&proxy, &decided, &guarded, &swapped, started).await;
 }

@@ -25,7 +25,7 @@ pub(super) fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), R
         headers: req.headers(),
         path_and_query: raw_pq,
         tls: target.scheme == Scheme::Https,
-        upgrade: ctx.upgrade.is_some(),
+        upgrade: ctx.upgrade.as_deref(),
     };
     ctx.secrets =
         SecretPhase::inspect(&ctx.proxy.vault, bindings, &head).map_err(|e| refused(ctx, &e))?;

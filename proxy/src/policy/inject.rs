@@ -60,6 +60,8 @@ pub struct SwapPlaces {
     pub url: bool,
     /// JSON, form-urlencoded and text request bodies.
     pub body: bool,
+    /// Text messages the agent sends over a WebSocket.
+    pub websocket: bool,
 }
 
 impl SwapPlaces {
@@ -68,13 +70,14 @@ impl SwapPlaces {
         headers: true,
         url: true,
         body: false,
+        websocket: false,
     };
-    pub const NAMES: [&'static str; 3] = ["headers", "url", "body"];
+    pub const NAMES: [&'static str; 4] = ["headers", "url", "body", "websocket"];
 
     /// As written in a policy: `headers, url`.
     #[cfg(test)]
     pub fn names(&self) -> Vec<&'static str> {
-        [self.headers, self.url, self.body]
+        [self.headers, self.url, self.body, self.websocket]
             .iter()
             .zip(SwapPlaces::NAMES)
             .filter(|(on, _)| **on)
@@ -250,12 +253,14 @@ fn compile_swap(
         headers: false,
         url: false,
         body: false,
+        websocket: false,
     };
     for p in list.get_ref() {
         let slot = match p.get_ref().as_str() {
             "headers" => &mut places.headers,
             "url" => &mut places.url,
             "body" => &mut places.body,
+            "websocket" => &mut places.websocket,
             other => {
                 let known = SwapPlaces::NAMES.map(|n| format!("{n:?}")).join(", ");
                 return Err(err(

@@ -75,6 +75,8 @@ fn swap_defaults_to_headers_and_url_and_says_body_only_when_asked() {
     assert_eq!(all.names(), ["headers", "url", "body"]);
     let body = places("secrets = [\"k\"]\nswap = [\"body\"]");
     assert_eq!((body.headers, body.url, body.body), (false, false, true));
+    let ws = places("secrets = [\"k\"]\nswap = [\"url\", \"websocket\"]");
+    assert_eq!(ws.names(), ["url", "websocket"]);
 }
 
 #[test]

@@ -19,8 +19,10 @@ pub(crate) mod scan_body;
 pub(crate) mod set;
 pub(crate) mod store;
 pub(crate) mod stream;
+pub(crate) mod swap;
 pub(crate) mod value;
 pub(crate) mod vault;
+pub(crate) mod websocket;
 
 pub(crate) use file_store::FileStore;
 pub(crate) use scan::{SecretRefusal, Violation};

@@ -9,9 +9,11 @@ use http_body_util::BodyExt;
 use super::inject::Url;
 use super::redact::{redact_headers, RedactedBody};
 use super::scan::{inspect_head, SecretRefusal, Violation};
-use super::scan_body::{BodySwap, ScannedBody};
+use super::scan_body::ScannedBody;
 use super::set::SecretSet;
+use super::swap::BodySwap;
 use super::vault::Vault;
+use super::websocket::{offered_extensions_removed, FrameGuard};
 use crate::body::ProxyBody;
 use crate::policy::SecretBindings;
 
@@ -29,8 +31,8 @@ pub(crate) struct Head<'a> {
     pub path_and_query: &'a str,
     /// The request goes upstream over TLS.
     pub tls: bool,
-    /// The request asks for a protocol upgrade.
-    pub upgrade: bool,
+    /// The protocol the request asks to switch to, if any.
+    pub upgrade: Option<&'a str>,
 }
 
 pub(crate) struct SecretPhase {
@@ -42,6 +44,10 @@ pub(crate) struct SecretPhase {
     body_verdict: Arc<OnceLock<SecretRefusal>>,
     /// Bound secrets whose placeholders were swapped in the body (known as it streams).
     body_used: Arc<Mutex<Vec<Arc<str>>>>,
+    /// The request goes upstream over TLS: only then is a placeholder swapped in content.
+    tls: bool,
+    /// The request asks to switch to a WebSocket.
+    websocket: bool,
 }
 
 impl SecretPhase {
@@ -70,9 +76,14 @@ impl SecretPhase {
             used: scan.used,
             body_verdict: Arc::default(),
             body_used: Arc::default(),
+            tls: head.tls,
+            websocket: head
+                .upgrade
+                .is_some_and(|u| u.trim().eq_ignore_ascii_case("websocket")),
         };
         // Where a bound secret goes, the channel must protect it: injected or swapped values
-        // only over TLS, and no upgrade (its frames are neither inspected nor redacted).
+        // only over TLS, and no upgrade but a WebSocket (whose messages are guarded and
+        // redacted one by one; other protocols' bytes are not understood).
         let transport = |place: &str| {
             let secret = phase.used.first().map(|s| s.to_string()).or_else(|| {
                 let b = phase.bindings.as_ref()?;
@@ -87,8 +98,11 @@ impl SecretPhase {
         if !phase.used.is_empty() && !head.tls {
             return Err(transport("plain HTTP"));
         }
-        if head.upgrade && phase.redacts() {
-            return Err(transport("an upgraded connection (WebSocket)"));
+        if let Some(proto) = head.upgrade.filter(|_| !phase.websocket && phase.redacts()) {
+            return Err(transport(&format!(
+                "an upgraded connection ({})",
+                proto.escape_debug()
+            )));
         }
         Ok(Some(phase))
     }
@@ -115,11 +129,15 @@ impl SecretPhase {
             url = super::inject::apply(&self.set, b, &mut parts.headers, path, query);
         }
         if self.redacts() {
-            // A compressed response could not be searched for echoed secrets.
+            // A compressed response could not be searched for echoed secrets, nor a
+            // compressed WebSocket message.
             parts.headers.insert(
                 header::ACCEPT_ENCODING,
                 HeaderValue::from_static("identity"),
             );
+            if self.websocket {
+                offered_extensions_removed(&mut parts.headers);
+            }
         }
         let has_body = !http_body::Body::is_end_stream(&body);
         let swap = self.body_swap(&parts.headers);
@@ -162,6 +180,9 @@ impl SecretPhase {
         if !self.bindings.as_ref().is_some_and(|b| b.swap.body) {
             return refused("body".into());
         }
+        if !self.tls {
+            return refused("body sent over plain HTTP".into());
+        }
         // A compressed body cannot be rewritten: a placeholder visible in its bytes is
         // refused, one the compression hides goes on as the text it is.
         if let Some(coding) = content_coding(headers) {
@@ -185,6 +206,21 @@ impl SecretPhase {
             e if e.starts_with("text/") => BodySwap::Text,
             _ => refused(format!("body of type {}", essence.escape_debug())),
         }
+    }
+
+    /// The guard for the WebSocket this request opens, where its messages must be guarded
+    /// and redacted (the rule binds secrets).
+    pub(crate) fn frame_guard(&self) -> Option<FrameGuard> {
+        let bindings = self
+            .bindings
+            .clone()
+            .filter(|_| self.websocket && self.redacts())?;
+        Some(FrameGuard {
+            set: self.set.clone(),
+            bindings,
+            swapped: self.body_used.clone(),
+            tls: self.tls,
+        })
     }
 
     /// Every bound secret this request carried upstream: in its head, and those swapped in

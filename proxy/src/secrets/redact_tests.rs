@@ -11,7 +11,8 @@ use crate::body::{BodyError, ProxyBody};
 use crate::secrets::redact::RedactedBody;
 use crate::secrets::scan::tests::{binds, set};
 use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::{BodySwap, ScannedBody};
+use crate::secrets::scan_body::ScannedBody;
+use crate::secrets::swap::BodySwap;
 
 fn body(frames: Vec<Frame<Bytes>>) -> ProxyBody {
     let stream = futures_util::stream::iter(frames.into_iter().map(Ok::<_, BodyError>));

@@ -12,13 +12,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::matcher::HitKind;
-use super::scan::{SecretRefusal, Violation};
+use super::scan::SecretRefusal;
 use super::set::SecretSet;
-use super::stream::{ChunkScanner, Piece};
+use super::stream::ChunkScanner;
+use super::swap::{BodySwap, Swapper};
 use crate::body::{BodyError, ProxyBody};
 use crate::policy::SecretBindings;
 
@@ -28,43 +28,9 @@ use crate::policy::SecretBindings;
 #[error("request body refused by the leak guard (secret {})", .0.secret)]
 pub(crate) struct BodyRefused(pub SecretRefusal);
 
-/// What becomes of a placeholder of a bound secret in the body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BodySwap {
-    /// Refused: the rule does not swap in bodies, or this body cannot be rewritten (`place`
-    /// says which: `body`, `gzip-encoded body`, `body of type application/grpc`).
-    Refused { place: String },
-    /// The value JSON-escaped (`"` and `\`), for a placeholder inside a JSON string.
-    Json,
-    /// The value percent-encoded, as a form field's value.
-    Form,
-    /// The value as it is.
-    Text,
-}
-
-impl BodySwap {
-    pub(crate) fn swaps(&self) -> bool {
-        !matches!(self, BodySwap::Refused { .. })
-    }
-
-    fn encode(&self, value: &[u8]) -> Bytes {
-        match self {
-            BodySwap::Json => Bytes::copy_from_slice(&super::matcher::json_escaped(value, false)),
-            BodySwap::Form => Bytes::from(
-                percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
-            ),
-            BodySwap::Text | BodySwap::Refused { .. } => Bytes::copy_from_slice(value),
-        }
-    }
-}
-
 pub(crate) struct ScannedBody {
     inner: ProxyBody,
-    swap: BodySwap,
-    /// Bound secrets whose placeholders were swapped in the body.
-    swapped: Arc<Mutex<Vec<Arc<str>>>>,
-    set: Arc<SecretSet>,
-    bindings: Option<Arc<SecretBindings>>,
+    swapper: Swapper,
     scanner: ChunkScanner,
     /// Bytes still to scan; 0 = done scanning, pass the rest through.
     remaining: usize,
@@ -90,13 +56,16 @@ impl ScannedBody {
         // A swap must see the whole body, not only the guard's window.
         let window = if swap.swaps() { usize::MAX } else { window };
         ScannedBody {
-            swap,
-            swapped,
+            swapper: Swapper {
+                set,
+                bindings,
+                swap,
+                place: "body",
+                swapped,
+            },
             verdict,
             pending_error: None,
             inner,
-            set,
-            bindings,
             scanner: ChunkScanner::default(),
             remaining: window,
             queued: VecDeque::new(),
@@ -159,55 +128,6 @@ impl ScannedBody {
         self.verdict.clone()
     }
 
-    /// Checks released pieces, swapping bound placeholders where the body may be rewritten;
-    /// returns the bytes to send on.
-    fn check(&self, pieces: Vec<Piece>) -> Result<Bytes, SecretRefusal> {
-        let mut out = BytesMut::new();
-        let mut single = None;
-        let n = pieces.len();
-        for p in pieces {
-            let bytes = match p {
-                Piece::Plain(b) => b,
-                Piece::Hit(tag, b) => {
-                    let secret = self.set.at(tag.secret);
-                    let name = secret.name.as_str();
-                    let refusal = |violation, place: &str| SecretRefusal {
-                        violation,
-                        secret: name.to_string(),
-                        place: place.to_string(),
-                    };
-                    if !self.bindings.as_ref().is_some_and(|bd| bd.binds(name)) {
-                        let violation = match tag.kind {
-                            HitKind::Value => Violation::Leak,
-                            HitKind::Placeholder => Violation::Scope,
-                        };
-                        return Err(refusal(violation, "body"));
-                    }
-                    match (tag.kind, &self.swap) {
-                        (HitKind::Value, _) => b,
-                        (HitKind::Placeholder, BodySwap::Refused { place }) => {
-                            return Err(refusal(Violation::NotSwapped, place));
-                        }
-                        (HitKind::Placeholder, swap) => {
-                            if let Ok(mut s) = self.swapped.lock() {
-                                if !s.iter().any(|n| &**n == name) {
-                                    s.push(secret.name.shared());
-                                }
-                            }
-                            swap.encode(secret.value.expose())
-                        }
-                    }
-                }
-            };
-            if n == 1 {
-                single = Some(bytes);
-            } else {
-                out.extend_from_slice(&bytes);
-            }
-        }
-        Ok(single.unwrap_or_else(|| out.freeze()))
-    }
-
     fn refuse(&mut self, r: SecretRefusal) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         tracing::warn!(
             secret = %r.secret,
@@ -249,7 +169,7 @@ impl Body for ScannedBody {
                     None
                 }
             };
-            let Some(m) = this.set.matcher() else {
+            let Some(m) = this.swapper.set.matcher() else {
                 // Nothing to look for: pass through.
                 match frame {
                     Some(f) => {
@@ -268,7 +188,7 @@ impl Body for ScannedBody {
                     if this.remaining == 0 {
                         pieces.extend(this.scanner.finish(m));
                     }
-                    match this.check(pieces) {
+                    match this.swapper.check(pieces) {
                         Ok(out) => {
                             if !out.is_empty() {
                                 this.queued.push_back(Frame::data(out));
@@ -283,7 +203,7 @@ impl Body for ScannedBody {
                 other => {
                     // Trailers or the end: whatever was held back is decided first.
                     let pieces = this.scanner.finish(m);
-                    match this.check(pieces) {
+                    match this.swapper.check(pieces) {
                         Ok(out) if !out.is_empty() => this.queued.push_back(Frame::data(out)),
                         Ok(_) => {}
                         Err(r) => return this.refuse(r),
@@ -291,8 +211,8 @@ impl Body for ScannedBody {
                     if let Some(f) = other {
                         // Trailers, whatever the window: checked as headers are.
                         if let Some(t) = f.trailers_ref() {
-                            let b = this.bindings.as_deref();
-                            if let Err(r) = super::scan::inspect_trailers(&this.set, b, t) {
+                            let (set, b) = (&this.swapper.set, this.swapper.bindings.as_deref());
+                            if let Err(r) = super::scan::inspect_trailers(set, b, t) {
                                 return this.refuse(r);
                             }
                         }
@@ -308,7 +228,7 @@ impl Body for ScannedBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if !self.swap.swaps() {
+        if !self.swapper.swap.swaps() {
             // The length is unchanged: the guard refuses, it never rewrites.
             return self.inner.size_hint();
         }

@@ -11,8 +11,9 @@ use crate::body::{BodyError, ProxyBody};
 use crate::secrets::inject::{apply, Url};
 use crate::secrets::scan::tests::binds;
 use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::{BodySwap, ScannedBody};
+use crate::secrets::scan_body::ScannedBody;
 use crate::secrets::set::SecretSet;
+use crate::secrets::swap::BodySwap;
 
 /// A value with every byte JSON or a form must escape.
 const ODD: &str = "a\"b\\c/d e&f=g+h-123";

@@ -23,6 +23,8 @@ pub(crate) enum End {
     Error,
     /// A policy change no longer allows it.
     Revoked,
+    /// The secret guard refused a WebSocket message and closed the connection.
+    Refused,
 }
 
 /// What a relay moved, and how it ended.
@@ -46,30 +48,14 @@ where
     B: AsyncRead + AsyncWrite + Unpin,
     S: std::future::Future,
 {
-    tokio::pin!(stop);
-    let epoch = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
-    let mut a = Watched::new(client, epoch, last.clone());
-    let mut b = Watched::new(upstream, epoch, last.clone());
-    let (end, error) = {
-        let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
-        tokio::pin!(copy);
-        loop {
-            let quiet_since = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
-            tokio::select! {
-                r = &mut copy => break match r {
-                    Ok(_) => (End::Closed, None),
-                    Err(e) => (End::Error, Some(e)),
-                },
-                _ = &mut stop => break (End::Revoked, None),
-                _ = tokio::time::sleep_until(quiet_since + idle) => {
-                    let now_last = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
-                    if now_last == quiet_since {
-                        break (End::IdleTimeout, None);
-                    }
-                }
-            }
-        }
+    let activity = Activity::new();
+    let mut a = Watched::new(client, &activity);
+    let mut b = Watched::new(upstream, &activity);
+    let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
+    let (end, error) = match supervise(copy, &activity, idle, stop).await {
+        Ok(Ok(_)) => (End::Closed, None),
+        Ok(Err(e)) => (End::Error, Some(e)),
+        Err(end) => (end, None),
     };
     Relayed {
         up: a.read,
@@ -79,20 +65,72 @@ where
     }
 }
 
-/// Counts the bytes read from a stream and records when the last arrived.
-struct Watched<S> {
-    inner: S,
+/// When a byte last moved either way, shared by a tunnel's `Watched` streams.
+#[derive(Clone)]
+pub(crate) struct Activity {
     epoch: Instant,
-    last: Arc<AtomicU64>,
-    read: u64,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Activity {
+        Activity {
+            epoch: Instant::now(),
+            last_ms: Arc::default(),
+        }
+    }
+
+    fn last(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// Runs `work` until it ends (`Ok`), nothing moves for `idle` (`Err(IdleTimeout)`), or
+/// `stop` resolves (`Err(Revoked)`).
+pub(crate) async fn supervise<F, S>(
+    work: F,
+    activity: &Activity,
+    idle: Duration,
+    stop: S,
+) -> Result<F::Output, End>
+where
+    F: std::future::Future,
+    S: std::future::Future,
+{
+    tokio::pin!(work);
+    tokio::pin!(stop);
+    loop {
+        let quiet_since = activity.last();
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            _ = &mut stop => return Err(End::Revoked),
+            _ = tokio::time::sleep_until(quiet_since + idle) => {
+                if activity.last() == quiet_since {
+                    return Err(End::IdleTimeout);
+                }
+            }
+        }
+    }
+}
+
+/// Counts the bytes read from a stream and records when the last arrived.
+pub(crate) struct Watched<S> {
+    inner: S,
+    activity: Activity,
+    /// Bytes read so far.
+    pub read: u64,
 }
 
 impl<S> Watched<S> {
-    fn new(inner: S, epoch: Instant, last: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(inner: S, activity: &Activity) -> Self {
         Watched {
             inner,
-            epoch,
-            last,
+            activity: activity.clone(),
             read: 0,
         }
     }
@@ -109,8 +147,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             this.read += (buf.filled().len() - before) as u64;
-            let ms = u64::try_from(this.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-            this.last.store(ms, Ordering::Relaxed);
+            this.activity.touch();
         }
         r
     }

@@ -311,10 +311,16 @@ mod tests {
         assert_eq!(
             listed("end"),
             sorted(
-                [End::Closed, End::IdleTimeout, End::Error, End::Revoked]
-                    .iter()
-                    .map(json)
-                    .collect()
+                [
+                    End::Closed,
+                    End::IdleTimeout,
+                    End::Error,
+                    End::Revoked,
+                    End::Refused
+                ]
+                .iter()
+                .map(json)
+                .collect()
             )
         );
     }

@@ -31,6 +31,7 @@ use crate::body::ProxyBody;
 use crate::conn::ConnCtx;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
+use crate::secrets::websocket::GuardedRelay;
 use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;
 
@@ -270,6 +271,35 @@ pub(crate) async fn tunnel_closed(
         tracing::debug!("tunnel ended: {e}");
     }
     let record = decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end);
+    connection(proxy, record).await;
+}
+
+/// Records the end of a WebSocket relayed through the secret guard: the secrets swapped
+/// into its messages join the decision's, and a refusal gives the close its code and reason.
+pub(crate) async fn guarded_tunnel_closed(
+    proxy: &Arc<Proxy>,
+    decided: &Record,
+    guarded: &GuardedRelay,
+    swapped: &[Arc<str>],
+    started: Instant,
+) {
+    let relayed = &guarded.relayed;
+    if let Some(e) = &relayed.error {
+        tracing::debug!("tunnel ended: {e}");
+    }
+    let mut record = decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end);
+    for name in swapped {
+        if !record.secrets.contains(name) {
+            record.secrets.push(name.clone());
+        }
+    }
+    record.secrets.sort();
+    if let Some(r) = &guarded.refused {
+        let refusal = crate::pipeline::secrets::refusal(r, decided.rule.as_deref());
+        tracing::warn!(secret = %r.secret, place = %r.place, code = refusal.code.as_str(), "WebSocket closed: {}", refusal.message);
+        record.error_code = Some(refusal.code);
+        record.reason = Some(refusal.message);
+    }
     connection(proxy, record).await;
 }
 

@@ -1,0 +1,120 @@
+//! The placeholder swap and the leak guard over content the agent sends (a request body, a
+//! WebSocket message), applied to the pieces a `ChunkScanner` releases: a placeholder of a
+//! secret the rule binds becomes its value, encoded for the content's type, where the rule
+//! swaps there, and is refused elsewhere; a secret the rule does not bind (its value or its
+//! placeholder) is refused.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+
+use super::matcher::HitKind;
+use super::scan::{SecretRefusal, Violation};
+use super::set::SecretSet;
+use super::stream::{ChunkScanner, Piece};
+use crate::policy::SecretBindings;
+
+/// What becomes of a placeholder of a bound secret in the content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BodySwap {
+    /// Refused: the rule does not swap here, or this content cannot be rewritten (`place`
+    /// says which: `body`, `gzip-encoded body`, `body of type application/grpc`, `WebSocket
+    /// binary message`).
+    Refused { place: String },
+    /// The value JSON-escaped (`"` and `\`), for a placeholder inside a JSON string.
+    Json,
+    /// The value percent-encoded, as a form field's value.
+    Form,
+    /// The value as it is.
+    Text,
+}
+
+impl BodySwap {
+    pub(crate) fn swaps(&self) -> bool {
+        !matches!(self, BodySwap::Refused { .. })
+    }
+
+    fn encode(&self, value: &[u8]) -> Bytes {
+        match self {
+            BodySwap::Json => Bytes::copy_from_slice(&super::matcher::json_escaped(value, false)),
+            BodySwap::Form => Bytes::from(
+                percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
+            ),
+            BodySwap::Text | BodySwap::Refused { .. } => Bytes::copy_from_slice(value),
+        }
+    }
+}
+
+/// The swap and the guard for one stream of content.
+pub(crate) struct Swapper {
+    pub set: Arc<SecretSet>,
+    pub bindings: Option<Arc<SecretBindings>>,
+    pub swap: BodySwap,
+    /// Where a secret the rule does not bind is reported found (`body`, `WebSocket message`).
+    pub place: &'static str,
+    /// Bound secrets whose placeholders were swapped, in the order first swapped.
+    pub swapped: Arc<Mutex<Vec<Arc<str>>>>,
+}
+
+impl Swapper {
+    /// Checks released pieces, swapping bound placeholders where the content may be
+    /// rewritten; returns the bytes to send on.
+    pub(crate) fn check(&self, pieces: Vec<Piece>) -> Result<Bytes, SecretRefusal> {
+        let mut out = BytesMut::new();
+        let mut single = None;
+        let n = pieces.len();
+        for p in pieces {
+            let bytes = match p {
+                Piece::Plain(b) => b,
+                Piece::Hit(tag, b) => {
+                    let secret = self.set.at(tag.secret);
+                    let name = secret.name.as_str();
+                    let refusal = |violation, place: &str| SecretRefusal {
+                        violation,
+                        secret: name.to_string(),
+                        place: place.to_string(),
+                    };
+                    if !self.bindings.as_ref().is_some_and(|bd| bd.binds(name)) {
+                        let violation = match tag.kind {
+                            HitKind::Value => Violation::Leak,
+                            HitKind::Placeholder => Violation::Scope,
+                        };
+                        return Err(refusal(violation, self.place));
+                    }
+                    match (tag.kind, &self.swap) {
+                        (HitKind::Value, _) => b,
+                        (HitKind::Placeholder, BodySwap::Refused { place }) => {
+                            return Err(refusal(Violation::NotSwapped, place));
+                        }
+                        (HitKind::Placeholder, swap) => {
+                            if let Ok(mut s) = self.swapped.lock() {
+                                if !s.iter().any(|n| &**n == name) {
+                                    s.push(secret.name.shared());
+                                }
+                            }
+                            swap.encode(secret.value.expose())
+                        }
+                    }
+                }
+            };
+            if n == 1 {
+                single = Some(bytes);
+            } else {
+                out.extend_from_slice(&bytes);
+            }
+        }
+        Ok(single.unwrap_or_else(|| out.freeze()))
+    }
+
+    /// Checks and swaps a whole piece of content (a message); unchanged when no secret is
+    /// held.
+    pub(crate) fn whole(&self, content: Bytes) -> Result<Bytes, SecretRefusal> {
+        let Some(m) = self.set.matcher() else {
+            return Ok(content);
+        };
+        let mut scanner = ChunkScanner::default();
+        let mut pieces = scanner.push(m, content);
+        pieces.extend(scanner.finish(m));
+        self.check(pieces)
+    }
+}

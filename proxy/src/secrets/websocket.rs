@@ -1,0 +1,335 @@
+//! A WebSocket under a rule that binds secrets, relayed message by message rather than byte
+//! for byte (tungstenite parses the frames: masking, fragmentation, control frames, UTF-8).
+//!
+//! * Agent → upstream: a text message has the placeholders of the rule's secrets swapped for
+//!   their values where the rule's `swap` lists `"websocket"`; a fragmented message is
+//!   reassembled first, so a placeholder split across fragments is found whole. A binary
+//!   message or a control frame that carries a placeholder is refused (it is not text), and
+//!   any message carrying a secret the rule does not bind (value or placeholder) is refused.
+//!   A refusal closes both sides (1008, policy violation) before any of that message goes on.
+//! * Upstream → agent: every message and close reason has each secret value replaced by its
+//!   placeholder; a real value never reaches the agent.
+//! * Pings and pongs are hop by hop: each side's pings are answered by the relay, none is
+//!   passed on (so no payload crosses, and a redacted ping never comes back as a pong
+//!   carrying a placeholder).
+//!
+//! Compression (`permessage-deflate`) is not negotiated for such a connection: the request's
+//! `Sec-WebSocket-Extensions` is removed, and an upstream that answers with an extension
+//! anyway is refused (`offered_extensions_removed`, `check_accepted`). Messages are bounded
+//! (`MAX_MESSAGE`); a longer one closes the connection (1009).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+
+use super::scan::SecretRefusal;
+use super::set::SecretSet;
+use super::swap::{BodySwap, Swapper};
+use crate::policy::SecretBindings;
+use crate::upstream::relay::{supervise, Activity, End, Relayed, Watched};
+
+/// The longest message relayed (after reassembly); also the longest frame.
+pub(crate) const MAX_MESSAGE: usize = 16 << 20;
+/// How long the second direction may take to finish once the first has closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// The longest reason a Close frame may carry (RFC 6455 §5.5: 125 bytes, less the code).
+const MAX_CLOSE_REASON: usize = 123;
+
+/// The secrets a WebSocket is guarded against, and what it swapped.
+pub(crate) struct FrameGuard {
+    pub set: Arc<SecretSet>,
+    pub bindings: Arc<SecretBindings>,
+    /// Bound secrets swapped into messages, in the order first swapped.
+    pub swapped: Arc<Mutex<Vec<Arc<str>>>>,
+    /// The WebSocket runs over TLS: only then is a placeholder swapped for its value.
+    pub tls: bool,
+}
+
+/// How a guarded WebSocket ended.
+pub(crate) struct GuardedRelay {
+    pub relayed: Relayed,
+    /// The message the leak guard refused, when it closed the connection.
+    pub refused: Option<SecretRefusal>,
+}
+
+/// Whether an upstream's 101 may be relayed message by message: it must not have agreed to
+/// an extension (none was offered, so one would be a protocol error, and a compressed frame
+/// could not be searched). `Err` names what it agreed to.
+pub(crate) fn check_accepted(headers: &http::HeaderMap) -> Result<(), String> {
+    match headers.get(http::header::SEC_WEBSOCKET_EXTENSIONS) {
+        None => Ok(()),
+        Some(v) => Err(format!(
+            "the upstream agreed to the WebSocket extension {:?}, which was not offered",
+            String::from_utf8_lossy(v.as_bytes())
+        )),
+    }
+}
+
+/// Removes the extensions an agent offers (`permessage-deflate`): the relay must see every
+/// message as text.
+pub(crate) fn offered_extensions_removed(headers: &mut http::HeaderMap) {
+    headers.remove(http::header::SEC_WEBSOCKET_EXTENSIONS);
+}
+
+impl FrameGuard {
+    fn swapper(&self, swap: BodySwap, place: &'static str) -> Swapper {
+        Swapper {
+            set: self.set.clone(),
+            bindings: Some(self.bindings.clone()),
+            swap,
+            place,
+            swapped: self.swapped.clone(),
+        }
+    }
+
+    /// The bound secrets swapped into messages so far, sorted.
+    pub(crate) fn swapped_names(&self) -> Vec<Arc<str>> {
+        let mut names = self.swapped.lock().map(|s| s.clone()).unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// Relays messages both ways until either side closes (and the other follows, or the
+    /// grace ends), nothing moves for `idle`, `stop` resolves, or the guard refuses a
+    /// message. `client` is the agent's side.
+    pub(crate) async fn relay<A, B, S>(
+        &self,
+        client: A,
+        upstream: B,
+        idle: Duration,
+        stop: S,
+    ) -> GuardedRelay
+    where
+        A: AsyncRead + AsyncWrite + Unpin,
+        B: AsyncRead + AsyncWrite + Unpin,
+        S: std::future::Future,
+    {
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE));
+        let activity = Activity::new();
+        let agent = Watched::new(client, &activity);
+        let far = Watched::new(upstream, &activity);
+        let agent = WebSocketStream::from_raw_socket(agent, Role::Server, Some(config)).await;
+        let far = WebSocketStream::from_raw_socket(far, Role::Client, Some(config)).await;
+        let (mut to_agent, mut from_agent) = agent.split();
+        let (mut to_far, mut from_far) = far.split();
+
+        let text_swap = match (self.bindings.swap.websocket, self.tls) {
+            (true, true) => BodySwap::Text,
+            (true, false) => BodySwap::Refused {
+                place: "WebSocket message over plain HTTP".into(),
+            },
+            (false, _) => BodySwap::Refused {
+                place: "WebSocket message".into(),
+            },
+        };
+        let text = self.swapper(text_swap, "WebSocket message");
+        let binary = self.swapper(
+            BodySwap::Refused {
+                place: "WebSocket binary message".into(),
+            },
+            "WebSocket message",
+        );
+        let control = self.swapper(
+            BodySwap::Refused {
+                place: "WebSocket close reason".into(),
+            },
+            "WebSocket close reason",
+        );
+        let outcome = {
+            let up = async {
+                loop {
+                    let Some(msg) = from_agent.next().await else {
+                        return Ok(());
+                    };
+                    let msg = msg.map_err(Flow::Broken)?;
+                    let close = matches!(msg, Message::Close(_));
+                    let out = outbound(msg, &text, &binary, &control).map_err(Flow::Refused)?;
+                    if close {
+                        // The upstream may have closed first: this is then its answer.
+                        let _ = to_far.send(out.unwrap_or(Message::Close(None))).await;
+                        return Ok(());
+                    }
+                    if let Some(out) = out {
+                        to_far.send(out).await.map_err(Flow::Broken)?;
+                    }
+                }
+            };
+            let down = async {
+                loop {
+                    let Some(msg) = from_far.next().await else {
+                        return Ok(());
+                    };
+                    let msg = msg.map_err(Flow::Broken)?;
+                    let close = matches!(msg, Message::Close(_));
+                    let out = inbound(msg, &self.set);
+                    if close {
+                        // The agent may have closed first: this is then its answer.
+                        let _ = to_agent.send(out.unwrap_or(Message::Close(None))).await;
+                        return Ok(());
+                    }
+                    if let Some(out) = out {
+                        to_agent.send(out).await.map_err(Flow::Broken)?;
+                    }
+                }
+            };
+            let both = async {
+                tokio::pin!(up);
+                tokio::pin!(down);
+                let rest = tokio::select! {
+                    r = &mut up => { r?; Rest::Down }
+                    r = &mut down => { r?; Rest::Up }
+                };
+                // One side closed: the other gets a moment to answer the close.
+                let second = match rest {
+                    Rest::Down => tokio::time::timeout(CLOSE_GRACE, &mut down).await,
+                    Rest::Up => tokio::time::timeout(CLOSE_GRACE, &mut up).await,
+                };
+                second.unwrap_or(Ok(()))
+            };
+            supervise(both, &activity, idle, stop).await
+        };
+
+        let (end, error, refused) = match outcome {
+            Ok(Ok(())) => (End::Closed, None, None),
+            Ok(Err(Flow::Broken(e))) => match e {
+                tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
+                    (End::Closed, None, None)
+                }
+                tungstenite::Error::Capacity(_) => {
+                    let _ = to_agent
+                        .send(close(CloseCode::Size, "message too big"))
+                        .await;
+                    (End::Error, Some(std::io::Error::other(e)), None)
+                }
+                e => (End::Error, Some(std::io::Error::other(e)), None),
+            },
+            Ok(Err(Flow::Refused(r))) => {
+                let why = "agenshield: message refused by the secret guard";
+                let _ = to_agent.send(close(CloseCode::Policy, why)).await;
+                let _ = to_far.send(close(CloseCode::Away, "")).await;
+                (End::Refused, None, Some(r))
+            }
+            Err(end) => (end, None, None),
+        };
+        let up = from_agent.reunite(to_agent).map_or(0, |s| s.get_ref().read);
+        let down = from_far.reunite(to_far).map_or(0, |s| s.get_ref().read);
+        GuardedRelay {
+            relayed: Relayed {
+                up,
+                down,
+                end,
+                error,
+            },
+            refused,
+        }
+    }
+}
+
+/// Why a direction stopped before its side closed.
+enum Flow {
+    Broken(tungstenite::Error),
+    Refused(SecretRefusal),
+}
+
+enum Rest {
+    Up,
+    Down,
+}
+
+fn close(code: CloseCode, reason: &'static str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    }))
+}
+
+/// An agent's message as it goes upstream: placeholders swapped or refused, secrets the rule
+/// does not bind refused. `None`: nothing to send (a ping or pong, answered hop by hop; a raw
+/// frame, which is never read).
+fn outbound(
+    msg: Message,
+    text: &Swapper,
+    binary: &Swapper,
+    control: &Swapper,
+) -> Result<Option<Message>, SecretRefusal> {
+    Ok(Some(match msg {
+        Message::Text(t) => {
+            let out = text.whole(Bytes::from(t))?;
+            // Placeholders are ASCII; a value that is not UTF-8 cannot go into a text message.
+            match Utf8Bytes::try_from(out) {
+                Ok(t) => Message::Text(t),
+                Err(_) => {
+                    return Err(SecretRefusal {
+                        violation: super::Violation::NotSwapped,
+                        secret: text
+                            .swapped
+                            .lock()
+                            .ok()
+                            .and_then(|s| s.last().map(|n| n.to_string()))
+                            .unwrap_or_default(),
+                        place: "WebSocket text message (the value is not UTF-8)".into(),
+                    })
+                }
+            }
+        }
+        Message::Binary(b) => Message::Binary(binary.whole(b)?),
+        // Hop by hop: tungstenite has answered it already.
+        Message::Ping(_) | Message::Pong(_) => return Ok(None),
+        Message::Close(Some(f)) => {
+            let reason = control.whole(Bytes::from(f.reason.clone()))?;
+            let reason = Utf8Bytes::try_from(reason).unwrap_or_default();
+            Message::Close(Some(CloseFrame {
+                code: f.code,
+                reason,
+            }))
+        }
+        Message::Close(None) => Message::Close(None),
+        Message::Frame(_) => return Ok(None),
+    }))
+}
+
+/// An upstream's message as it goes to the agent: every secret value replaced by its
+/// placeholder. `None`: nothing to send (a ping or pong, answered hop by hop).
+fn inbound(msg: Message, set: &SecretSet) -> Option<Message> {
+    let redact = |b: Bytes| -> Bytes { set.redact_bytes(&b).map_or(b, Bytes::from) };
+    // A close reason that would outgrow its frame once redacted is dropped.
+    let reason = |b: Bytes| -> Bytes {
+        match set.redact_bytes(&b) {
+            None => b,
+            Some(r) if r.len() <= MAX_CLOSE_REASON => Bytes::from(r),
+            Some(_) => Bytes::new(),
+        }
+    };
+    Some(match msg {
+        Message::Text(t) => {
+            let b = redact(Bytes::from(t));
+            // Values are replaced whole, so the text stays UTF-8.
+            Message::Text(Utf8Bytes::try_from(b).unwrap_or_default())
+        }
+        Message::Binary(b) => Message::Binary(redact(b)),
+        Message::Ping(_) | Message::Pong(_) => return None,
+        Message::Close(Some(f)) => {
+            let reason = reason(Bytes::from(f.reason.clone()));
+            let reason = Utf8Bytes::try_from(reason).unwrap_or_default();
+            Message::Close(Some(CloseFrame {
+                code: f.code,
+                reason,
+            }))
+        }
+        Message::Close(None) => Message::Close(None),
+        Message::Frame(_) => return None,
+    })
+}
+
+#[cfg(test)]
+#[path = "websocket_tests.rs"]
+mod tests;
