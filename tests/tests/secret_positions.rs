@@ -421,6 +421,16 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
     ];
     let out = w.curl(&w.url("auth.test", "/echo/token/x"), &bin).await;
     assert_refused(&out, "secret_scope", "oauth", "application/octet-stream");
+    // Over plain HTTP the value would travel in clear: refused, not swapped.
+    let plain = format!("http://auth.test:{}/echo/token/x", w.api.up.addr.port());
+    let json = ["-H", "Content-Type: application/json", "--data-binary"];
+    let out = w
+        .curl(
+            &plain,
+            &[&json[..], &[r#"{"s":"agenshield:secret:client"}"#]].concat(),
+        )
+        .await;
+    assert_refused(&out, "secret_scope", "oauth", "body sent over plain HTTP");
     // The path binds: a GET to the token URL is not the rule's, so nothing is swapped.
     let out = w
         .curl(
