@@ -182,6 +182,15 @@ pub enum CtlCommand {
     Audit(AuditCommand),
 }
 
+/// How an OAuth2 client authenticates to its token endpoint.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ClientAuthArg {
+    /// HTTP Basic (client_secret_basic)
+    Basic,
+    /// In the form body (client_secret_post)
+    Post,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
@@ -192,12 +201,44 @@ pub enum AuditCommand {
 #[derive(Debug, Subcommand)]
 pub enum SecretsCommand {
     /// Store a secret: the value is read from stdin (or prompted for, without echo, on a
-    /// terminal), never from the command line; one trailing newline is dropped
+    /// terminal), never from the command line; one trailing newline is dropped. Or have the
+    /// daemon fetch it: from a command's output (--from-command) or as an OAuth2 access token
+    /// (--oauth2-token-url; the client secret is what stdin or the prompt gives). A fetched
+    /// secret is fetched once at once (and refused, with why, if that fails), then again on
+    /// the first use after its time to live.
+    #[command(after_help = "Examples:\n  \
+        printf %s \"$TOKEN\" | agenshield proxy ctl secrets set github\n  \
+        agenshield proxy ctl secrets set gh --from-command 'gh auth token' --ttl 55m\n  \
+        agenshield proxy ctl secrets set api --oauth2-token-url https://auth.example.com/oauth/token --client-id my-client < client-secret.txt")]
     Set {
         /// 1-64 of A-Z a-z 0-9 _ -; the agent's placeholder is agenshield:secret:NAME
         name: String,
+        /// Take the value from this command's standard output, run by the daemon as its own
+        /// (worker) user with `sh -c`, no stdin, within --timeout
+        #[arg(long, value_name = "COMMAND", conflicts_with = "oauth2_token_url")]
+        from_command: Option<String>,
+        /// Fetch an OAuth2 access token (client credentials grant) from this https:// URL
+        #[arg(long, value_name = "URL", requires = "client_id")]
+        oauth2_token_url: Option<String>,
+        /// The OAuth2 client id
+        #[arg(long, value_name = "ID", requires = "oauth2_token_url")]
+        client_id: Option<String>,
+        /// The OAuth2 scope to ask for
+        #[arg(long, value_name = "SCOPE", requires = "oauth2_token_url")]
+        scope: Option<String>,
+        /// How the OAuth2 client authenticates: HTTP Basic, or in the form body
+        #[arg(long, value_enum, value_name = "HOW", requires = "oauth2_token_url")]
+        client_auth: Option<ClientAuthArg>,
+        /// How long a fetched value is used: a command's output, or a token whose endpoint
+        /// gives no expiry [default: 15m]
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<humantime::Duration>,
+        /// How long a fetch may take [default: 10s]
+        #[arg(long, value_name = "DURATION")]
+        timeout: Option<humantime::Duration>,
     },
-    /// Names, the rules that bind them, when each was set and last used; never values
+    /// Names, kinds, the rules that bind them, when each was set and last used, and for
+    /// fetched secrets their source and expiry; never values
     List,
     /// Remove a secret (refused while a rule binds it)
     Rm { name: String },

@@ -9,6 +9,11 @@ pub(crate) fn now_rfc3339() -> String {
     rfc3339(OffsetDateTime::now_utc())
 }
 
+/// `d` from now, formatted.
+pub(crate) fn rfc3339_after(d: std::time::Duration) -> String {
+    rfc3339(OffsetDateTime::now_utc() + d)
+}
+
 /// `t` (taken with `OffsetDateTime::now_utc`), formatted.
 pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     let t = t.to_offset(time::UtcOffset::UTC);

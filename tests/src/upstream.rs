@@ -38,6 +38,20 @@ pub struct UpstreamOptions {
     /// Close each connection gracefully once it has taken this many requests (HTTP/2: a
     /// `GOAWAY(NO_ERROR)`), as nginx does after `keepalive_requests` (1000 by default).
     pub goaway_every: Option<usize>,
+    /// Serve `POST /oauth/token` (client credentials) for this client.
+    pub oauth: Option<OauthClient>,
+}
+
+/// The one client a test token endpoint knows. Tokens are `access-token-000N`, N counting
+/// up from 1 with each one issued.
+#[derive(Clone, Debug)]
+pub struct OauthClient {
+    pub id: String,
+    /// What the client must present; change it to revoke the old one.
+    pub secret: Arc<Mutex<String>>,
+    pub expires_in: u64,
+    /// Tokens issued so far.
+    pub issued: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One request as the upstream saw it.
@@ -77,6 +91,7 @@ struct ConnInfo {
     seen: Arc<Mutex<Vec<SeenRequest>>>,
     shutdown: watch::Receiver<()>,
     goaway_every: Option<usize>,
+    oauth: Option<OauthClient>,
 }
 
 impl Upstream {
@@ -113,6 +128,7 @@ impl Upstream {
             seen: seen.clone(),
             shutdown,
             goaway_every: opts.goaway_every,
+            oauth: opts.oauth.clone(),
         };
         let accept_task = tokio::spawn(async move {
             loop {
@@ -307,6 +323,10 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
         split_echo(&seen)
     } else if path == "/ws" {
         websocket(&mut req, &info)
+    } else if let (Some(client), "/oauth/token") = (&info.oauth, path.as_str()) {
+        let creds = basic_credentials(req.headers());
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        oauth_token(client, creds, &body.unwrap_or_default())
     } else {
         text(StatusCode::OK, TXT, format!("hello from {}\n", info.name))
     };
@@ -381,6 +401,59 @@ fn split_echo(seen: &SeenRequest) -> Response<Body> {
         .header("x-seen-authorization", auth)
         .body(BodyExt::boxed(StreamBody::new(stream)))
         .expect("valid response")
+}
+
+/// `Authorization: Basic` as (id, secret), URL-decoded (RFC 6749 §2.3.1).
+fn basic_credentials(h: &http::HeaderMap) -> Option<(String, String)> {
+    use base64::Engine as _;
+    let v = h.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let b64 = v.strip_prefix("Basic ")?;
+    let pair = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+    let pair = String::from_utf8(pair).ok()?;
+    let (id, secret) = pair.split_once(':')?;
+    let dec = |s: &str| {
+        form_urlencoded::parse(format!("x={s}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+    };
+    Some((dec(id)?, dec(secret)?))
+}
+
+/// A client credentials token endpoint: Basic or form credentials, checked against the one
+/// client it knows.
+fn oauth_token(
+    client: &OauthClient,
+    basic: Option<(String, String)>,
+    body: &[u8],
+) -> Response<Body> {
+    const JSON: &str = "application/json";
+    let form: std::collections::HashMap<String, String> =
+        form_urlencoded::parse(body).into_owned().collect();
+    if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
+        let e = r#"{"error":"unsupported_grant_type"}"#;
+        return text(StatusCode::BAD_REQUEST, JSON, e);
+    }
+    let creds = basic.or_else(|| {
+        Some((
+            form.get("client_id")?.clone(),
+            form.get("client_secret")?.clone(),
+        ))
+    });
+    let good = client.secret.lock().expect("secret lock").clone();
+    if creds != Some((client.id.clone(), good)) {
+        let e = r#"{"error":"invalid_client","error_description":"client authentication failed"}"#;
+        return text(StatusCode::UNAUTHORIZED, JSON, e);
+    }
+    let n = client
+        .issued
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        + 1;
+    let body = serde_json::json!({
+        "access_token": format!("access-token-{n:04}"),
+        "token_type": "Bearer",
+        "expires_in": client.expires_in,
+    });
+    text(StatusCode::OK, JSON, body.to_string())
 }
 
 /// HTTP/1.1 Upgrade to a WebSocket that echoes text and binary messages, and records them

@@ -104,6 +104,7 @@ pub(super) async fn build_proxy(
         &cfg.limits,
         metrics.upstream_retries.clone(),
     );
+    vault.set_token_client(Arc::new(forwarder.clone()));
     Ok(Proxy::new(ProxyParts {
         vault,
         metrics,

@@ -94,7 +94,7 @@ async fn phases(
     record::ready(&ctx.proxy)?;
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
-    secrets::inspect(ctx, &req)?;
+    secrets::inspect(ctx, &req).await?;
     limit::check(ctx)?;
     let req = secrets::apply(ctx, req).await?;
     forward::send(ctx, req).await

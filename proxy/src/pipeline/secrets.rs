@@ -15,9 +15,15 @@ use crate::policy::Scheme;
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::secrets::{SecretRefusal, Violation};
 
-pub(super) fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
-    let target = ctx.target.as_ref().expect("the target phase ran");
+pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
     let bindings = ctx.decision.as_ref().and_then(|d| d.secrets.clone());
+    if let Some(b) = &bindings {
+        // A fetched secret the rule binds (a command's output, an OAuth2 token) must have a
+        // value in force before anything is checked or swapped.
+        let fresh = ctx.proxy.vault.fresh(&b.names).await;
+        fresh.map_err(|e| refused(ctx, &e))?;
+    }
+    let target = ctx.target.as_ref().expect("the target phase ran");
     let raw_pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let head = Head {
         method: req.method().as_str(),
@@ -71,7 +77,7 @@ pub(crate) fn refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
     let code = match e.violation {
         Violation::Scope | Violation::Transport | Violation::NotSwapped => ErrorCode::SecretScope,
         Violation::Leak => ErrorCode::SecretLeak,
-        Violation::Unavailable => ErrorCode::SecretUnavailable,
+        Violation::Unavailable | Violation::Unfetched => ErrorCode::SecretUnavailable,
     };
     Refusal {
         rule_id: rule.map(str::to_string),

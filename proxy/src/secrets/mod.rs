@@ -6,13 +6,16 @@
 //! * `matcher`, `stream`: one automaton over every value and placeholder, applied to whole
 //!   texts and across body chunks.
 
+pub(crate) mod command;
 pub(crate) mod file_store;
 pub(crate) mod inject;
 #[cfg(target_os = "macos")]
 pub(crate) mod keychain;
 pub(crate) mod matcher;
+pub(crate) mod oauth;
 pub(crate) mod phase;
 pub(crate) mod placeholder;
+pub(crate) mod provider;
 pub(crate) mod redact;
 pub(crate) mod scan;
 pub(crate) mod scan_body;

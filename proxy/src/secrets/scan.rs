@@ -21,6 +21,9 @@ pub(crate) enum Violation {
     Leak,
     /// The rule binds a secret the store no longer holds.
     Unavailable,
+    /// The rule binds a fetched secret (a command's output, an OAuth2 token) whose fetch
+    /// failed; `place` says which source failed.
+    Unfetched,
     /// A bound secret would travel where it cannot be protected: over plain HTTP, or over a
     /// protocol upgrade whose frames the proxy does not inspect or redact.
     Transport,
@@ -58,6 +61,10 @@ impl SecretRefusal {
             Violation::Unavailable => format!(
                 "{rule} needs secret {:?}, which is not in the store",
                 self.secret
+            ),
+            Violation::Unfetched => format!(
+                "{rule} needs secret {:?}, which could not be fetched ({}); the operator sees why in `agenshield proxy ctl secrets list`",
+                self.secret, self.place
             ),
             Violation::Transport => format!(
                 "{rule} binds secret {:?}, which is never sent over {}; refused",

@@ -18,6 +18,7 @@ use crate::upstream::dial::{DialError, Dialer};
 use crate::upstream::pool::{Key, Pool, PoolError};
 
 /// Forwards checked requests to their upstreams through the pool.
+#[derive(Clone)]
 pub(crate) struct Forwarder {
     pool: Arc<Pool>,
 }

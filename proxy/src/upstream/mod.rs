@@ -12,4 +12,5 @@ pub(crate) mod pool;
 pub(crate) mod proxy_connect;
 pub(crate) mod relay;
 pub(crate) mod resolve;
+mod token_client;
 pub(crate) mod trust;

@@ -319,25 +319,47 @@ pub(super) fn secrets(v: &Value) -> String {
     let Some(items) = v["secrets"].as_array().filter(|a| !a.is_empty()) else {
         return format!("no secrets in {}", s(&v["store"]));
     };
-    let mut out = vec![format!(
-        "{:<24} {:<28} {:<20} {:<20} {:>6}  {}",
-        "NAME", "BOUND BY", "UPDATED", "LAST USED", "USES", "RATE"
-    )];
+    let row = |cols: [&str; 8]| {
+        format!(
+            "{:<24} {:<8} {:<28} {:<20} {:<20} {:>6}  {:<20} {}",
+            cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6], cols[7]
+        )
+    };
+    let mut out = vec![row([
+        "NAME",
+        "KIND",
+        "BOUND BY",
+        "UPDATED",
+        "LAST USED",
+        "USES",
+        "EXPIRES",
+        "RATE",
+    ])];
+    let mut notes = Vec::new();
     for x in items {
         let date = |k: &str| {
             let t = s(&x[k]);
             t.get(..19).unwrap_or(t).to_string()
         };
-        out.push(format!(
-            "{:<24} {:<28} {:<20} {:<20} {:>6}  {}",
-            s(&x["name"]),
-            list(&x["rules"]),
-            date("updated"),
-            date("last_used"),
-            x["uses"],
-            s(&x["rate"])
-        ));
+        let name = s(&x["name"]);
+        out.push(row([
+            name,
+            s(&x["kind"]),
+            &list(&x["rules"]),
+            &date("updated"),
+            &date("last_used"),
+            &x["uses"].to_string(),
+            &date("expires"),
+            s(&x["rate"]),
+        ]));
+        if let Some(src) = x["source"].as_str() {
+            notes.push(format!("{name}: fetched from {src}"));
+        }
+        if let Some(e) = x["error"].as_str() {
+            notes.push(format!("{name}: the last fetch failed: {e}"));
+        }
     }
+    out.extend(notes);
     out.push(format!("store: {}", s(&v["store"])));
     out.join("\n")
 }

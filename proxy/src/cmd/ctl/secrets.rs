@@ -9,7 +9,8 @@ use zeroize::Zeroizing;
 
 use super::client::{read_json, Client, CtlError};
 use super::{fail, print, BAD_INPUT, FAILED};
-use crate::cli::SecretsCommand;
+use crate::cli::{ClientAuthArg, SecretsCommand};
+use crate::secrets::provider::{ClientAuth, ProviderSpec};
 use crate::secrets::value::MAX_VALUE_LEN;
 use crate::secrets::{SecretName, SecretValue};
 
@@ -19,7 +20,65 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
             Ok(v) => print(&v, json, super::render::secrets),
             Err(e) => fail(e),
         },
-        SecretsCommand::Set { name } => set(client, &name, json).await,
+        SecretsCommand::Set {
+            name,
+            from_command,
+            oauth2_token_url,
+            client_id,
+            scope,
+            client_auth,
+            ttl,
+            timeout,
+        } => {
+            let fetched = from_command.is_some() || oauth2_token_url.is_some();
+            if !fetched && (ttl.is_some() || timeout.is_some()) {
+                eprintln!(
+                    "agenshield: --ttl and --timeout are for fetched secrets (--from-command, \
+                     --oauth2-token-url); a stored value is used until it is replaced"
+                );
+                return BAD_INPUT;
+            }
+            let ttl_secs = ttl.map_or(DEFAULT_TTL, |d| d.as_secs());
+            let timeout_secs = timeout.map_or(DEFAULT_TIMEOUT, |d| d.as_secs());
+            if let Some(command) = from_command {
+                let spec = ProviderSpec::Command {
+                    command,
+                    ttl_secs,
+                    timeout_secs,
+                };
+                return set_fetched(client, &name, spec, json).await;
+            }
+            if let Some(token_url) = oauth2_token_url {
+                let Ok(secret_name) = SecretName::new(&name) else {
+                    return set(client, &name, json).await; // says what is wrong with it
+                };
+                let client_secret = match read_value(&secret_name, "the OAuth2 client secret") {
+                    Ok(b) => b,
+                    Err(e) => {
+                        eprintln!("agenshield: {e}");
+                        return BAD_INPUT;
+                    }
+                };
+                let Ok(client_secret) = String::from_utf8(client_secret.to_vec()) else {
+                    eprintln!("agenshield: the client secret is not UTF-8");
+                    return BAD_INPUT;
+                };
+                let spec = ProviderSpec::Oauth2 {
+                    token_url,
+                    client_id: client_id.unwrap_or_default(),
+                    client_secret,
+                    scope,
+                    auth: match client_auth {
+                        Some(ClientAuthArg::Post) => ClientAuth::Post,
+                        Some(ClientAuthArg::Basic) | None => ClientAuth::Basic,
+                    },
+                    ttl_secs,
+                    timeout_secs,
+                };
+                return set_fetched(client, &name, spec, json).await;
+            }
+            set(client, &name, json).await
+        }
         SecretsCommand::Rm { name } => {
             if let Err(e) = SecretName::new(&name) {
                 eprintln!("agenshield: {e}");
@@ -38,6 +97,79 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
     }
 }
 
+/// A fetched value is used this long by default (seconds)…
+const DEFAULT_TTL: u64 = 15 * 60;
+/// …and a fetch may take this long.
+const DEFAULT_TIMEOUT: u64 = 10;
+
+/// Stores a fetched secret's definition; the daemon fetches it once first.
+async fn set_fetched(client: &Client, name: &str, spec: ProviderSpec, json: bool) -> u8 {
+    if let Err(e) = SecretName::new(name) {
+        eprintln!("agenshield: {e}");
+        return BAD_INPUT;
+    }
+    // Checked here too, so a bad definition is exit 2 before anything is sent.
+    if let Err(e) = spec.validate() {
+        eprintln!("agenshield: secret {name}: {e}");
+        return BAD_INPUT;
+    }
+    let body = match serde_json::to_vec(&spec) {
+        Ok(b) => Zeroizing::new(b),
+        Err(e) => {
+            eprintln!("agenshield: secret {name}: {e}");
+            return BAD_INPUT;
+        }
+    };
+    drop(spec);
+    let path = format!("/v1/secrets/{name}");
+    let answer = match client
+        .send_raw(
+            Method::PUT,
+            &path,
+            Bytes::copy_from_slice(&body),
+            "application/json",
+        )
+        .await
+    {
+        Ok((status, body)) => read_json(status, body).await,
+        Err(e) => Err(e),
+    };
+    drop(body);
+    match answer {
+        Ok(v) => print(&v, json, |v| {
+            format!(
+                "secret {name} {} ({}; fetched, good until {}; {}); the agent uses the placeholder {}",
+                if v["replaced"].as_bool() == Some(true) {
+                    "replaced"
+                } else {
+                    "stored"
+                },
+                v["kind"].as_str().unwrap_or("?"),
+                v["expires"].as_str().unwrap_or("?"),
+                bound_by(v),
+                v["placeholder"].as_str().unwrap_or("?")
+            )
+        }),
+        Err(CtlError::BadInput(e)) => {
+            eprintln!("agenshield: {e}");
+            BAD_INPUT
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `bound by rule(s) a, b`, or that none binds it yet.
+fn bound_by(v: &serde_json::Value) -> String {
+    v["rules"]
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            let ids: Vec<&str> = a.iter().filter_map(|x| x.as_str()).collect();
+            format!("bound by rule(s) {}", ids.join(", "))
+        })
+        .unwrap_or_else(|| "no rule binds it yet".into())
+}
+
 async fn set(client: &Client, name: &str, json: bool) -> u8 {
     let name = match SecretName::new(name) {
         Ok(n) => n,
@@ -46,7 +178,7 @@ async fn set(client: &Client, name: &str, json: bool) -> u8 {
             return BAD_INPUT;
         }
     };
-    let bytes = match read_value(&name) {
+    let bytes = match read_value(&name, "the value") {
         Ok(b) => b,
         Err(e) => {
             eprintln!("agenshield: {e}");
@@ -70,14 +202,7 @@ async fn set(client: &Client, name: &str, json: bool) -> u8 {
     };
     match answer {
         Ok(v) => print(&v, json, |v| {
-            let rules = v["rules"]
-                .as_array()
-                .filter(|a| !a.is_empty())
-                .map(|a| {
-                    let ids: Vec<&str> = a.iter().filter_map(|x| x.as_str()).collect();
-                    format!("bound by rule(s) {}", ids.join(", "))
-                })
-                .unwrap_or_else(|| "no rule binds it yet".into());
+            let rules = bound_by(v);
             format!(
                 "secret {} {} ({rules}); the agent uses the placeholder {}",
                 name,
@@ -101,11 +226,12 @@ async fn set(client: &Client, name: &str, json: bool) -> u8 {
     }
 }
 
-/// From a prompt (twice, to catch typos) on a terminal, else all of stdin.
-fn read_value(name: &SecretName) -> Result<Zeroizing<Vec<u8>>, String> {
+/// From a prompt (twice, to catch typos) on a terminal, else all of stdin. `what`: what is
+/// asked for (`the value`, `the OAuth2 client secret`).
+fn read_value(name: &SecretName, what: &str) -> Result<Zeroizing<Vec<u8>>, String> {
     if std::io::stdin().is_terminal() {
         let first = Zeroizing::new(
-            rpassword::prompt_password(format!("value for secret {name}: "))
+            rpassword::prompt_password(format!("{what} for secret {name}: "))
                 .map_err(|e| format!("reading the value: {e}"))?,
         );
         let again = Zeroizing::new(
@@ -131,7 +257,8 @@ fn read_value(name: &SecretName) -> Result<Zeroizing<Vec<u8>>, String> {
     }
     if buf.is_empty() {
         return Err(format!(
-            "no value on stdin (pipe it in: `… | agenshield proxy ctl secrets set {name}`)"
+            "no {} on stdin (pipe it in: `… | agenshield proxy ctl secrets set {name} …`)",
+            what.trim_start_matches("the ")
         ));
     }
     Ok(buf)

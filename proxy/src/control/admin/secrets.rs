@@ -10,7 +10,9 @@ use zeroize::Zeroizing;
 use super::routes::{error, json};
 use super::Admin;
 use crate::body::ProxyBody;
+use crate::secrets::provider::ProviderSpec;
 use crate::secrets::value::MAX_VALUE_LEN;
+use crate::secrets::vault::ProviderError;
 use crate::secrets::{SecretName, SecretValue};
 
 pub(super) fn list(admin: &Admin) -> Response<ProxyBody> {
@@ -45,6 +47,13 @@ pub(super) async fn set(
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
+    let is_json = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return set_provider(admin, uid, name, req).await;
+    }
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
@@ -77,6 +86,76 @@ pub(super) async fn set(
             "replaced": replaced,
             "placeholder": crate::secrets::placeholder::placeholder(&name),
             "rules": rules,
+        }),
+    )
+}
+
+/// A fetched secret: the body is its definition (`ProviderSpec` as JSON). It is fetched
+/// once before it is stored; a definition that does not work is refused with why.
+async fn set_provider(
+    admin: &Admin,
+    uid: u32,
+    name: SecretName,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let bytes = match read_value(req.into_body()).await {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let spec: ProviderSpec = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("secret {name}: not a secret definition: {e}"),
+            )
+        }
+    };
+    drop(bytes);
+    let kind = spec.kind();
+    let vault = &admin.proxy.vault;
+    let replaced = vault.contains(name.as_str());
+    match vault.put_provider(&name, spec).await {
+        Ok(()) => {}
+        Err(ProviderError::Invalid(e)) => {
+            return error(StatusCode::BAD_REQUEST, format!("secret {name}: {e}"))
+        }
+        Err(ProviderError::Fetch(e)) => {
+            let e = vault.current().redact(&e).into_owned();
+            tracing::warn!(uid, secret = %name, "a fetched secret was refused: its first fetch failed: {e}");
+            return error(
+                StatusCode::BAD_GATEWAY,
+                format!("secret {name} not stored: fetching it failed: {e}"),
+            );
+        }
+        Err(ProviderError::Store(e)) => {
+            tracing::error!(secret = %name, "storing the secret failed: {e}");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("storing {name}: {e}"),
+            );
+        }
+    }
+    tracing::info!(uid, secret = %name, ?kind, replaced, "fetched secret stored over the admin socket");
+    if admin.proxy.policies.info().last_error.is_some() {
+        let _ = admin.proxy.reload(&format!("secret {name} stored"));
+    }
+    let rules = admin.proxy.policy().secret_binders(name.as_str());
+    let expires = vault
+        .list()
+        .into_iter()
+        .find(|s| s.name == name.as_str())
+        .and_then(|s| s.expires);
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "ok": true,
+            "name": name.as_str(),
+            "kind": kind,
+            "replaced": replaced,
+            "placeholder": crate::secrets::placeholder::placeholder(&name),
+            "rules": rules,
+            "expires": expires,
         }),
     )
 }
