@@ -223,6 +223,11 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
         err.contains("exit status: 7") && err.contains("nope"),
         "{err}"
     );
+    // A stored value may not pass for a definition.
+    let fake = br#"agenshield-provider:v1:{"kind":"command"}"#;
+    let (code, _, err) = w.daemon.ctl_stdin(&["secrets", "set", "x"], fake);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("marker"), "{err}");
     // --ttl means nothing for a stored value.
     let (code, _, err) = w
         .daemon

@@ -63,6 +63,14 @@ pub(super) async fn set(
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("secret {name}: {e}")),
     };
     drop(bytes);
+    // A value that reads as a fetched secret's definition would be taken for one when the
+    // store is next read.
+    if !matches!(ProviderSpec::from_stored(&value), Ok(None)) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("secret {name}: a value may not start with a fetched secret's marker"),
+        );
+    }
     let vault = &admin.proxy.vault;
     let replaced = vault.contains(name.as_str());
     if let Err(e) = vault.put(&name, value).await {
