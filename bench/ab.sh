@@ -12,10 +12,8 @@
 # Needs root, nginx-light, wrk, nghttp2-client, nftables. Traffic stays on 127.0.0.2.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-harness="${HARNESS:-$root/../shared/bench/peers.sh}"
-[ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
-[ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables, a second uid)" >&2; exit 2; }
+# shellcheck source=harness.sh
+. "$here/harness.sh"
 [ -x "${BASE_BIN:-}" ] || { echo "bench: set BASE_BIN to the baseline agenshield binary" >&2; exit 2; }
 if [ -z "${AGENSHIELD_BIN:-}" ]; then
   (cd "$root" && cargo build --release -q -p agenshield-proxy)

@@ -12,10 +12,8 @@
 # inferno`), and what bench/peers.sh needs. Traffic stays on 127.0.0.2; every run is bounded.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-harness="${HARNESS:-$root/../shared/bench/peers.sh}"
-[ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
-[ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables, a second uid)" >&2; exit 2; }
+# shellcheck source=harness.sh
+. "$here/harness.sh"
 for t in perf inferno-collapse-perf inferno-flamegraph; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing (linux-perf; cargo install inferno)" >&2; exit 2; }
 done

@@ -18,10 +18,8 @@
 # Needs root, nginx-light, wrk, nghttp2-client, nftables. Traffic stays on 127.0.0.2.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-harness="${HARNESS:-$root/../shared/bench/peers.sh}"
-[ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
-[ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables, a second uid)" >&2; exit 2; }
+# shellcheck source=harness.sh
+. "$here/harness.sh"
 (cd "$root" && cargo build --release -q -p agenshield-proxy)
 export AGENSHIELD_BIN="$root/target/release/agenshield"
 ROWS="${ROWS:-direct agenshield agenshield_secrets}"
