@@ -45,6 +45,7 @@ pub(crate) struct SecretStatus {
 
 /// A fetched secret: how, and the state of the value in force.
 struct Provider {
+    name: SecretName,
     spec: ProviderSpec,
     /// One fetch at a time; requests that need the value meanwhile wait for it.
     fetching: tokio::sync::Mutex<()>,
@@ -114,7 +115,10 @@ impl Vault {
                     }
                     Ok(None) => v,
                     Ok(Some(spec)) => {
-                        providers.insert(s.name.shared(), Arc::new(Provider::new(spec)));
+                        providers.insert(
+                            s.name.shared(),
+                            Arc::new(Provider::new(s.name.clone(), spec)),
+                        );
                         unfetched()
                     }
                 };
@@ -217,7 +221,7 @@ impl Vault {
                     updated: updated.get(s.name.as_str()).cloned().flatten(),
                     last_used: u.last_used,
                     uses: u.uses,
-                    source: p.map(|p| self.current().redact(&p.spec.source()).into_owned()),
+                    source: p.map(|p| set.redact(&p.spec.source()).into_owned()),
                     fetched: f.fetched,
                     expires: f.expires,
                     fetches: p.map(|_| f.fetches),
@@ -237,7 +241,7 @@ impl Vault {
     ) -> Result<(), ProviderError> {
         spec.validate().map_err(ProviderError::Invalid)?;
         let stored = spec.to_stored().map_err(ProviderError::Invalid)?;
-        let provider = Arc::new(Provider::new(spec));
+        let provider = Arc::new(Provider::new(name.clone(), spec));
         let (value, valid) = self.fetch(&provider).await.map_err(ProviderError::Fetch)?;
         let _one = self.writes.lock().await;
         let next = self
@@ -271,10 +275,8 @@ impl Vault {
         if providers.is_empty() {
             return Ok(());
         }
-        for name in names {
-            let Some(p) = providers.get(name) else {
-                continue;
-            };
+        for p in names.iter().filter_map(|n| providers.get(n)) {
+            let name = p.name.as_str();
             if p.valid_now() {
                 continue;
             }
@@ -284,11 +286,8 @@ impl Vault {
             }
             match self.fetch(p).await {
                 Ok((value, valid)) => {
-                    let Ok(secret) = SecretName::new(name) else {
-                        continue;
-                    };
                     let _w = self.writes.lock().await;
-                    match self.current().with(&secret, Arc::new(value)) {
+                    match self.current().with(&p.name, Arc::new(value)) {
                         Ok(next) => self.set.store(Arc::new(next)),
                         Err(e) => {
                             tracing::error!(secret = %name, "the fetched value cannot be used: {e}");
@@ -349,8 +348,9 @@ pub(crate) enum ProviderError {
 }
 
 impl Provider {
-    fn new(spec: ProviderSpec) -> Provider {
+    fn new(name: SecretName, spec: ProviderSpec) -> Provider {
         Provider {
+            name,
             spec,
             fetching: tokio::sync::Mutex::new(()),
             state: Mutex::new(FetchState::default()),

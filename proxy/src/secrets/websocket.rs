@@ -4,7 +4,7 @@
 //! * Agent → upstream: a text message has the placeholders of the rule's secrets swapped for
 //!   their values where the rule's `swap` lists `"websocket"`; a fragmented message is
 //!   reassembled first, so a placeholder split across fragments is found whole. A binary
-//!   message or a control frame that carries a placeholder is refused (it is not text), and
+//!   message or a close reason that carries a placeholder is refused (it is not text), and
 //!   any message carrying a secret the rule does not bind (value or placeholder) is refused.
 //!   A refusal closes both sides (1008, policy violation) before any of that message goes on.
 //! * Upstream → agent: every message and close reason has each secret value replaced by its
@@ -138,7 +138,7 @@ impl FrameGuard {
             },
             "WebSocket message",
         );
-        let control = self.swapper(
+        let reason = self.swapper(
             BodySwap::Refused {
                 place: "WebSocket close reason".into(),
             },
@@ -152,7 +152,7 @@ impl FrameGuard {
                     };
                     let msg = msg.map_err(Flow::Broken)?;
                     let close = matches!(msg, Message::Close(_));
-                    let out = outbound(msg, &text, &binary, &control).map_err(Flow::Refused)?;
+                    let out = outbound(msg, &text, &binary, &reason).map_err(Flow::Refused)?;
                     if close {
                         // The upstream may have closed first: this is then its answer.
                         let _ = to_far.send(out.unwrap_or(Message::Close(None))).await;
@@ -259,33 +259,20 @@ fn outbound(
     msg: Message,
     text: &Swapper,
     binary: &Swapper,
-    control: &Swapper,
+    close_reason: &Swapper,
 ) -> Result<Option<Message>, SecretRefusal> {
     Ok(Some(match msg {
         Message::Text(t) => {
             let out = text.whole(Bytes::from(t))?;
-            // Placeholders are ASCII; a value that is not UTF-8 cannot go into a text message.
-            match Utf8Bytes::try_from(out) {
-                Ok(t) => Message::Text(t),
-                Err(_) => {
-                    return Err(SecretRefusal {
-                        violation: super::Violation::NotSwapped,
-                        secret: text
-                            .swapped
-                            .lock()
-                            .ok()
-                            .and_then(|s| s.last().map(|n| n.to_string()))
-                            .unwrap_or_default(),
-                        place: "WebSocket text message (the value is not UTF-8)".into(),
-                    })
-                }
-            }
+            // Values are printable ASCII (`value.rs`), and placeholders are ASCII: replacing
+            // one with the other keeps the text UTF-8.
+            Message::Text(Utf8Bytes::try_from(out).unwrap_or_default())
         }
         Message::Binary(b) => Message::Binary(binary.whole(b)?),
         // Hop by hop: tungstenite has answered it already.
         Message::Ping(_) | Message::Pong(_) => return Ok(None),
         Message::Close(Some(f)) => {
-            let reason = control.whole(Bytes::from(f.reason.clone()))?;
+            let reason = close_reason.whole(Bytes::from(f.reason.clone()))?;
             let reason = Utf8Bytes::try_from(reason).unwrap_or_default();
             Message::Close(Some(CloseFrame {
                 code: f.code,

@@ -30,6 +30,13 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
             ttl,
             timeout,
         } => {
+            let name = match SecretName::new(&name) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("agenshield: {e}");
+                    return BAD_INPUT;
+                }
+            };
             let fetched = from_command.is_some() || oauth2_token_url.is_some();
             if !fetched && (ttl.is_some() || timeout.is_some()) {
                 eprintln!(
@@ -49,10 +56,7 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
                 return set_fetched(client, &name, spec, json).await;
             }
             if let Some(token_url) = oauth2_token_url {
-                let Ok(secret_name) = SecretName::new(&name) else {
-                    return set(client, &name, json).await; // says what is wrong with it
-                };
-                let client_secret = match read_value(&secret_name, "the OAuth2 client secret") {
+                let client_secret = match read_value(&name, "the OAuth2 client secret") {
                     Ok(b) => b,
                     Err(e) => {
                         eprintln!("agenshield: {e}");
@@ -103,11 +107,7 @@ const DEFAULT_TTL: u64 = 15 * 60;
 const DEFAULT_TIMEOUT: u64 = 10;
 
 /// Stores a fetched secret's definition; the daemon fetches it once first.
-async fn set_fetched(client: &Client, name: &str, spec: ProviderSpec, json: bool) -> u8 {
-    if let Err(e) = SecretName::new(name) {
-        eprintln!("agenshield: {e}");
-        return BAD_INPUT;
-    }
+async fn set_fetched(client: &Client, name: &SecretName, spec: ProviderSpec, json: bool) -> u8 {
     // Checked here too, so a bad definition is exit 2 before anything is sent.
     if let Err(e) = spec.validate() {
         eprintln!("agenshield: secret {name}: {e}");
@@ -170,15 +170,8 @@ fn bound_by(v: &serde_json::Value) -> String {
         .unwrap_or_else(|| "no rule binds it yet".into())
 }
 
-async fn set(client: &Client, name: &str, json: bool) -> u8 {
-    let name = match SecretName::new(name) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("agenshield: {e}");
-            return BAD_INPUT;
-        }
-    };
-    let bytes = match read_value(&name, "the value") {
+async fn set(client: &Client, name: &SecretName, json: bool) -> u8 {
+    let bytes = match read_value(name, "the value") {
         Ok(b) => b,
         Err(e) => {
             eprintln!("agenshield: {e}");

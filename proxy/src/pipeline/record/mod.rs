@@ -267,11 +267,15 @@ pub(crate) async fn tunnel_closed(
     relayed: &Relayed,
     started: Instant,
 ) {
+    connection(proxy, closed(decided, relayed, started)).await;
+}
+
+/// The close record of a tunnel that `decided` opened.
+fn closed(decided: &Record, relayed: &Relayed, started: Instant) -> Record {
     if let Some(e) = &relayed.error {
         tracing::debug!("tunnel ended: {e}");
     }
-    let record = decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end);
-    connection(proxy, record).await;
+    decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end)
 }
 
 /// Records the end of a WebSocket relayed through the secret guard: the secrets swapped
@@ -283,11 +287,7 @@ pub(crate) async fn guarded_tunnel_closed(
     swapped: &[Arc<str>],
     started: Instant,
 ) {
-    let relayed = &guarded.relayed;
-    if let Some(e) = &relayed.error {
-        tracing::debug!("tunnel ended: {e}");
-    }
-    let mut record = decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end);
+    let mut record = closed(decided, &guarded.relayed, started);
     for name in swapped {
         if !record.secrets.contains(name) {
             record.secrets.push(name.clone());
