@@ -16,7 +16,7 @@ use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
 use crate::secrets::websocket::FrameGuard;
-use crate::upstream::client::{upgrade_allowed, Forwarded, Upgrades};
+use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
 
 pub(super) async fn send(
@@ -28,6 +28,19 @@ pub(super) async fn send(
     let path_and_query = match &ctx.query {
         Some(q) => format!("{path}?{q}"),
         None => path.to_string(),
+    };
+    // A request signed with the placeholder of the rule's AWS key id is signed again, last,
+    // over exactly what goes upstream.
+    let signs = ctx.secrets.as_ref().is_some_and(|p| p.signs());
+    let req = if signs {
+        let uri = format!(
+            "{}://{}{path_and_query}",
+            target.scheme_str(),
+            target.authority()
+        );
+        sign_again(ctx, req, &uri).await?
+    } else {
+        req
     };
     let forwarded = ctx
         .proxy
@@ -89,6 +102,22 @@ pub(super) async fn send(
         Some(permit) => resp.map(|b| body::guarded(b, permit)),
         None => resp,
     })
+}
+
+/// Signs the request again with the rule's AWS keys, over exactly what goes upstream (`uri`:
+/// the full URL).
+async fn sign_again(
+    ctx: &RequestCtx,
+    req: Request<ProxyBody>,
+    uri: &str,
+) -> Result<Request<ProxyBody>, Refusal> {
+    let Some(phase) = ctx.secrets.as_ref() else {
+        return Ok(req);
+    };
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let signed = phase.sign(Request::from_parts(parts, body), uri).await;
+    signed.map_err(|e| secrets::refused(ctx, &e))
 }
 
 /// Joins the agent's and the upstream's upgraded connections once the 101 is recorded and

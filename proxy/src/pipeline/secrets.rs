@@ -20,7 +20,7 @@ pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
     if let Some(b) = &bindings {
         // A fetched secret the rule binds (a command's output, an OAuth2 token) must have a
         // value in force before anything is checked or swapped.
-        let fresh = ctx.proxy.vault.fresh(&b.names).await;
+        let fresh = ctx.proxy.vault.fresh(&b.needs).await;
         fresh.map_err(|e| refused(ctx, &e))?;
     }
     let target = ctx.target.as_ref().expect("the target phase ran");
@@ -77,6 +77,7 @@ pub(crate) fn refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
     let code = match e.violation {
         Violation::Scope | Violation::Transport | Violation::NotSwapped => ErrorCode::SecretScope,
         Violation::Leak => ErrorCode::SecretLeak,
+        Violation::Unsignable => ErrorCode::BadRequest,
         Violation::Unavailable | Violation::Unfetched => ErrorCode::SecretUnavailable,
     };
     Refusal {

@@ -57,6 +57,7 @@ pub(crate) fn rules(
             secrets: None,
             swap: None,
             inject: None,
+            sigv4: None,
             tls: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),

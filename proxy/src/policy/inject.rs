@@ -31,6 +31,16 @@ pub(crate) struct InjectFile {
     pub value: Spanned<String>,
 }
 
+/// `sigv4 = { access_key_id = "…", secret_access_key = "…", session_token = "…" }` as
+/// written: the secrets a rule re-signs AWS requests with.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Sigv4File {
+    pub access_key_id: Spanned<String>,
+    pub secret_access_key: Spanned<String>,
+    pub session_token: Option<Spanned<String>>,
+}
+
 /// `[secrets.NAME]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +57,28 @@ pub struct SecretBindings {
     pub inject: Box<[Injection]>,
     /// Where placeholders of these secrets are swapped for their values.
     pub swap: SwapPlaces,
+    /// AWS credentials the rule signs requests with. They are not in `names`: they are used
+    /// only to sign, so their placeholders are swapped nowhere and their values go nowhere.
+    pub sigv4: Option<Sigv4Keys>,
+    /// `names` and the `sigv4` secrets: every secret the rule's requests may need a value of.
+    pub needs: Box<[Arc<str>]>,
+}
+
+/// The secrets holding the AWS credentials a rule signs with (SigV4): the agent's SDK is
+/// given the access key id's placeholder, and the proxy signs again with the real keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sigv4Keys {
+    pub access_key_id: Arc<str>,
+    pub secret_access_key: Arc<str>,
+    pub session_token: Option<Arc<str>>,
+}
+
+impl Sigv4Keys {
+    pub fn names(&self) -> impl Iterator<Item = &Arc<str>> {
+        [&self.access_key_id, &self.secret_access_key]
+            .into_iter()
+            .chain(self.session_token.as_ref())
+    }
 }
 
 /// Where a rule swaps placeholders (`swap = [...]`). Elsewhere a placeholder of a secret it
@@ -142,6 +174,7 @@ pub(crate) fn compile_bindings(
     secrets: Option<&Spanned<Vec<Spanned<String>>>>,
     inject: Option<&Spanned<Vec<InjectFile>>>,
     swap: Option<&Spanned<Vec<Spanned<String>>>>,
+    sigv4: Option<&Spanned<Sigv4File>>,
     err: &ErrFn<'_>,
     uses: &mut Vec<SecretUse>,
 ) -> Result<Option<Arc<SecretBindings>>, PolicyError> {
@@ -225,7 +258,11 @@ pub(crate) fn compile_bindings(
             });
         }
     }
-    if names.is_empty() && injections.is_empty() {
+    let sigv4 = match sigv4 {
+        Some(s) => Some(compile_sigv4(s.get_ref(), &names, err, uses)?),
+        None => None,
+    };
+    if names.is_empty() && injections.is_empty() && sigv4.is_none() {
         if let Some(list) = swap {
             return Err(err(
                 list.span(),
@@ -238,11 +275,64 @@ pub(crate) fn compile_bindings(
         None => SwapPlaces::DEFAULT,
         Some(list) => compile_swap(list, err)?,
     };
+    let names: Box<[Arc<str>]> = names.into_iter().map(|n| Arc::from(n.as_str())).collect();
+    let mut needs: Vec<Arc<str>> = names.to_vec();
+    needs.extend(sigv4.iter().flat_map(|k| k.names()).cloned());
+    needs.sort();
+    needs.dedup();
     Ok(Some(Arc::new(SecretBindings {
-        names: names.into_iter().map(|n| Arc::from(n.as_str())).collect(),
+        names,
         inject: injections.into_boxed_slice(),
         swap,
+        sigv4,
+        needs: needs.into_boxed_slice(),
     })))
+}
+
+/// Checks `sigv4`: three distinct secret names, none also bound by `secrets` or `inject`
+/// (a signing key swapped into a header would send it upstream).
+fn compile_sigv4(
+    file: &Sigv4File,
+    bound: &BTreeSet<String>,
+    err: &ErrFn<'_>,
+    uses: &mut Vec<SecretUse>,
+) -> Result<Sigv4Keys, PolicyError> {
+    let mut seen = BTreeSet::new();
+    let fields = [
+        Some(&file.access_key_id),
+        Some(&file.secret_access_key),
+        file.session_token.as_ref(),
+    ];
+    for s in fields.into_iter().flatten() {
+        let name = s.get_ref();
+        check_name(name, s.span(), err)?;
+        if !seen.insert(name.as_str()) {
+            return Err(err(
+                s.span(),
+                format!("`sigv4` names secret {name:?} twice: each key is its own secret"),
+            ));
+        }
+        if bound.contains(name) {
+            return Err(err(
+                s.span(),
+                format!(
+                    "secret {name:?} signs requests (`sigv4`), so it may not also be swapped or injected (`secrets`, `inject`)"
+                ),
+            ));
+        }
+        uses.push(SecretUse {
+            secret: Arc::from(name.as_str()),
+            span: s.span(),
+        });
+    }
+    Ok(Sigv4Keys {
+        access_key_id: Arc::from(file.access_key_id.get_ref().as_str()),
+        secret_access_key: Arc::from(file.secret_access_key.get_ref().as_str()),
+        session_token: file
+            .session_token
+            .as_ref()
+            .map(|t| Arc::from(t.get_ref().as_str())),
+    })
 }
 
 fn compile_swap(

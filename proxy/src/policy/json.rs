@@ -144,6 +144,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             secrets: None,
             swap: None,
             inject: None,
+            sigv4: None,
             tls: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),

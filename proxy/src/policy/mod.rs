@@ -37,7 +37,8 @@ pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
 pub use inject::{
-    InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, SwapPlaces, TemplatePart,
+    InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, Sigv4Keys, SwapPlaces,
+    TemplatePart,
 };
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};

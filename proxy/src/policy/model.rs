@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::inject::{InjectFile, SecretSettingsFile};
+use super::inject::{InjectFile, SecretSettingsFile, Sigv4File};
 use super::rate::RateFile;
 use super::Mode;
 
@@ -48,6 +48,8 @@ pub(crate) struct RuleDef {
     pub swap: Option<List<String>>,
     /// Headers or query parameters set on the requests it allows.
     pub inject: Option<Spanned<Vec<InjectFile>>>,
+    /// AWS credentials its requests are signed again with (TOML only).
+    pub sigv4: Option<Spanned<Sigv4File>>,
     /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.
     pub tls: Option<Spanned<String>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).

@@ -45,6 +45,7 @@ pub(crate) fn compile_rule(
         def.secrets.as_ref(),
         def.inject.as_ref(),
         def.swap.as_ref(),
+        def.sigv4.as_ref(),
         &err,
         uses,
     )?;

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::error::{Location, PolicyError};
-use super::inject::{InjectFile, SecretSettingsFile};
+use super::inject::{InjectFile, SecretSettingsFile, Sigv4File};
 use super::model::{DefaultAction, List, MatchDef, ParsedSource, RuleDef};
 use super::rate::RateFile;
 use super::{Mode, PolicySource};
@@ -50,6 +50,7 @@ struct RuleFile {
     secrets: Option<List<String>>,
     swap: Option<List<String>>,
     inject: Option<Spanned<Vec<InjectFile>>>,
+    sigv4: Option<Spanned<Sigv4File>>,
     tls: Option<Spanned<String>>,
 }
 
@@ -104,6 +105,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             secrets: r.secrets,
             swap: r.swap,
             inject: r.inject,
+            sigv4: r.sigv4,
             tls: r.tls,
             matchers: vec![matcher],
         });

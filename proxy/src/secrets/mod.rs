@@ -6,6 +6,7 @@
 //! * `matcher`, `stream`: one automaton over every value and placeholder, applied to whole
 //!   texts and across body chunks.
 
+pub(crate) mod aws_chunked;
 pub(crate) mod command;
 pub(crate) mod file_store;
 pub(crate) mod inject;
@@ -20,6 +21,7 @@ pub(crate) mod redact;
 pub(crate) mod scan;
 pub(crate) mod scan_body;
 pub(crate) mod set;
+pub(crate) mod sigv4;
 pub(crate) mod store;
 pub(crate) mod stream;
 pub(crate) mod swap;

@@ -11,6 +11,7 @@ use super::redact::{redact_headers, RedactedBody};
 use super::scan::{inspect_head, SecretRefusal, Violation};
 use super::scan_body::ScannedBody;
 use super::set::SecretSet;
+use super::sigv4::{self, Resign};
 use super::swap::BodySwap;
 use super::vault::Vault;
 use super::websocket::{offered_extensions_removed, FrameGuard};
@@ -48,6 +49,9 @@ pub(crate) struct SecretPhase {
     tls: bool,
     /// The request asks to switch to a WebSocket.
     websocket: bool,
+    /// The request is signed with the placeholder of the rule's AWS key id: it is signed
+    /// again as it goes upstream.
+    resign: Option<Resign>,
 }
 
 impl SecretPhase {
@@ -62,17 +66,38 @@ impl SecretPhase {
         if set.is_empty() && bindings.is_none() {
             return Ok(None);
         }
-        let scan = inspect_head(
+        let keys = bindings.as_ref().and_then(|b| b.sigv4.as_ref());
+        let resign = match keys {
+            Some(k) => sigv4::plan(&set, k, head.headers)?,
+            None => None,
+        };
+        // The signature the proxy replaces is not checked as a header: its placeholder is
+        // what the rule's `sigv4` answers.
+        let checked;
+        let headers = match &resign {
+            Some(_) => {
+                checked = sigv4::head_for_check(head.headers);
+                &checked
+            }
+            None => head.headers,
+        };
+        let mut scan = inspect_head(
             &set,
             bindings.as_deref(),
             head.method,
             head.host,
-            head.headers,
+            headers,
             head.path_and_query,
         )?;
+        if let Some(r) = &resign {
+            scan.used.extend(r.secrets().cloned());
+            scan.used.sort();
+            scan.used.dedup();
+        }
         let phase = SecretPhase {
             set,
             bindings,
+            resign,
             used: scan.used,
             body_verdict: Arc::default(),
             body_used: Arc::default(),
@@ -172,6 +197,32 @@ impl SecretPhase {
             body
         };
         Ok((Request::from_parts(parts, body), url))
+    }
+
+    /// Whether the request is signed again (`sign`) before it goes upstream.
+    pub(crate) fn signs(&self) -> bool {
+        self.resign.is_some()
+    }
+
+    /// Signs the request again with the rule's AWS keys, as it will be sent: `uri` is the
+    /// full URL upstream; hop-by-hop headers must be gone already.
+    pub(crate) async fn sign(
+        &self,
+        req: Request<ProxyBody>,
+        uri: &str,
+    ) -> Result<Request<ProxyBody>, SecretRefusal> {
+        let Some(r) = &self.resign else {
+            return Ok(req);
+        };
+        let (parts, body) = req.into_parts();
+        let body = if r.hashes_body() {
+            let verdict = self.body_verdict.clone();
+            sigv4::Body::Whole(sigv4::read_whole(body, r.keys().clone(), verdict).await?)
+        } else {
+            sigv4::Body::Streaming(body)
+        };
+        let now = std::time::SystemTime::now();
+        r.sign(&self.set, parts, body, uri, now, self.body_verdict.clone())
     }
 
     /// What a placeholder of a bound secret becomes in this request's body.

@@ -32,6 +32,9 @@ pub(crate) enum Violation {
     /// binary body, the method, trailers). Sending the placeholder on would only fail
     /// upstream, less clearly.
     NotSwapped,
+    /// A request signed with the placeholder of a rule's AWS key id (`sigv4`) that cannot
+    /// be signed again; `place` says why.
+    Unsignable,
 }
 
 /// Why a request was refused. Names the secret and the place, never the value.
@@ -68,6 +71,10 @@ impl SecretRefusal {
             ),
             Violation::Transport => format!(
                 "{rule} binds secret {:?}, which is never sent over {}; refused",
+                self.secret, self.place
+            ),
+            Violation::Unsignable => format!(
+                "{rule} signs AWS requests made with the placeholder for secret {:?}, and this one cannot be signed: {}",
                 self.secret, self.place
             ),
             Violation::NotSwapped => format!(

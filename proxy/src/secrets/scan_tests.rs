@@ -28,10 +28,13 @@ pub(crate) fn set() -> SecretSet {
 pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
     let mut names = names.to_vec();
     names.sort_unstable();
+    let names: Box<[Arc<str>]> = names.iter().map(|n| Arc::from(*n)).collect();
     SecretBindings {
-        names: names.iter().map(|n| Arc::from(*n)).collect(),
+        needs: names.clone(),
+        names,
         inject: inject.into_boxed_slice(),
         swap: crate::policy::SwapPlaces::DEFAULT,
+        sigv4: None,
     }
 }
 

@@ -170,7 +170,7 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
 
 /// Removes the headers that describe one hop (RFC 9110 §7.6.1), including any the
 /// Connection header names.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // `te: trailers` is the one TE value that must pass (gRPC needs it end to end).
     let te_trailers = h
         .get(header::TE)
