@@ -104,21 +104,17 @@ pub(crate) fn plan(
     let Some(credential) = credential else {
         return Ok(None);
     };
-    let mut scope = credential.rsplitn(5, '/');
-    let (terminator, service, region, _date, key_id) = (
-        scope.next(),
-        scope.next(),
-        scope.next(),
-        scope.next(),
-        scope.next(),
-    );
+    // key-id/date/region/service/aws4_request; the key id is our placeholder, whose
+    // name cannot hold a '/'.
+    let (key_id, scope) = credential.split_once('/').unwrap_or((credential, ""));
     let ours = key_id
-        .and_then(|k| k.strip_prefix(PREFIX))
+        .strip_prefix(PREFIX)
         .is_some_and(|name| name == &*keys.access_key_id);
     if !ours {
         return Ok(None);
     }
-    let (Some("aws4_request"), Some(service), Some(region)) = (terminator, service, region) else {
+    let parts: Vec<&str> = scope.split('/').collect();
+    let [_date, region, service, "aws4_request"] = parts[..] else {
         return Err(unsignable(
             keys,
             "an AWS signature whose credential scope is not key/date/region/service/aws4_request",
@@ -276,12 +272,7 @@ impl Resign {
         let body = match self.payload {
             Payload::SignedChunks { trailer } => BodyExt::boxed(ResignedChunks::new(
                 body,
-                ChunkSigner {
-                    identity,
-                    region: self.region.clone(),
-                    service: self.service.clone(),
-                    time: now,
-                },
+                ChunkSigner::new(identity, &self.region, &self.service, now),
                 seed,
                 trailer,
                 unsignable(&self.keys, ""),
@@ -407,6 +398,15 @@ pub(crate) struct ChunkSigner {
 }
 
 impl ChunkSigner {
+    pub(crate) fn new(identity: Identity, region: &str, service: &str, time: SystemTime) -> Self {
+        ChunkSigner {
+            identity,
+            region: region.to_string(),
+            service: service.to_string(),
+            time,
+        }
+    }
+
     fn params(&self) -> v4::SigningParams<'_, ()> {
         v4::SigningParams::builder()
             .identity(&self.identity)
@@ -440,3 +440,7 @@ impl ChunkSigner {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "sigv4_tests.rs"]
+mod tests;
