@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod aws;
 pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;

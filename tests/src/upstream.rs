@@ -40,6 +40,8 @@ pub struct UpstreamOptions {
     pub goaway_every: Option<usize>,
     /// Serve `POST /oauth/token` (client credentials) for this client.
     pub oauth: Option<OauthClient>,
+    /// Serve requests signed with AWS SigV4 as S3 and STS would, for this account.
+    pub aws: Option<crate::aws::AwsAccount>,
 }
 
 /// The one client a test token endpoint knows. Tokens are `access-token-000N`, N counting
@@ -92,6 +94,7 @@ struct ConnInfo {
     shutdown: watch::Receiver<()>,
     goaway_every: Option<usize>,
     oauth: Option<OauthClient>,
+    aws: Option<crate::aws::AwsAccount>,
 }
 
 impl Upstream {
@@ -129,6 +132,7 @@ impl Upstream {
             shutdown,
             goaway_every: opts.goaway_every,
             oauth: opts.oauth.clone(),
+            aws: opts.aws.clone(),
         };
         let accept_task = tokio::spawn(async move {
             loop {
@@ -281,7 +285,31 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
     let seen = record(&req, &info);
     let path = req.uri().path().to_owned();
     let num = |prefix: &str| path.strip_prefix(prefix)?.parse::<u64>().ok();
-    let resp = if path.starts_with("/echo") {
+    let resp = if let (Some(account), true) = (&info.aws, crate::aws::is_signed(req.headers())) {
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        seen.body
+            .lock()
+            .expect("body lock")
+            .extend_from_slice(&body);
+        let host = seen.authority.clone().unwrap_or_default();
+        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let a = account.serve(&parts.method, &host, pq, &parts.headers, &body);
+        let mut resp = Response::builder()
+            .status(a.status)
+            .header(header::CONTENT_TYPE, a.content_type);
+        if let Some(etag) = &a.etag {
+            resp = resp.header(header::ETAG, etag);
+        }
+        resp.body(BodyExt::boxed(
+            http_body_util::Full::new(Bytes::from(a.body)).map_err(|e| match e {}),
+        ))
+        .expect("valid response")
+    } else if path.starts_with("/echo") {
         let mut body = req.into_body();
         let mut body_len = 0;
         while let Some(Ok(frame)) = body.frame().await {

@@ -205,3 +205,54 @@ fn per_secret_rates_are_validated_and_checked_against_bindings() {
         .expect_err("name")
         .contains("invalid secret name"));
 }
+
+#[test]
+fn sigv4_binds_its_keys_for_signing_only() {
+    let p = policy(&rule(
+        "sigv4 = { access_key_id = \"aws_key\", secret_access_key = \"aws_secret\", session_token = \"aws_token\" }",
+    ))
+    .expect("valid");
+    let b = get(&p, "api.test").secrets.expect("bindings");
+    let keys = b.sigv4.as_ref().expect("sigv4");
+    assert_eq!(
+        keys.names().map(|n| &**n).collect::<Vec<_>>(),
+        ["aws_key", "aws_secret", "aws_token"]
+    );
+    // Used only to sign: never swapped, never injected, but fetched when needed.
+    assert!(b.names.is_empty() && !b.binds("aws_secret"));
+    assert_eq!(
+        b.needs.iter().map(|n| &**n).collect::<Vec<_>>(),
+        ["aws_key", "aws_secret", "aws_token"]
+    );
+    assert_eq!(p.secret_binders("aws_secret"), ["api"]);
+
+    for (extra, says) in [
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"k\" }",
+            "names secret \"k\" twice",
+        ),
+        (
+            "secrets = [\"k\"]\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\" }",
+            "may not also be swapped or injected",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\" }",
+            "missing field `secret_access_key`",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"s\", region = \"x\" }",
+            "unknown field `region`",
+        ),
+        (
+            "sigv4 = { access_key_id = \"bad name\", secret_access_key = \"s\" }",
+            "bad name",
+        ),
+    ] {
+        let e = policy(&rule(extra)).expect_err(extra);
+        assert!(e.contains(says), "{extra}: {e}");
+        assert!(e.starts_with("/p/s.toml:"), "{e}");
+    }
+    let deny = "version = 1\n[[rule]]\nid = \"d\"\nhosts = [\"a.test\"]\naction = \"deny\"\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\" }\n";
+    let e = policy(deny).expect_err("deny rule");
+    assert!(e.contains("only to \"allow\" and \"ask\" rules"), "{e}");
+}

@@ -57,7 +57,7 @@ pub(crate) fn compile_rule(
         };
         return Err(err(
             span,
-            "`secrets` and `inject` apply only to \"allow\" and \"ask\" rules".into(),
+            "`secrets`, `inject` and `sigv4` apply only to \"allow\" and \"ask\" rules".into(),
         ));
     }
     let passthrough = passthrough(def, action, &err)?;
