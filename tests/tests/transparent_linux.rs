@@ -684,6 +684,28 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
     assert_eq!(st["firewall"]["state"], "matches", "{st}");
     assert_eq!(st["pid"], workers[0], "the worker answers: {st}");
 
+    // A command secret runs as the worker, not as root: the command notes its uid.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    let noted = scratch.path().join("uid");
+    let command = format!("id -u > {}; echo tok_from_worker_1", noted.display());
+    let (code, stdout, stderr) = lab.daemon.ctl(
+        &[],
+        &[
+            "secrets",
+            "set",
+            "probe",
+            "--from-command",
+            &command,
+            "--ttl",
+            "1m",
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let ran_as = std::fs::read_to_string(&noted).expect("the command ran");
+    assert_eq!(ran_as.trim(), want, "the command secret ran as the worker");
+
     // Someone edits the table: the root supervisor restores it (the worker could not).
     hand_edit_table();
     let restored = wait_until(Instant::now() + Duration::from_secs(5), || {
