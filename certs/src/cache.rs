@@ -123,6 +123,11 @@ impl LeafCache {
     }
 
     /// How many leaves have been minted since creation.
+    /// The CA the leaves are signed by.
+    pub fn ca(&self) -> &Ca {
+        &self.inner.ca
+    }
+
     pub fn minted(&self) -> u64 {
         self.inner.minted.load(Ordering::Relaxed)
     }

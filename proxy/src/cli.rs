@@ -161,8 +161,8 @@ pub enum CtlCommand {
         /// Keep printing decisions as they happen
         #[arg(short, long)]
         follow: bool,
-        /// Only this decision (allow, deny, limited, ask-approved, ask-denied, ask-timeout, error)
-        #[arg(long)]
+        /// Only this decision, as the audit log and metrics spell it
+        #[arg(long, value_parser = ["allow", "deny", "limited", "ask_approved", "ask_denied", "ask_timeout", "error"])]
         decision: Option<String>,
         /// Only this host
         #[arg(long)]
@@ -174,6 +174,9 @@ pub enum CtlCommand {
     /// Requests held by `ask` rules
     #[command(subcommand)]
     Pending(PendingCommand),
+    /// The CA whose leaves the agent sees (read from the certificate directory)
+    #[command(subcommand)]
+    Ca(CaCommand),
     /// Secrets the proxy injects for the agent (values are never shown)
     #[command(subcommand)]
     Secrets(SecretsCommand),
@@ -252,14 +255,32 @@ pub enum PolicyCommand {
     Check {
         method: String,
         url: String,
-        /// Decide offline against the policy files in DIR instead of asking the daemon
-        #[arg(long, value_name = "DIR")]
+        /// Decide offline against these policy files (a directory, or one file) instead of
+        /// asking the daemon. Without it, and with the daemon down, the configured policy
+        /// directory is used offline
+        #[arg(long, value_name = "DIR|FILE")]
         policy: Option<PathBuf>,
+        /// Exit 1 unless the request would be allowed outright (denied, held for approval,
+        /// or denied under report mode): for CI checks of a policy change
+        #[arg(long)]
+        exit_code: bool,
     },
-    /// Validate policy files (default: the configured policy directory); exit 2 on errors
-    Lint { files: Vec<PathBuf> },
+    /// Validate policy files (a directory, or files; default: the configured policy
+    /// directory); exit 2 on errors
+    Lint {
+        #[arg(value_name = "DIR|FILE")]
+        files: Vec<PathBuf>,
+    },
     /// The policy in force: directory, hash, rules, mode, load time, last reload error
     Show,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Path, subject, SHA-256 fingerprint and expiry of the CA certificate
+    Show,
+    /// The CA certificate (PEM) on stdout, to trust it elsewhere
+    Export,
 }
 
 #[derive(Debug, Subcommand)]

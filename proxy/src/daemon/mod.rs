@@ -153,6 +153,7 @@ pub async fn serve(
             explicit: explicit_addr,
             socket: cfg.admin.clone(),
             firewall,
+            ca_path: cfg.certs.join("ca.pem"),
         },
         admin_auth(&cfg),
     ));

@@ -39,7 +39,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
             .current()
             .redact(&decision.explanation)
             .into_owned();
-        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or("default"), "report mode: would deny: {why}");
+        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or(crate::policy::DEFAULT_RULE), "report mode: would deny: {why}");
     }
     let action = decision.action;
     ctx.decision = Some(decision);
@@ -91,7 +91,7 @@ pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result
         tracing::warn!(
             host = shown,
             port,
-            rule = d.rule_id.as_deref().unwrap_or("default"),
+            rule = d.rule_id.as_deref().unwrap_or(crate::policy::DEFAULT_RULE),
             "report mode: would deny raw TCP: {}",
             d.explanation
         );

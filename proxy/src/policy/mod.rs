@@ -33,6 +33,10 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+/// How the policy's `default` is named wherever a rule id would be shown (records, metrics,
+/// logs, tail); no rule may take the name.
+pub const DEFAULT_RULE: &str = "default";
+
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};

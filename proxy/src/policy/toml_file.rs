@@ -89,6 +89,12 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
                 format!("invalid id (use 1..={MAX_ID_LEN} of A-Z a-z 0-9 . _ : -)"),
             ));
         }
+        if r.id.get_ref() == super::DEFAULT_RULE {
+            return Err(rule_err(
+                r.id.span(),
+                "the id \"default\" names the policy's `default` in records, metrics and tail; choose another".into(),
+            ));
+        }
         let matcher = MatchDef {
             schemes: r.schemes,
             ports: r.ports,

@@ -1,7 +1,9 @@
 //! `agenshield proxy ctl …`: the operator's client for the admin API, plus the offline
 //! policy commands. Exit codes: 0 ok, 1 the operation failed, 2 bad usage or bad input.
 
+mod ca;
 pub(crate) mod client;
+mod output;
 mod render;
 mod secrets;
 
@@ -28,8 +30,7 @@ pub fn run(args: CtlArgs, cfg: &Config) -> u8 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("agenshield: {e}");
-            return FAILED;
+            return output::failed(e);
         }
     };
     let socket = args.socket.clone().unwrap_or_else(|| cfg.admin.clone());
@@ -38,6 +39,7 @@ pub fn run(args: CtlArgs, cfg: &Config) -> u8 {
 
 async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     let json = args.json;
+    output::set_json(json);
     let client = Client::new(socket);
     match args.command {
         CtlCommand::Policy(PolicyCommand::Lint { files }) => lint(cfg, &files, json),
@@ -45,27 +47,18 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
         CtlCommand::Policy(PolicyCommand::Check {
             method,
             url,
-            policy: Some(dir),
-        }) => match Policy::load_dir(&dir) {
-            Ok(p) => show_check(crate::control::policy_check::check(&p, &method, &url), json),
-            Err(e) => {
-                eprintln!("agenshield: {e}");
-                BAD_INPUT
-            }
-        },
-        CtlCommand::Policy(PolicyCommand::Check {
-            method,
-            url,
-            policy: None,
+            policy,
+            exit_code,
         }) => {
-            let body = serde_json::json!({ "method": method, "url": url });
-            match client
-                .json(Method::POST, "/v1/policy/check", Some(body))
-                .await
-            {
-                Ok(v) => print(&v, json, render::check),
-                Err(e) => fail(e),
-            }
+            policy_check(
+                cfg,
+                &client,
+                (&method, &url),
+                policy.as_deref(),
+                exit_code,
+                json,
+            )
+            .await
         }
         CtlCommand::Status => get(&client, "/v1/status", json, render::status).await,
         CtlCommand::Stats => get(&client, "/v1/stats", json, render::stats).await,
@@ -88,8 +81,9 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
         CtlCommand::Pending(PendingCommand::Approve { id, .. } | PendingCommand::Deny { id })
             if !id.chars().all(|c| c.is_ascii_alphanumeric()) =>
         {
-            eprintln!("agenshield: {id:?} is not a pending request id (see `ctl pending list`)");
-            BAD_INPUT
+            output::bad_input(format!(
+                "{id:?} is not a pending request id (see `ctl pending list`)"
+            ))
         }
         CtlCommand::Pending(PendingCommand::Approve { id, remember }) => {
             let path = format!(
@@ -102,6 +96,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             answer(&client, &format!("/v1/pending/{id}/deny"), json, "denied").await
         }
         CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
+        CtlCommand::Ca(cmd) => ca::run(cfg, cmd, json),
         CtlCommand::Tail {
             follow,
             decision,
@@ -112,11 +107,15 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
 
 /// Says what failed; the exit code is 2 when the daemon called the request bad input, else 1.
 pub(crate) fn fail(e: CtlError) -> u8 {
-    eprintln!("agenshield: {e}");
-    match e {
-        CtlError::BadInput(_) => BAD_INPUT,
-        _ => FAILED,
-    }
+    use output::ErrorCode;
+    let code = match e {
+        CtlError::BadInput(_) => ErrorCode::BadInput,
+        CtlError::NotRunning(_) => ErrorCode::NotRunning,
+        CtlError::NoAccess(_) => ErrorCode::NoAccess,
+        CtlError::Refused(_) => ErrorCode::Refused,
+        CtlError::Protocol(_) => ErrorCode::Protocol,
+    };
+    output::error(code, &e.to_string())
 }
 
 pub(crate) fn print(
@@ -125,9 +124,9 @@ pub(crate) fn print(
     human: impl Fn(&serde_json::Value) -> String,
 ) -> u8 {
     if json {
-        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        output::line(&serde_json::to_string_pretty(v).unwrap_or_default());
     } else {
-        println!("{}", human(v));
+        output::line(&human(v));
     }
     OK
 }
@@ -160,17 +159,60 @@ async fn answer(client: &Client, path: &str, json: bool, verb: &str) -> u8 {
     }
 }
 
-fn show_check(r: Result<crate::control::policy_check::CheckResult, String>, json: bool) -> u8 {
-    match r {
-        Ok(r) => print(
-            &serde_json::to_value(&r).unwrap_or_default(),
-            json,
-            render::check,
-        ),
-        Err(e) => {
-            eprintln!("agenshield: {e}");
-            BAD_INPUT
+/// `policy check`: asks the daemon, or decides offline (`--policy`, or the configured
+/// directory when the daemon is down). With `exit_code`, exits 1 unless allowed outright.
+async fn policy_check(
+    cfg: &Config,
+    client: &Client,
+    (method, url): (&str, &str),
+    policy: Option<&Path>,
+    exit_code: bool,
+    json: bool,
+) -> u8 {
+    let offline = |path: &Path| -> Result<serde_json::Value, u8> {
+        let p = load_policy(path).map_err(|e| policy_error(&e))?;
+        let r = crate::control::policy_check::check(&p, method, url).map_err(output::bad_input)?;
+        Ok(serde_json::to_value(&r).unwrap_or_default())
+    };
+    let result = match policy {
+        Some(path) => offline(path),
+        None => {
+            let body = serde_json::json!({ "method": method, "url": url });
+            match client
+                .json(Method::POST, "/v1/policy/check", Some(body))
+                .await
+            {
+                Ok(v) => Ok(v),
+                Err(CtlError::NotRunning(socket)) => {
+                    eprintln!(
+                        "agenshield: the daemon is not running (no one answers on {}); deciding offline against {}",
+                        socket.display(),
+                        cfg.policies.display()
+                    );
+                    offline(&cfg.policies)
+                }
+                Err(e) => Err(fail(e)),
+            }
         }
+    };
+    let v = match result {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    print(&v, json, render::check);
+    let allowed = v["decision"] == "allow" && v["reported_deny"] != true;
+    if exit_code && !allowed {
+        return FAILED;
+    }
+    OK
+}
+
+/// A policy directory, or a single policy file.
+fn load_policy(path: &Path) -> Result<Policy, crate::policy::PolicyError> {
+    if path.is_dir() {
+        Policy::load_dir(path)
+    } else {
+        crate::policy::load_files(&[path.to_path_buf()])
     }
 }
 
@@ -180,8 +222,9 @@ fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
         match &cfg.audit_path {
             Some(live) => rotation_set(live, cfg.audit.keep),
             None => {
-                eprintln!("agenshield: the audit log is off (audit.enabled = false); name a FILE");
-                return BAD_INPUT;
+                return output::bad_input(
+                    "the audit log is off (audit.enabled = false); name a FILE",
+                );
             }
         }
     } else {
@@ -190,8 +233,7 @@ fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
     let report = match verify(&files) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("agenshield: reading the audit log: {e}");
-            return FAILED;
+            return output::failed(format!("reading the audit log: {e}"));
         }
     };
     let ok = report.broken.is_none();
@@ -241,6 +283,8 @@ fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
 fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
     let result = if files.is_empty() {
         Policy::load_dir(&cfg.policies).map(|p| (cfg.policies.display().to_string(), p))
+    } else if let [dir] = files {
+        load_policy(dir).map(|p| (dir.display().to_string(), p))
     } else {
         crate::policy::load_files(files).map(|p| (format!("{} file(s)", files.len()), p))
     };
@@ -270,17 +314,23 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
                 line
             },
         ),
-        Err(e) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"ok": false, "error": e.to_string()})
-                );
-            }
-            eprintln!("{e}");
-            BAD_INPUT
-        }
+        Err(e) => policy_error(&e),
     }
+}
+
+/// A policy that does not load: its message as the linter prints it, and under `--json` the
+/// file, line and column it points at.
+fn policy_error(e: &crate::policy::PolicyError) -> u8 {
+    let at = e.location().map(|l| output::Place {
+        file: Some(l.file.clone()),
+        line: l.position.map(|p| p.0),
+        column: l.position.map(|p| p.1),
+    });
+    output::error_at(
+        output::ErrorCode::BadInput,
+        &e.to_string(),
+        &at.unwrap_or_default(),
+    )
 }
 
 /// The secrets the configured store holds, if this process can see them.

@@ -75,6 +75,11 @@ pub(super) fn status(v: &Value) -> String {
         format!("explicit      {}", s(&v["listeners"]["explicit"])),
         format!("admin socket  {}", s(&v["listeners"]["admin"])),
         format!("firewall      {firewall}"),
+        format!(
+            "CA            {}  SHA-256 {}",
+            s(&v["ca"]["path"]),
+            s(&v["ca"]["sha256"])
+        ),
         match v["audit"].as_object() {
             Some(a) => format!(
                 "audit log     {}  record {}  hash {}{}",
@@ -183,7 +188,7 @@ pub(super) fn check(v: &Value) -> String {
             format!("answer        {answered}"),
             format!(
                 "rule          {}",
-                v["rule_id"].as_str().unwrap_or("(default)")
+                v["rule_id"].as_str().unwrap_or(crate::policy::DEFAULT_RULE)
             ),
             format!("explanation   {}", s(&v["explanation"])),
             format!("policy        {}", s(&v["policy_hash"])),
@@ -210,7 +215,7 @@ pub(super) fn check(v: &Value) -> String {
         ),
         format!(
             "rule          {}",
-            v["rule_id"].as_str().unwrap_or("(default)")
+            v["rule_id"].as_str().unwrap_or(crate::policy::DEFAULT_RULE)
         ),
         format!("explanation   {}", s(&v["explanation"])),
     ];
@@ -259,7 +264,7 @@ pub(super) fn event(v: &Value) -> String {
         Some(h) => format!("{h}:{}", v["port"]),
         None => "-".into(),
     };
-    let rule = v["rule"].as_str().unwrap_or("default");
+    let rule = v["rule"].as_str().unwrap_or(crate::policy::DEFAULT_RULE);
     let error = v["error_code"]
         .as_str()
         .map(|c| format!(" error={c}"))

@@ -8,7 +8,7 @@ use http::Method;
 use zeroize::Zeroizing;
 
 use super::client::{read_json, Client, CtlError};
-use super::{fail, print, BAD_INPUT, FAILED};
+use super::{fail, output, print, FAILED};
 use crate::cli::{ClientAuthArg, SecretsCommand};
 use crate::secrets::provider::{ClientAuth, ProviderSpec};
 use crate::secrets::value::MAX_VALUE_LEN;
@@ -33,17 +33,15 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
             let name = match SecretName::new(&name) {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("agenshield: {e}");
-                    return BAD_INPUT;
+                    return output::bad_input(e);
                 }
             };
             let fetched = from_command.is_some() || oauth2_token_url.is_some();
             if !fetched && (ttl.is_some() || timeout.is_some()) {
-                eprintln!(
-                    "agenshield: --ttl and --timeout are for fetched secrets (--from-command, \
-                     --oauth2-token-url); a stored value is used until it is replaced"
+                return output::bad_input(
+                    "--ttl and --timeout are for fetched secrets (--from-command, \
+                     --oauth2-token-url); a stored value is used until it is replaced",
                 );
-                return BAD_INPUT;
             }
             let ttl_secs = ttl.map_or(DEFAULT_TTL, |d| d.as_secs());
             let timeout_secs = timeout.map_or(DEFAULT_TIMEOUT, |d| d.as_secs());
@@ -59,13 +57,11 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
                 let client_secret = match read_value(&name, "the OAuth2 client secret") {
                     Ok(b) => b,
                     Err(e) => {
-                        eprintln!("agenshield: {e}");
-                        return BAD_INPUT;
+                        return output::bad_input(e);
                     }
                 };
                 let Ok(client_secret) = String::from_utf8(client_secret.to_vec()) else {
-                    eprintln!("agenshield: the client secret is not UTF-8");
-                    return BAD_INPUT;
+                    return output::bad_input("the client secret is not UTF-8");
                 };
                 let spec = ProviderSpec::Oauth2 {
                     token_url,
@@ -85,16 +81,12 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
         }
         SecretsCommand::Rm { name } => {
             if let Err(e) = SecretName::new(&name) {
-                eprintln!("agenshield: {e}");
-                return BAD_INPUT;
+                return output::bad_input(e);
             }
             let path = format!("/v1/secrets/{name}");
             match client.json(Method::DELETE, &path, None).await {
                 Ok(v) => print(&v, json, |_| format!("secret {name} removed")),
-                Err(CtlError::BadInput(e)) => {
-                    eprintln!("agenshield: {e}");
-                    BAD_INPUT
-                }
+                Err(CtlError::BadInput(e)) => output::bad_input(e),
                 Err(e) => fail(e),
             }
         }
@@ -110,14 +102,12 @@ const DEFAULT_TIMEOUT: u64 = 10;
 async fn set_fetched(client: &Client, name: &SecretName, spec: ProviderSpec, json: bool) -> u8 {
     // Checked here too, so a bad definition is exit 2 before anything is sent.
     if let Err(e) = spec.validate() {
-        eprintln!("agenshield: secret {name}: {e}");
-        return BAD_INPUT;
+        return output::bad_input(format!("secret {name}: {e}"));
     }
     let body = match serde_json::to_vec(&spec) {
         Ok(b) => Zeroizing::new(b),
         Err(e) => {
-            eprintln!("agenshield: secret {name}: {e}");
-            return BAD_INPUT;
+            return output::bad_input(format!("secret {name}: {e}"));
         }
     };
     drop(spec);
@@ -150,10 +140,7 @@ async fn set_fetched(client: &Client, name: &SecretName, spec: ProviderSpec, jso
                 v["placeholder"].as_str().unwrap_or("?")
             )
         }),
-        Err(CtlError::BadInput(e)) => {
-            eprintln!("agenshield: {e}");
-            BAD_INPUT
-        }
+        Err(CtlError::BadInput(e)) => output::bad_input(e),
         Err(e) => fail(e),
     }
 }
@@ -174,14 +161,12 @@ async fn set(client: &Client, name: &SecretName, json: bool) -> u8 {
     let bytes = match read_value(name, "the value") {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("agenshield: {e}");
-            return BAD_INPUT;
+            return output::bad_input(e);
         }
     };
     // Checked here too, so a bad value is exit 2 before anything is sent.
     if let Err(e) = SecretValue::new(bytes.to_vec()) {
-        eprintln!("agenshield: secret {name}: {e}");
-        return BAD_INPUT;
+        return output::bad_input(format!("secret {name}: {e}"));
     }
     let path = format!("/v1/secrets/{name}");
     let body = Bytes::from(bytes.to_vec());
@@ -207,10 +192,7 @@ async fn set(client: &Client, name: &SecretName, json: bool) -> u8 {
                 v["placeholder"].as_str().unwrap_or("?")
             )
         }),
-        Err(CtlError::BadInput(e)) => {
-            eprintln!("agenshield: {e}");
-            BAD_INPUT
-        }
+        Err(CtlError::BadInput(e)) => output::bad_input(e),
         Err(e) => {
             let code = fail(e);
             debug_assert_eq!(code, FAILED);

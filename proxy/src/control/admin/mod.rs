@@ -29,6 +29,8 @@ pub(crate) struct DaemonInfo {
     pub explicit: std::net::SocketAddr,
     pub socket: PathBuf,
     pub firewall: Option<crate::daemon::firewall::FirewallView>,
+    /// The CA certificate's file.
+    pub ca_path: PathBuf,
 }
 
 pub(crate) struct Admin {

@@ -91,12 +91,20 @@ struct Status {
     uptime_secs: u64,
     listeners: Listeners,
     firewall: Firewall,
+    /// The CA whose leaves the agent sees.
+    ca: CaInfo,
     audit: Option<AuditHead>,
     policy: crate::control::policy_store::PolicyInfo,
     counts: crate::control::events::CountersSnapshot,
     pending: usize,
     /// Raw TCP relays and upgraded connections open now.
     tunnels: usize,
+}
+
+#[derive(Serialize)]
+struct CaInfo {
+    path: String,
+    sha256: String,
 }
 
 #[derive(Serialize)]
@@ -152,6 +160,10 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                 admin: info.socket.display().to_string(),
             },
             firewall,
+            ca: CaInfo {
+                path: info.ca_path.display().to_string(),
+                sha256: admin.proxy.leaves.ca().fingerprint_sha256(),
+            },
             audit: admin.proxy.audit.as_ref().map(|a| {
                 let head = a.head();
                 let ready = a.ready();

@@ -1,0 +1,163 @@
+//! `ctl` where an operator's scripts meet it: a reader that goes away (`| head -1`), `--json`
+//! failures a script can parse, `--decision` checked before anything is asked, the CA shown
+//! and exported, `policy check --exit-code` for CI, `policy check` deciding offline when the
+//! daemon is down, `policy lint DIR`, and `default` refused as a rule id. The real binary
+//! against a real daemon.
+
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+
+const POLICY: &str = r#"version = 1
+default = "deny"
+
+[[rule]]
+id = "x"
+hosts = ["x.test"]
+action = "deny"
+
+[[rule]]
+id = "y"
+hosts = ["y.test"]
+action = "allow"
+"#;
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+#[test]
+fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
+    let mut daemon = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    });
+
+    // 1. A reader that closes early: every command ends quietly with 0, never a panic.
+    let pipe = |args: &[&str]| {
+        let script = "\"$@\" | true; exit ${PIPESTATUS[0]}";
+        let prefix: Vec<String> = ["bash", "-c", script, "ctl"].map(String::from).to_vec();
+        daemon.ctl(&prefix, args)
+    };
+    for args in [
+        &["status"][..],
+        &["stats"],
+        &["policy", "show"],
+        &["status", "--json"],
+        &["secrets", "list"],
+    ] {
+        let (code, _, err) = pipe(args);
+        assert_eq!(code, 0, "{args:?} into a closed pipe: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+
+    // 2. The CA: shown (same fingerprint as `status`), exported as the daemon wrote it.
+    let (code, out, err) = daemon.ctl(&[], &["ca", "show", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let ca = json(&out);
+    let (code, out, _) = daemon.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0);
+    let status = json(&out);
+    assert_eq!(ca["sha256"], status["ca"]["sha256"], "{ca} vs {status}");
+    assert_eq!(ca["path"], daemon.ca_path.display().to_string());
+    assert_eq!(ca["is_ca"], true);
+    let (_, human, _) = daemon.ctl(&[], &["status"]);
+    assert!(
+        human.contains(ca["sha256"].as_str().expect("sha256")),
+        "{human}"
+    );
+    let (code, pem, _) = daemon.ctl(&[], &["ca", "export"]);
+    assert_eq!(code, 0);
+    assert_eq!(pem.trim(), daemon.ca_pem.trim());
+
+    // 3. --decision is checked before the daemon is asked; the valid values are listed.
+    let (code, out, err) = daemon.ctl(&[], &["tail", "--decision", "nope"]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(err.contains("ask_approved"), "{err}");
+
+    // 4. policy check --exit-code: 1 unless allowed outright.
+    let check = |url: &str, extra: &[&str]| {
+        let mut args = vec!["policy", "check", "GET", url, "--exit-code"];
+        args.extend_from_slice(extra);
+        daemon.ctl(&[], &args)
+    };
+    assert_eq!(check("https://y.test/", &[]).0, 0);
+    let (code, out, _) = check("https://x.test/", &[]);
+    assert_eq!(code, 1, "denied: {out}");
+    assert!(out.contains("DENY"), "{out}");
+    assert_eq!(
+        daemon
+            .ctl(&[], &["policy", "check", "GET", "https://x.test/"])
+            .0,
+        0,
+        "without --exit-code"
+    );
+
+    // 5. lint: a directory, one file; a file naming a rule `default` is refused where it is,
+    //    and under --json the error is an object on stdout with file, line and column.
+    let dir = daemon.dir.path().join("policies");
+    let (code, out, err) = daemon.ctl(&[], &["policy", "lint", &dir.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let bad = daemon.dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "version = 1\n[[rule]]\nid = \"default\"\nhosts = [\"a.test\"]\naction = \"allow\"\n",
+    )
+    .expect("write");
+    let bad_arg = bad.display().to_string();
+    let (code, out, err) = daemon.ctl(&[], &["policy", "lint", &bad_arg, "--json"]);
+    assert_eq!(code, 2, "{err}");
+    let e = json(&out);
+    assert_eq!(e["ok"], false);
+    assert_eq!(e["error"]["code"], "bad_input");
+    assert_eq!(e["error"]["file"], bad_arg);
+    assert_eq!(
+        (e["error"]["line"].as_u64(), e["error"]["column"].as_u64()),
+        (Some(3), Some(6)),
+        "{e}"
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("names the policy's `default`"),
+        "{e}"
+    );
+    // check --policy FILE decides against that one file.
+    let (code, out, err) = daemon.ctl(
+        &[],
+        &[
+            "policy",
+            "check",
+            "GET",
+            "https://y.test/",
+            "--policy",
+            &dir.join("main.toml").display().to_string(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["rule_id"], "y");
+
+    // 6. The daemon down: --json failures are JSON on stdout; policy check decides offline
+    //    against the configured directory, and says so.
+    daemon.stop();
+    let (code, out, err) = daemon.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 1, "{err}");
+    let e = json(&out);
+    assert_eq!(e["error"]["code"], "not_running", "{e}");
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("not running"));
+    let (code, out, err) = daemon.ctl(
+        &[],
+        &["policy", "check", "GET", "https://y.test/", "--json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["decision"], "allow");
+    assert!(err.contains("deciding offline against"), "{err}");
+    let (code, _, _) = daemon.ctl(
+        &[],
+        &["policy", "check", "GET", "https://x.test/", "--exit-code"],
+    );
+    assert_eq!(code, 1);
+}
