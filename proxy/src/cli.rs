@@ -156,11 +156,15 @@ pub enum CtlCommand {
     Reload,
     /// Request counters and certificate cache figures
     Stats,
-    /// Recent decisions; with -f, follow new ones as they happen
+    /// Recent decisions; with -f, follow new ones as they happen. With --json, one JSON
+    /// object per line (JSON Lines), as the audit log writes them
     Tail {
-        /// Keep printing decisions as they happen
+        /// Keep printing decisions as they happen (after the last 10, unless -n says)
         #[arg(short, long)]
         follow: bool,
+        /// Only the last N decisions of those kept (default: all of them; with -f, 10)
+        #[arg(short = 'n', long = "lines", value_name = "N")]
+        lines: Option<usize>,
         /// Only this decision, as the audit log and metrics spell it
         #[arg(long, value_parser = ["allow", "deny", "limited", "ask_approved", "ask_denied", "ask_timeout", "error"])]
         decision: Option<String>,

@@ -73,7 +73,40 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     assert_eq!((code, out.as_str()), (2, ""), "{err}");
     assert!(err.contains("ask_approved"), "{err}");
 
-    // 4. policy check --exit-code: 1 unless allowed outright.
+    // 4. tail -n: the last N; -f starts from the last 10, not the whole backlog.
+    for i in 0..12 {
+        let url = format!("http://x.test/{i}");
+        let proxy = format!("http://{}", daemon.explicit);
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "--proxy", &proxy, &url])
+            .output()
+            .expect("curl");
+        assert!(out.status.success());
+    }
+    let count = |out: &str| {
+        out.lines()
+            .filter(|l| l.contains("\"host\":\"x.test\""))
+            .count()
+    };
+    let (code, out, _) = daemon.ctl(&[], &["tail", "--json"]);
+    assert_eq!((code, count(&out)), (0, 12), "{out}");
+    let (_, out, _) = daemon.ctl(&[], &["tail", "-n", "2", "--json"]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.lines()
+            .last()
+            .unwrap_or("")
+            .contains("\"path\":\"/11\""),
+        "the newest last: {out}"
+    );
+    let (_, out, _) = daemon.ctl(&[], &["tail", "-n", "0"]);
+    assert_eq!(out, "");
+    let timeout: Vec<String> = ["timeout", "2"].map(String::from).to_vec();
+    let (code, out, _) = daemon.ctl(&timeout, &["tail", "-f", "--json"]);
+    assert_eq!(code, 124, "still following when stopped");
+    assert_eq!(count(&out), 10, "-f starts from the last 10: {out}");
+
+    // 5. policy check --exit-code: 1 unless allowed outright.
     let check = |url: &str, extra: &[&str]| {
         let mut args = vec!["policy", "check", "GET", url, "--exit-code"];
         args.extend_from_slice(extra);
@@ -91,7 +124,7 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
         "without --exit-code"
     );
 
-    // 5. lint: a directory, one file; a file naming a rule `default` is refused where it is,
+    // 6. lint: a directory, one file; a file naming a rule `default` is refused where it is,
     //    and under --json the error is an object on stdout with file, line and column.
     let dir = daemon.dir.path().join("policies");
     let (code, out, err) = daemon.ctl(&[], &["policy", "lint", &dir.display().to_string()]);
@@ -137,7 +170,7 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)["rule_id"], "y");
 
-    // 6. The daemon down: --json failures are JSON on stdout; policy check decides offline
+    // 7. The daemon down: --json failures are JSON on stdout; policy check decides offline
     //    against the configured directory, and says so.
     daemon.stop();
     let (code, out, err) = daemon.ctl(&[], &["status", "--json"]);

@@ -99,9 +99,13 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
         CtlCommand::Ca(cmd) => ca::run(cfg, cmd, json),
         CtlCommand::Tail {
             follow,
+            lines,
             decision,
             host,
-        } => tail(&client, follow, decision, host, json).await,
+        } => {
+            let lines = lines.or(follow.then_some(10));
+            tail(&client, follow, lines, decision, host, json).await
+        }
     }
 }
 
@@ -347,11 +351,15 @@ fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
 async fn tail(
     client: &Client,
     follow: bool,
+    lines: Option<usize>,
     decision: Option<String>,
     host: Option<String>,
     json: bool,
 ) -> u8 {
     let mut path = format!("/v1/tail?follow={}", u8::from(follow));
+    if let Some(n) = lines {
+        path.push_str(&format!("&n={n}"));
+    }
     for (k, v) in [("decision", decision), ("host", host)] {
         if let Some(v) = v {
             let enc = percent_encoding::utf8_percent_encode(&v, percent_encoding::NON_ALPHANUMERIC);

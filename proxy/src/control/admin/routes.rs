@@ -239,7 +239,14 @@ fn tail(admin: &Admin, query: &HashMap<String, String>) -> Response<ProxyBody> {
         v.push(b'\n');
         Bytes::from(v)
     };
-    let recent: Vec<Bytes> = admin
+    let lines = match query.get("n").map(|n| n.parse::<usize>()) {
+        None => usize::MAX,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return error(StatusCode::BAD_REQUEST, "n must be a whole number of lines");
+        }
+    };
+    let mut recent: Vec<Bytes> = admin
         .proxy
         .events
         .recent()
@@ -247,6 +254,8 @@ fn tail(admin: &Admin, query: &HashMap<String, String>) -> Response<ProxyBody> {
         .filter(|e| keep(e))
         .map(&line)
         .collect();
+    // The last `n` of the backlog.
+    recent.drain(..recent.len().saturating_sub(lines));
     if !query.get("follow").is_some_and(|v| v == "1" || v == "true") {
         let body: Vec<u8> = recent.concat();
         let mut r = Response::new(full(Bytes::from(body)));
