@@ -71,6 +71,7 @@ fn bench(c: &mut Criterion) {
                     scheme: Scheme::Https,
                     method: Some("GET"),
                     path: Some("/api/v1/items"),
+                    agent: None,
                 });
                 black_box(d)
             });
@@ -86,6 +87,7 @@ fn bench(c: &mut Criterion) {
                 scheme: Scheme::Https,
                 method: Some("GET"),
                 path: Some("/api/x"),
+                agent: None,
             }))
         });
     });

@@ -264,6 +264,10 @@ pub enum PolicyCommand {
         /// directory is used offline
         #[arg(long, value_name = "DIR|FILE")]
         policy: Option<PathBuf>,
+        /// Decide as this agent would be decided: its name (the user ash_NAME_agent) or uid.
+        /// Without it, rules that name `agents` do not apply
+        #[arg(long, value_name = "NAME|UID")]
+        agent: Option<String>,
         /// Exit 1 unless the request would be allowed outright (denied, held for approval,
         /// or denied under report mode): for CI checks of a policy change
         #[arg(long)]

@@ -29,7 +29,7 @@ pub struct DaemonOptions {
     pub ipv6: bool,
     /// Install the firewall redirect for this uid (root tests).
     pub redirect_uid: Option<u32>,
-    /// Agent uids the admin socket must refuse (without redirecting them).
+    /// Agent uids the admin socket must refuse; with `redirect_uid`, redirected too.
     pub agent_uids: Vec<u32>,
     /// `[approvals] timeout`, e.g. "1s".
     pub approvals_timeout: Option<String>,
@@ -381,9 +381,13 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     }
     let _ = writeln!(c);
     if let Some(uid) = opts.redirect_uid {
+        // `agent_uids` join the redirected user.
+        let mut uids = vec![uid.to_string()];
+        uids.extend(opts.agent_uids.iter().map(u32::to_string));
         let _ = writeln!(
             c,
-            "[redirect]\nenabled = true\nagent_users = [{uid}]\nreconcile_interval = \"200ms\"\n"
+            "[redirect]\nenabled = true\nagent_users = [{}]\nreconcile_interval = \"200ms\"\n",
+            uids.join(", ")
         );
     } else if !opts.agent_uids.is_empty() {
         let uids: Vec<String> = opts.agent_uids.iter().map(u32::to_string).collect();

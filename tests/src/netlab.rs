@@ -73,7 +73,12 @@ pub struct AgentUser {
 
 impl AgentUser {
     pub fn create(tag: u32) -> AgentUser {
-        let name = format!("ashtest{tag}");
+        Self::create_named(&format!("ashtest{tag}"), tag)
+    }
+
+    /// A user named `name` (e.g. `ash_<agent>_agent`, as AgenShield names an agent's user).
+    pub fn create_named(name: &str, tag: u32) -> AgentUser {
+        let name = name.to_string();
         let _ = Command::new("userdel").arg(&name).output();
         // A uid range of our own, away from real users and the product's 5200.
         let uid = 52_500 + tag % 400;

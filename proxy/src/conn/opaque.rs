@@ -75,7 +75,8 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
         DestHost::Ip(ip) => proxy.dns.names.names(ctx.agent_uid, ip),
         DestHost::Name(_) => Vec::new(),
     };
-    let (host, by_name, decision) = choose(proxy, &policy, &names, &dial, ctx.dest.port);
+    let (host, by_name, decision) =
+        choose(proxy, &policy, &names, &dial, ctx.dest.port, ctx.agent_uid);
     TcpDecision {
         policy,
         host,
@@ -96,17 +97,18 @@ fn choose(
     names: &[Arc<str>],
     dial: &str,
     port: u16,
+    agent: Option<u32>,
 ) -> (String, bool, Result<Decision, Refusal>) {
     let allows = |d: &Result<Decision, Refusal>| matches!(d, Ok(d) if d.action == Action::Allow && !d.reported_deny);
     let mut refused = None;
     for name in names {
-        let d = decide_host(proxy, policy, name, port);
+        let d = decide_host(proxy, policy, name, port, agent);
         if allows(&d) {
             return (name.to_string(), true, d);
         }
         refused.get_or_insert((name, d));
     }
-    let d = decide_host(proxy, policy, dial, port);
+    let d = decide_host(proxy, policy, dial, port, agent);
     match refused {
         Some((name, by_name)) if !allows(&d) => (name.to_string(), true, by_name),
         _ => (dial.to_string(), false, d),
@@ -114,7 +116,13 @@ fn choose(
 }
 
 /// `host:port` as raw TCP: the secret guard on the name, then the policy.
-fn decide_host(proxy: &Proxy, policy: &Policy, host: &str, port: u16) -> Result<Decision, Refusal> {
+fn decide_host(
+    proxy: &Proxy,
+    policy: &Policy,
+    host: &str,
+    port: u16,
+    agent: Option<u32>,
+) -> Result<Decision, Refusal> {
     // A name can carry a secret too (to whoever answers the DNS query for it); a raw stream
     // binds no secret, so a value or placeholder in the name is refused.
     let head = Head {
@@ -127,7 +135,7 @@ fn decide_host(proxy: &Proxy, policy: &Policy, host: &str, port: u16) -> Result<
     };
     match SecretPhase::inspect(&proxy.vault, None, &head) {
         Err(e) => Err(secrets::refusal(&e, None)),
-        Ok(_) => Ok(decide::connection(policy, host, port)),
+        Ok(_) => Ok(decide::connection(policy, host, port, agent)),
     }
 }
 
@@ -163,6 +171,7 @@ where
         facts: TunnelFacts::Tcp {
             host: tcp.host.clone(),
             port: ctx.dest.port,
+            agent: ctx.agent_uid,
         },
         protocol: ConnProtocol::Tcp,
         started: tcp.started,

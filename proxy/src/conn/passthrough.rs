@@ -98,7 +98,7 @@ fn decide(policy: &Policy, ctx: &ConnCtx, hello: &Hello) -> Option<(String, Deci
             return None;
         }
     }
-    let d = policy.decide_passthrough(&sni, ctx.dest.port)?;
+    let d = policy.decide_passthrough(&sni, ctx.dest.port, ctx.agent_uid)?;
     Some((sni, d))
 }
 
@@ -142,6 +142,7 @@ async fn splice<S>(
         facts: TunnelFacts::Passthrough {
             host: sni.clone(),
             port: ctx.dest.port,
+            agent: ctx.agent_uid,
         },
         protocol: ConnProtocol::TlsPassthrough,
         started,

@@ -19,9 +19,17 @@ pub(crate) struct CheckResult {
     pub explanation: String,
     pub obligations: serde_json::Value,
     pub policy_hash: String,
+    /// The agent uid decided for (`--agent`); `None`: no agent, so no rule with `agents`
+    /// applies.
+    pub agent: Option<u32>,
 }
 
-pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckResult, String> {
+pub(crate) fn check(
+    policy: &Policy,
+    method: &str,
+    url: &str,
+    agent: Option<u32>,
+) -> Result<CheckResult, String> {
     if method.eq_ignore_ascii_case("DNS") {
         return Ok(check_name(policy, url));
     }
@@ -53,6 +61,7 @@ pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckRes
         scheme,
         method: Some(&method),
         path: Some(&path.matching),
+        agent,
     });
     Ok(CheckResult {
         decision: match d.action {
@@ -73,6 +82,7 @@ pub(crate) fn check(policy: &Policy, method: &str, url: &str) -> Result<CheckRes
         host,
         port,
         path: path.forward,
+        agent,
     })
 }
 
@@ -95,6 +105,7 @@ fn check_name(policy: &Policy, name: &str) -> CheckResult {
         explanation: d.explanation,
         obligations: serde_json::Value::Null,
         policy_hash: policy.hash().to_string(),
+        agent: None,
     }
 }
 
@@ -110,13 +121,13 @@ mod tests {
             text: "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"ssh\"\nhosts = [\"github.com\"]\nports = [22]\nschemes = [\"tcp\"]\naction = \"allow\"\n".into(),
         }])
         .expect("policy");
-        let r = check(&p, "dns", "GitHub.com.").expect("check");
+        let r = check(&p, "dns", "GitHub.com.", None).expect("check");
         assert_eq!(
             (r.decision, r.host.as_str(), r.scheme),
             ("allow", "github.com", "dns")
         );
         assert_eq!(r.rule_id.as_deref(), Some("ssh"));
-        let r = check(&p, "DNS", "exfil.evil.test").expect("check");
+        let r = check(&p, "DNS", "exfil.evil.test", None).expect("check");
         assert_eq!(r.decision, "deny");
     }
 }

@@ -16,16 +16,25 @@ use crate::policy::{Action, Policy, RequestFacts, Scheme};
 #[derive(Debug, Clone)]
 pub(crate) enum TunnelFacts {
     /// Raw TCP to `host:port`.
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+        agent: Option<u32>,
+    },
     /// TLS to `host:port` passed through unopened (`tls = "passthrough"`).
-    Passthrough { host: String, port: u16 },
+    Passthrough {
+        host: String,
+        port: u16,
+        agent: Option<u32>,
+    },
     /// A request that switched protocols (a WebSocket): its host, port, scheme and path (the
-    /// matching form).
+    /// matching form), and the agent's uid where known.
     Upgrade {
         host: String,
         port: u16,
         scheme: Scheme,
         path: String,
+        agent: Option<u32>,
     },
 }
 
@@ -34,10 +43,12 @@ impl TunnelFacts {
     /// tunnel already open.
     fn allowed(&self, policy: &Policy) -> bool {
         let d = match self {
-            TunnelFacts::Tcp { host, port } => decide::connection(policy, host, *port),
-            TunnelFacts::Passthrough { host, port } => {
+            TunnelFacts::Tcp { host, port, agent } => {
+                decide::connection(policy, host, *port, *agent)
+            }
+            TunnelFacts::Passthrough { host, port, agent } => {
                 return policy
-                    .decide_passthrough(host, *port)
+                    .decide_passthrough(host, *port, *agent)
                     .is_some_and(|d| d.action == Action::Allow)
             }
             TunnelFacts::Upgrade {
@@ -45,12 +56,14 @@ impl TunnelFacts {
                 port,
                 scheme,
                 path,
+                agent,
             } => policy.decide(&RequestFacts {
                 host,
                 port: *port,
                 scheme: *scheme,
                 method: Some("GET"),
                 path: Some(path),
+                agent: *agent,
             }),
         };
         d.action == Action::Allow
@@ -139,12 +152,14 @@ mod tests {
         let ssh = tunnels.open(TunnelFacts::Tcp {
             host: "git.example".into(),
             port: 22,
+            agent: Some(1001),
         });
         let mut ws = tunnels.open(TunnelFacts::Upgrade {
             host: "ws.example".into(),
             port: 443,
             scheme: Scheme::Https,
             path: "/socket".into(),
+            agent: Some(1001),
         });
         assert_eq!(tunnels.len(), 2);
         let keeps_ssh = policy(
@@ -153,6 +168,15 @@ mod tests {
         assert_eq!(tunnels.revise(&keeps_ssh), 1);
         assert!((&mut ws.revoked).await.is_ok(), "the WebSocket is revoked");
         assert_eq!(tunnels.len(), 1);
+        // A rule for another agent does not keep it.
+        let for_another = policy(
+            "version = 1\n[[rule]]\nid = \"ssh\"\nhosts = [\"git.example\"]\nports = [22]\nschemes = [\"tcp\"]\nagents = [1002]\naction = \"allow\"\n",
+        );
+        assert_eq!(
+            tunnels.revise(&for_another),
+            1,
+            "the other agent's rule revokes it"
+        );
         drop(ssh);
         assert_eq!(tunnels.len(), 0, "an ended tunnel leaves the registry");
     }

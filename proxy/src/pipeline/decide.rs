@@ -22,6 +22,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
         scheme: target.scheme,
         method: Some(req.method().as_str()),
         path: Some(&ctx.matching_path),
+        agent: ctx.conn.agent_uid,
     });
     let what = || {
         format!(
@@ -73,13 +74,14 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
 
 /// Decides a raw TCP connection to `host:port` (scheme `tcp`, no method or path, so rules
 /// constrained by method or path never match it).
-pub(crate) fn connection(policy: &Policy, host: &str, port: u16) -> Decision {
+pub(crate) fn connection(policy: &Policy, host: &str, port: u16, agent: Option<u32>) -> Decision {
     policy.decide(&RequestFacts {
         host,
         port,
         scheme: Scheme::Tcp,
         method: None,
         path: None,
+        agent,
     })
 }
 

@@ -87,6 +87,7 @@ pub(super) async fn send(
                 port: target.port,
                 scheme: target.scheme,
                 path: ctx.matching_path.clone(),
+                agent: ctx.conn.agent_uid,
             };
             tokio::spawn(tunnel(ctx.proxy.clone(), upgrades, facts, guard, rx));
             resp

@@ -58,6 +58,7 @@ pub(crate) fn rules(
             swap: None,
             inject: None,
             sigv4: None,
+            agents: None,
             tls: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),

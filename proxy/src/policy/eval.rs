@@ -30,7 +30,7 @@ impl Policy {
         let path = path.as_deref();
 
         let found = self.first(&host, |rule| {
-            rule.matches(&host, req.scheme, req.port, req.method, path)
+            rule.matches(&host, req.scheme, req.port, req.method, path, req.agent)
         });
         match found {
             Some(rule) => self.verdict(rule.action, Some(rule), req, &host, path),

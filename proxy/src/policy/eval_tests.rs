@@ -29,6 +29,7 @@ pub(crate) fn http<'a>(
         },
         method: Some(method),
         path: Some(path),
+        agent: None,
     }
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn tcp(host: &str, port: u16) -> RequestFacts<'_> {
         scheme: Scheme::Tcp,
         method: None,
         path: None,
+        agent: None,
     }
 }
 

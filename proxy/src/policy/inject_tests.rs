@@ -22,6 +22,7 @@ fn get(p: &Policy, host: &str) -> super::super::Decision {
         scheme: Scheme::Https,
         method: Some("GET"),
         path: Some("/"),
+        agent: None,
     })
 }
 

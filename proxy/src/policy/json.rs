@@ -145,6 +145,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             swap: None,
             inject: None,
             sigv4: None,
+            agents: None,
             tls: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),

@@ -49,6 +49,7 @@ fn decide(
         scheme,
         method: (!tcp).then_some(method),
         path: (!tcp).then_some(path),
+        agent: None,
     });
     (d.action, d.rule_id.map(|r| r.to_string()))
 }

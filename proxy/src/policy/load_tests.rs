@@ -148,6 +148,7 @@ fn shipped_default_policy() {
             scheme: Scheme::Https,
             method: Some(method),
             path: Some(path),
+            agent: None,
         });
         assert_eq!(
             (d.action, d.rule_id.as_deref()),
@@ -171,6 +172,7 @@ fn shipped_default_policy() {
             scheme: Scheme::Https,
             method: Some(method),
             path: Some(path),
+            agent: None,
         });
         assert_eq!(
             (d.action, d.rule_id),
@@ -185,6 +187,7 @@ fn shipped_default_policy() {
         scheme: Scheme::Tcp,
         method: None,
         path: None,
+        agent: None,
     };
     assert_eq!(p.decide(&ssh).action, Action::Deny);
     // Opaque TCP to an HTTPS-only host is not a way around interception.

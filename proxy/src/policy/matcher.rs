@@ -32,6 +32,8 @@ pub(crate) struct CompiledRule {
     pub secrets: Option<Arc<SecretBindings>>,
     /// `tls = "passthrough"`: the TLS connections it allows are spliced, not intercepted.
     pub passthrough: bool,
+    /// The agent uids it applies to, sorted; `None`: every agent.
+    pub agents: Option<Box<[u32]>>,
 }
 
 /// A set of schemes as a bit mask.
@@ -89,9 +91,16 @@ impl CompiledRule {
         port: u16,
         method: Option<&str>,
         path: Option<&str>,
+        agent: Option<u32>,
     ) -> bool {
         if !self.schemes.contains(scheme) || !self.ports.matches(port) {
             return false;
+        }
+        if let Some(agents) = &self.agents {
+            // An unknown agent is none of the named ones.
+            if agent.is_none_or(|a| agents.binary_search(&a).is_err()) {
+                return false;
+            }
         }
         if let Some(methods) = &self.methods {
             match method {

@@ -8,6 +8,7 @@
 //! Path rules match [`NormalizedPath::matching`], in which `%2F` counts as `/` (so `/a%2Fb` is
 //! matched as `/a/b` and cannot dodge a deny on `/a/**`); upstream gets [`NormalizedPath::forward`].
 
+mod agents;
 mod compile;
 mod constraints;
 mod error;
@@ -37,6 +38,7 @@ use serde::Deserialize;
 /// logs, tail); no rule may take the name.
 pub const DEFAULT_RULE: &str = "default";
 
+pub use agents::agent_uid;
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
@@ -95,6 +97,8 @@ pub struct RequestFacts<'a> {
     /// `NormalizedPath::matching` (no query); `None` for raw TCP. Un-normalized input is
     /// normalized again by `decide`, at a cost, so prefer passing the `matching` form.
     pub path: Option<&'a str>,
+    /// The agent's uid, where known: rules with `agents` apply only to theirs.
+    pub agent: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -50,6 +50,8 @@ pub(crate) struct RuleDef {
     pub inject: Option<Spanned<Vec<InjectFile>>>,
     /// AWS credentials its requests are signed again with (TOML only).
     pub sigv4: Option<Spanned<Sigv4File>>,
+    /// The agents it applies to (TOML only); `None`: every agent.
+    pub agents: Option<List<super::agents::AgentFile>>,
     /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.
     pub tls: Option<Spanned<String>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).

@@ -17,7 +17,7 @@ impl Policy {
     /// The decision for a TLS connection with server name `sni` to `port`, when a
     /// passthrough rule makes it (it is then an allow); `None` when the connection is to be
     /// intercepted and decided request by request as usual.
-    pub fn decide_passthrough(&self, sni: &str, port: u16) -> Option<Decision> {
+    pub fn decide_passthrough(&self, sni: &str, port: u16, agent: Option<u32>) -> Option<Decision> {
         if !self.passthrough {
             return None;
         }
@@ -27,7 +27,7 @@ impl Policy {
         }
         let rule = self
             .first(&host, |rule| {
-                rule.matches(&host, Scheme::Https, port, None, None)
+                rule.matches(&host, Scheme::Https, port, None, None, agent)
             })
             .filter(|r| r.passthrough)?;
         let req = RequestFacts {
@@ -36,6 +36,7 @@ impl Policy {
             scheme: Scheme::Https,
             method: None,
             path: None,
+            agent,
         };
         Some(self.verdict(rule.action, Some(rule), &req, &host, None))
     }
@@ -78,27 +79,32 @@ action = "allow"
         let p = policy(PINNED).expect("policy");
         assert!(p.has_passthrough());
         let d = p
-            .decide_passthrough("App.Pinned.test.", 443)
+            .decide_passthrough("App.Pinned.test.", 443, None)
             .expect("passes");
         assert_eq!(d.rule_id.as_deref(), Some("pinned"));
         assert!(d.is_allowed());
         assert!(
-            p.decide_passthrough("app.pinned.test", 8443).is_none(),
+            p.decide_passthrough("app.pinned.test", 8443, None)
+                .is_none(),
             "port"
         );
         assert!(
-            p.decide_passthrough("api.test", 443).is_none(),
+            p.decide_passthrough("api.test", 443, None).is_none(),
             "intercepted"
         );
         assert!(
-            p.decide_passthrough("admin.pinned.test", 443).is_none(),
+            p.decide_passthrough("admin.pinned.test", 443, None)
+                .is_none(),
             "a deny before it decides"
         );
         assert!(
-            p.decide_passthrough("10.0.0.1", 443).is_none(),
+            p.decide_passthrough("10.0.0.1", 443, None).is_none(),
             "an address"
         );
-        assert!(p.decide_passthrough("::1", 443).is_none(), "an address");
+        assert!(
+            p.decide_passthrough("::1", 443, None).is_none(),
+            "an address"
+        );
         let plain = policy("[[rule]]\nid = \"a\"\nhosts = [\"a.test\"]\naction = \"allow\"\n")
             .expect("policy");
         assert!(!plain.has_passthrough());

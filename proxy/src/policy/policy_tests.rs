@@ -64,6 +64,7 @@ fn decide_url(p: &Policy, method: &str, url: &str) -> Result<Decision, String> {
         scheme,
         method: (scheme != Scheme::Tcp).then_some(method),
         path: path.as_deref(),
+        agent: None,
     }))
 }
 
@@ -218,6 +219,7 @@ fn report_mode_lets_denies_and_asks_through() {
         scheme: Scheme::Https,
         method: Some("GET"),
         path: Some("/"),
+        agent: None,
     });
     assert_eq!((d.action, d.reported_deny), (Action::Deny, false));
 }

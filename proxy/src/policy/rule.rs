@@ -61,6 +61,7 @@ pub(crate) fn compile_rule(
         ));
     }
     let passthrough = passthrough(def, action, &err)?;
+    let agents = super::agents::compile_agents(def.agents.as_ref(), &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
     for m in &def.matchers {
@@ -94,8 +95,13 @@ pub(crate) fn compile_rule(
                 Some(set)
             }
         };
+        let mut shown = summary(m);
+        if let Some(uids) = &agents {
+            let uids: Vec<String> = uids.iter().map(u32::to_string).collect();
+            shown.push_str(&format!(" agents={}", uids.join(",")));
+        }
         let rule = CompiledRule {
-            summary: summary(m).into(),
+            summary: shown.into(),
             id: Arc::clone(&id),
             action,
             priority: def.priority,
@@ -107,6 +113,7 @@ pub(crate) fn compile_rule(
             obligations,
             secrets: secrets.clone(),
             passthrough,
+            agents: agents.clone(),
         };
         out.push((rule, hosts));
     }

@@ -51,6 +51,7 @@ struct RuleFile {
     swap: Option<List<String>>,
     inject: Option<Spanned<Vec<InjectFile>>>,
     sigv4: Option<Spanned<Sigv4File>>,
+    agents: Option<List<super::agents::AgentFile>>,
     tls: Option<Spanned<String>>,
 }
 
@@ -112,6 +113,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             swap: r.swap,
             inject: r.inject,
             sigv4: r.sigv4,
+            agents: r.agents,
             tls: r.tls,
             matchers: vec![matcher],
         });

@@ -48,17 +48,15 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             method,
             url,
             policy,
+            agent,
             exit_code,
         }) => {
-            policy_check(
-                cfg,
-                &client,
-                (&method, &url),
-                policy.as_deref(),
-                exit_code,
-                json,
-            )
-            .await
+            let agent = match agent.as_deref().map(crate::policy::agent_uid).transpose() {
+                Ok(a) => a,
+                Err(e) => return output::bad_input(e),
+            };
+            let ask = (method.as_str(), url.as_str(), agent);
+            policy_check(cfg, &client, ask, policy.as_deref(), exit_code, json).await
         }
         CtlCommand::Status => get(&client, "/v1/status", json, render::status).await,
         CtlCommand::Stats => get(&client, "/v1/stats", json, render::stats).await,
@@ -168,20 +166,21 @@ async fn answer(client: &Client, path: &str, json: bool, verb: &str) -> u8 {
 async fn policy_check(
     cfg: &Config,
     client: &Client,
-    (method, url): (&str, &str),
+    (method, url, agent): (&str, &str, Option<u32>),
     policy: Option<&Path>,
     exit_code: bool,
     json: bool,
 ) -> u8 {
     let offline = |path: &Path| -> Result<serde_json::Value, u8> {
         let p = load_policy(path).map_err(|e| policy_error(&e))?;
-        let r = crate::control::policy_check::check(&p, method, url).map_err(output::bad_input)?;
+        let r = crate::control::policy_check::check(&p, method, url, agent)
+            .map_err(output::bad_input)?;
         Ok(serde_json::to_value(&r).unwrap_or_default())
     };
     let result = match policy {
         Some(path) => offline(path),
         None => {
-            let body = serde_json::json!({ "method": method, "url": url });
+            let body = serde_json::json!({ "method": method, "url": url, "agent": agent });
             match client
                 .json(Method::POST, "/v1/policy/check", Some(body))
                 .await

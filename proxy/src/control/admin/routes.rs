@@ -198,6 +198,8 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
     struct Ask {
         method: String,
         url: String,
+        #[serde(default)]
+        agent: Option<u32>,
     }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -212,7 +214,7 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
             )
         }
     };
-    match check(&admin.proxy.policy(), &ask.method, &ask.url) {
+    match check(&admin.proxy.policy(), &ask.method, &ask.url, ask.agent) {
         Ok(r) => json(StatusCode::OK, &r),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
