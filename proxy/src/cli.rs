@@ -281,6 +281,20 @@ pub enum PolicyCommand {
     },
     /// The policy in force: directory, hash, rules, mode, load time, last reload error
     Show,
+    /// Learn mode: draft allow rules from the audit log's refusals and report-mode
+    /// would-be refusals, grouped by host, with counts. Run with `mode = "report"` for a
+    /// while, suggest, review, move the file into the policy directory, enforce
+    Suggest {
+        /// Only decisions this recent (e.g. 1d, 6h)
+        #[arg(long, value_name = "DURATION")]
+        since: Option<humantime::Duration>,
+        /// Only this agent's decisions (its name or uid); the rules then name it in `agents`
+        #[arg(long, value_name = "NAME|UID")]
+        agent: Option<String>,
+        /// Write the draft to FILE (a new file, outside the policy directory) instead of stdout
+        #[arg(long, value_name = "FILE")]
+        write: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

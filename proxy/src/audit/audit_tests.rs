@@ -43,6 +43,7 @@ fn request_record(n: u64, decision: Verdict) -> Record {
         bytes_down: 2048,
         ms: 12.5,
         incomplete: false,
+        would_deny: false,
         end: None,
         dns: None,
         reason: None,

@@ -149,6 +149,7 @@ where
         kind: RecordKind::Connection,
         protocol: Protocol::Tcp,
         rule: tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone()),
+        would_deny: tcp.decision.as_ref().is_ok_and(|d| d.reported_deny),
         ..record::base(
             &proxy,
             &ctx,

@@ -49,6 +49,7 @@ pub use inject::{
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
+pub(crate) use toml_file::MAX_ID_LEN as MAX_RULE_ID_LEN;
 
 /// One policy source: a file's text and the name errors show (its path for files on disk).
 /// A name ending in `.json` is read as AgenShield JSON, any other as TOML.

@@ -6,6 +6,7 @@ pub(crate) mod client;
 mod output;
 mod render;
 mod secrets;
+mod suggest;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,22 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             };
             let ask = (method.as_str(), url.as_str(), agent);
             policy_check(cfg, &client, ask, policy.as_deref(), exit_code, json).await
+        }
+        CtlCommand::Policy(PolicyCommand::Suggest {
+            since,
+            agent,
+            write,
+        }) => {
+            let agent = match agent.as_deref().map(crate::policy::agent_uid).transpose() {
+                Ok(a) => a,
+                Err(e) => return output::bad_input(e),
+            };
+            let ask = suggest::Ask {
+                since: since.map(Into::into),
+                agent,
+                write,
+            };
+            suggest::run(cfg, ask)
         }
         CtlCommand::Status => get(&client, "/v1/status", json, render::status).await,
         CtlCommand::Stats => get(&client, "/v1/stats", json, render::stats).await,

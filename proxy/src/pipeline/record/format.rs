@@ -188,6 +188,10 @@ pub(crate) struct Record {
     pub ms: f64,
     /// The response did not complete: the client went away, or the upstream failed mid-body.
     pub incomplete: bool,
+    /// Let through only because the policy is in report mode: enforcing, it would have been
+    /// refused. Written only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub would_deny: bool,
     /// Close records: how the tunnel ended.
     pub end: Option<End>,
     /// DNS query records only: the question and the answer.

@@ -181,6 +181,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         reason,
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
+        would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
         ..base(
             &ctx.proxy,
             &ctx.conn,
@@ -353,6 +354,7 @@ pub(crate) fn base(
         bytes_down: 0,
         ms: 0.0,
         incomplete: false,
+        would_deny: false,
         end: None,
         dns: None,
         reason: None,
