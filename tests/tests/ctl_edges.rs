@@ -154,6 +154,14 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
             .contains("names the policy's `default`"),
         "{e}"
     );
+    // An AgenShield file: its command rules are skipped, and lint says so.
+    let agen = daemon.dir.path().join("agenshield.json");
+    std::fs::write(&agen, r#"{"defaultAction": "deny", "rules": [
+        {"id": "web", "action": "allow", "target": "url", "patterns": ["y.test"], "enabled": true},
+        {"id": "no-rm", "action": "deny", "target": "command", "patterns": ["rm -rf /"], "enabled": true}]}"#).expect("write");
+    let (code, out, err) = daemon.ctl(&[], &["policy", "lint", &agen.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 AgenShield rule(s) skipped"), "{out}");
     // check --policy FILE decides against that one file.
     let (code, out, err) = daemon.ctl(
         &[],

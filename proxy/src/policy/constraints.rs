@@ -19,7 +19,7 @@ pub const CONSTRAINT_PRIORITY: i32 = 1_000_000;
 pub const ALLOWED_HOSTS_PRIORITY: i32 = -1_000_000;
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct NetworkConstraints {
     allowed_hosts: Option<Vec<String>>,
     denied_hosts: Option<Vec<String>>,

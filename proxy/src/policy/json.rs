@@ -1,6 +1,7 @@
 //! AgenShield `PolicyConfig` JSON read into the common model, so an AgenShield policy works
 //! unchanged next to TOML files. Fields AgenShield has and the proxy does not use are
-//! ignored; a field of the wrong type is an error with line:column.
+//! accepted and ignored; any other key, and a field of the wrong type, is an error with
+//! line:column (a misspelt `"priorty"` would otherwise change the decision order unseen).
 //!
 //! Mapping (ids are `agenshield:<stem>:<rule id>`, stem `custom/x` for `custom/x.json`):
 //! - a rule applies when `enabled` and its `operations` (default: inferred from `target` as
@@ -13,6 +14,7 @@
 
 use std::ops::Range;
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -24,17 +26,31 @@ use super::pattern;
 use super::toml_file::{is_valid_id, MAX_ID_LEN};
 use super::PolicySource;
 
+/// Unknown keys are refused, as in TOML: a misspelt key (`"priorty"`) must not silently
+/// change a decision. Keys AgenShield has that the proxy does not use are accepted and
+/// ignored (`IgnoredAny`).
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PolicyConfig {
     default_action: Option<DefaultAction>,
     rules: Option<Vec<JsonRule>>,
     network_constraints: Option<NetworkConstraints>,
+    #[serde(default, rename = "version")]
+    _version: Option<IgnoredAny>,
+    #[serde(default, rename = "fsConstraints")]
+    _fs_constraints: Option<IgnoredAny>,
+    #[serde(default, rename = "envInjection")]
+    _env_injection: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct JsonRule {
     id: String,
+    #[serde(default, rename = "name")]
+    _name: Option<IgnoredAny>,
+    #[serde(default, rename = "scope")]
+    _scope: Option<IgnoredAny>,
     #[serde(rename = "type")]
     kind: Option<RuleType>,
     action: Option<RuleAction>,

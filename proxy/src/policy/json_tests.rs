@@ -108,7 +108,8 @@ fn shipped_example_decides_as_documented() {
 fn mapping_details() {
     let json = r#"{
       "defaultAction": "allow",
-      "someFutureField": {"x": [1, 2]},
+      "version": "1.0",
+      "fsConstraints": {"allowedPaths": ["/tmp"], "deniedPatterns": []},
       "rules": [
         {"id": "any-op", "type": "denylist", "operations": ["*"], "patterns": ["https://x.example/private/*"], "enabled": true},
         {"id": "inferred", "type": "denylist", "patterns": ["y.example:8080"], "enabled": true, "scope": "agent"},
@@ -206,4 +207,35 @@ fn default_action_merges_with_toml() {
     );
     let agree = src("/p/b.json", "{\"defaultAction\": \"deny\", \"rules\": []}");
     assert_eq!(compile(&[toml, agree]).default_action(), Action::Deny);
+}
+
+/// A misspelt key must not silently change a decision: refused where it is, as in TOML.
+#[test]
+fn unknown_keys_are_refused_with_their_position() {
+    let cases = [
+        (
+            r#"{"rules": [{"id": "a", "action": "deny", "patterns": ["x.test"], "enabled": true, "priorty": 9}]}"#,
+            "unknown field `priorty`",
+        ),
+        (
+            r#"{"defaultAction": "deny", "defualt": 1}"#,
+            "unknown field `defualt`",
+        ),
+        (
+            r#"{"networkConstraints": {"allowedHost": ["x.test"]}}"#,
+            "unknown field `allowedHost`",
+        ),
+    ];
+    for (json, says) in cases {
+        let e = Policy::from_sources(&[PolicySource {
+            name: "/etc/p.json".into(),
+            text: json.into(),
+        }])
+        .expect_err(json)
+        .to_string();
+        assert!(
+            e.starts_with("/etc/p.json:1:") && e.contains(says),
+            "{json}: {e}"
+        );
+    }
 }

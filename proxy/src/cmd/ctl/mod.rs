@@ -324,12 +324,20 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
     });
     match result {
         Ok((what, p, note)) => print(
-            &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count(), "note": note}),
+            &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count(),
+                "skipped": p.ignored_rule_count(), "note": note}),
             json,
             |_| {
                 let mut line = format!("{what}: ok, {} rules, {}", p.rule_count(), p.hash());
                 if let Some(n) = &note {
                     line.push_str(&format!(" ({n})"));
+                }
+                let skipped = p.ignored_rule_count();
+                if skipped > 0 {
+                    line.push_str(&format!(
+                        "\n{skipped} AgenShield rule(s) skipped: disabled, or not for network \
+                         requests (their operations do not include http_request)"
+                    ));
                 }
                 line
             },
