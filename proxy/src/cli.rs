@@ -357,6 +357,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR")]
     pub orig_dst_override: Option<SocketAddr>,
 
+    /// Check the configuration, policy, secrets, CA and worker user as `run` would read
+    /// them, without binding a port or touching the firewall; exit 0 (ready) or 2
+    #[arg(long)]
+    pub check: bool,
+
     /// Internal: the unprivileged half of a split daemon, started by its supervisor with the
     /// bound sockets on stdin
     #[arg(long, hide = true)]

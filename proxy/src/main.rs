@@ -88,6 +88,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if args.check {
+                let shown = args.config.as_ref().map_or_else(
+                    || "built-in defaults or the installed config".to_string(),
+                    |p| p.display().to_string(),
+                );
+                return ExitCode::from(agenshield_proxy::cmd::check::command(&cfg, &shown));
+            }
             let who = match privsep::worker_user(&cfg) {
                 Ok(who) => who,
                 Err(e) => return fail(&e),

@@ -178,7 +178,49 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)["rule_id"], "y");
 
-    // 7. The daemon down: --json failures are JSON on stdout; policy check decides offline
+    // 7. run --check: the daemon's own configuration passes (while it runs: nothing is
+    //    bound); a policy binding a missing secret, or one that does not parse, fails with
+    //    the part named.
+    let run_check = || {
+        let out = std::process::Command::new(agenshield_e2e::daemon::binary())
+            .args(["proxy", "run", "--check", "--config"])
+            .arg(daemon.config_path())
+            .output()
+            .expect("run --check");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run_check();
+    assert_eq!(code, 0, "{out}");
+    for part in [
+        "config   ok",
+        "policy   ok",
+        "secrets  ",
+        "CA       ok",
+        "worker   note",
+    ] {
+        assert!(out.contains(part), "{part:?} in:\n{out}");
+    }
+    let extra = dir.join("zz-binds.toml");
+    std::fs::write(&extra, "version = 1\n[[rule]]\nid = \"z\"\nhosts = [\"z.test\"]\naction = \"allow\"\nsecrets = [\"absent\"]\n").expect("write");
+    let (code, out) = run_check();
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("secrets  FAILED") && out.contains("\"absent\""),
+        "{out}"
+    );
+    std::fs::write(&extra, "version = 1\n[[rule]]\nid = \"z\"\n").expect("write");
+    let (code, out) = run_check();
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("policy   FAILED") && out.contains("zz-binds.toml:"),
+        "{out}"
+    );
+    std::fs::remove_file(&extra).expect("rm");
+
+    // 8. The daemon down: --json failures are JSON on stdout; policy check decides offline
     //    against the configured directory, and says so.
     daemon.stop();
     let (code, out, err) = daemon.ctl(&[], &["status", "--json"]);

@@ -362,7 +362,7 @@ fn policy_error(e: &crate::policy::PolicyError) -> u8 {
 }
 
 /// The secrets the configured store holds, if this process can see them.
-fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
+pub(crate) fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
     match cfg.secrets.store {
         crate::config::SecretStoreKind::File => crate::secrets::FileStore::names_in(&cfg.vault)
             .map_err(|e| format!("cannot read the vault {}: {e}", cfg.vault.display())),
