@@ -26,6 +26,7 @@ mod clock;
 mod conn;
 mod control;
 mod dns;
+mod error_chain;
 mod pipeline;
 mod proxy;
 mod ratelimit;

@@ -244,3 +244,59 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     );
     assert_eq!(code, 1);
 }
+
+/// A daemon that cannot read its CA says why, with the OS's reason, and so does `--check`.
+#[test]
+fn errors_keep_their_cause() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("pol")).expect("mkdir");
+    std::fs::write(d.join("pol/a.toml"), "version = 1\ndefault = \"deny\"\n").expect("policy");
+    // Both CA files "exist", as directories: unreadable as files.
+    std::fs::create_dir_all(d.join("certs/ca.pem")).expect("mkdir");
+    std::fs::create_dir_all(d.join("certs/ca-key.pem")).expect("mkdir");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        d.join("certs/ca-key.pem"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    let config = d.join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\ntransparent = []\nexplicit = \"127.0.0.1:0\"\nadmin = \"{d}/admin.sock\"\nmetrics = \"off\"\ndns = []\n\
+             [paths]\npolicies = \"{d}/pol\"\ncerts = \"{d}/certs\"\nvault = \"{d}/vault\"\naudit = \"{d}/audit.jsonl\"\n",
+            d = d.display()
+        ),
+    )
+    .expect("config");
+    let run = |check: bool| {
+        let mut cmd = std::process::Command::new(agenshield_e2e::daemon::binary());
+        cmd.args(["proxy", "run", "--config"]).arg(&config);
+        if check {
+            cmd.arg("--check");
+        }
+        let out = cmd.output().expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, out) = run(false);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("CA: cannot read") && out.contains("(os error 21)"),
+        "{out}"
+    );
+    let (code, out) = run(true);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("CA       FAILED") && out.contains("(os error 21)"),
+        "{out}"
+    );
+}

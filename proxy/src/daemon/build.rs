@@ -61,7 +61,8 @@ pub(super) async fn build_proxy(
         rules = policy.rule_count(),
         "policy loaded"
     );
-    let (ca, origin) = Ca::load_or_create(&cfg.certs).map_err(|e| BadInput(format!("CA: {e}")))?;
+    let (ca, origin) = Ca::load_or_create(&cfg.certs)
+        .map_err(|e| BadInput(format!("CA: {}", crate::error_chain::chain(&e))))?;
     let verb = match origin {
         CaOrigin::Created => "created",
         CaOrigin::Loaded => "loaded",

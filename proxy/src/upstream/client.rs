@@ -215,7 +215,11 @@ fn refusal_for(target: &Target, err: &PoolError) -> Refusal {
     }
     Refusal::new(
         ErrorCode::UpstreamError,
-        format!("upstream {} failed: {}", target.authority(), chain(err)),
+        format!(
+            "upstream {} failed: {}",
+            target.authority(),
+            crate::error_chain::chain(err)
+        ),
     )
 }
 
@@ -248,17 +252,6 @@ fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Opt
         }
     }
     None
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }
 
 #[cfg(test)]

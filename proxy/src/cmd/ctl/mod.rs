@@ -253,7 +253,8 @@ fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
     let report = match verify(&files) {
         Ok(r) => r,
         Err(e) => {
-            return output::failed(format!("reading the audit log: {e}"));
+            let shown: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            return output::failed(format!("reading the audit log ({}): {e}", shown.join(", ")));
         }
     };
     let ok = report.broken.is_none();
