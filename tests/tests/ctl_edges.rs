@@ -28,6 +28,8 @@ fn json(out: &str) -> serde_json::Value {
 fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     let mut daemon = Daemon::start(DaemonOptions {
         policies: vec![("main.toml".into(), POLICY.into())],
+        hosts: vec![("y.test".into(), std::net::Ipv4Addr::LOCALHOST.into())],
+        allow_private: vec!["127.0.0.0/8".into()],
         ..Default::default()
     });
 
@@ -106,6 +108,15 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
     assert_eq!(code, 124, "still following when stopped");
     assert_eq!(count(&out), 10, "-f starts from the last 10: {out}");
 
+    // A failure after the decision names the rule that matched (nothing listens on y.test:1).
+    let proxy = format!("http://{}", daemon.explicit);
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--proxy", &proxy, "http://y.test:1/"])
+        .output()
+        .expect("curl");
+    let body = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(body["error_code"], "upstream_connect", "{body}");
+    assert_eq!(body["rule_id"], "y", "{body}");
     // 5. policy check --exit-code: 1 unless allowed outright.
     let check = |url: &str, extra: &[&str]| {
         let mut args = vec!["policy", "check", "GET", url, "--exit-code"];

@@ -83,7 +83,14 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let mut ctx = RequestCtx::new(proxy, conn, &req);
-    let outcome = phases(&mut ctx, req).await;
+    let outcome = phases(&mut ctx, req).await.map_err(|mut r| {
+        // A refusal after the decision (a limit, an upstream failure) names the rule that
+        // matched, as a policy refusal does.
+        if r.rule_id.is_none() {
+            r.rule_id = ctx.rule().map(|id| id.to_string());
+        }
+        r
+    });
     record::respond(ctx, outcome).await
 }
 
