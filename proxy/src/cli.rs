@@ -15,6 +15,18 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Top,
+
+    /// How log lines on stderr are written: `text` for people, `json` (one object per line)
+    /// for a log collector. What is logged is set by AGENSHIELD_LOG (e.g. `info`,
+    /// `debug,rustls=error`); an invalid filter is an error
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

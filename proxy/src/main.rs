@@ -30,7 +30,7 @@ fn reexec_with_allocator_settings() {
     eprintln!("agenshield: restarting with the allocator's settings failed ({err}); going on");
 }
 
-use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
+use agenshield_proxy::cli::{Cli, LogFormat, ProxyCommand, Top};
 use agenshield_proxy::config::{
     default_state_dir, installed_config_unreadable, Config, DEFAULT_CONFIG_PATH,
 };
@@ -40,7 +40,10 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Err(e) = init_logging(cli.log_format) {
+        eprintln!("agenshield: {e}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         Top::Proxy(ProxyCommand::Firewall(args)) => match load_config(args.config.as_deref()) {
             Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::firewall::command(
@@ -196,16 +199,29 @@ fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
     }
 }
 
-fn init_logging() {
+/// Logging to stderr, filtered by AGENSHIELD_LOG (else RUST_LOG, else `info`). A filter
+/// that is set but does not parse is an error, not a silent fallback.
+fn init_logging(format: LogFormat) -> Result<(), String> {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("AGENSHIELD_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
+    let filter = match ["AGENSHIELD_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().map(|v| (var, v)))
+    {
+        Some((var, v)) => EnvFilter::try_new(&v).map_err(|e| {
+            format!("{var}={v:?} is not a log filter ({e}); e.g. info, debug,rustls=error")
+        })?,
         // rustls warns about client quirks (an IP literal sent as SNI) once per connection.
-        .unwrap_or_else(|_| EnvFilter::new("info,rustls=error"));
-    tracing_subscriber::fmt()
+        None => EnvFilter::new("info,rustls=error"),
+    };
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Json => builder.json().with_current_span(false).init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    Ok(())
 }

@@ -311,3 +311,45 @@ fn errors_keep_their_cause() {
         "{out}"
     );
 }
+
+/// An invalid AGENSHIELD_LOG is an error, not a silent fallback; `--log-format json` writes
+/// one JSON object per log line.
+#[test]
+fn logging_is_checked_and_can_be_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pol = dir.path().join("a.toml");
+    std::fs::write(&pol, "version = 1\ndefault = \"deny\"\n").expect("policy");
+    let lint = |env: &str, json: bool| {
+        let mut cmd = std::process::Command::new(agenshield_e2e::daemon::binary());
+        if json {
+            cmd.args(["--log-format", "json"]);
+        }
+        let out = cmd
+            .args(["proxy", "ctl", "policy", "lint"])
+            .arg(&pol)
+            .env("AGENSHIELD_LOG", env)
+            .output()
+            .expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = lint("info,foo=bogus", false);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("AGENSHIELD_LOG=\"info,foo=bogus\" is not a log filter"),
+        "{err}"
+    );
+    let (code, err) = lint("debug", true);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(!lines.is_empty(), "debug logs something");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{l}"
+        );
+    }
+}
