@@ -312,6 +312,24 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
         .expect("scrape");
     let text = String::from_utf8_lossy(&scrape.stdout).to_string();
     assert!(!text.contains(KEY), "no secret value in metrics");
+    // Which build runs, the process's own figures, and latency buckets past an approval
+    // wait (2 min by default).
+    let version = env!("CARGO_PKG_VERSION");
+    for want in [
+        format!(
+            "agenshield_proxy_build_info{{arch=\"{}\",os=\"linux\",version=\"{version}\"}} 1",
+            std::env::consts::ARCH
+        ),
+        "process_resident_memory_bytes ".into(),
+        "process_open_fds ".into(),
+        "agenshield_proxy_request_duration_seconds_bucket{".into(),
+    ] {
+        assert!(text.contains(&want), "{want} not in the scrape");
+    }
+    assert!(
+        text.contains("le=\"120\"") && text.contains("le=\"300\""),
+        "buckets to 5 min"
+    );
     let mut check = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

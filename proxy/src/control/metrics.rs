@@ -20,9 +20,11 @@ const TLS_FAILURES: [ErrorCode; 3] = [
     ErrorCode::BadClientHello,
 ];
 
-/// Latency buckets, seconds: 0.5 ms to 30 s.
+/// Latency buckets, seconds: 0.5 ms to 5 min, so a request held for an operator's approval
+/// (up to `approvals.timeout`, 2 min by default) lands in a bucket of its own, not in +Inf.
 const LATENCY: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
 ];
 
 /// What an open agent connection speaks, as the connection gauges label it.
@@ -145,6 +147,30 @@ impl Metrics {
                 "Audit records written to the log."
             ))
         );
+        let build = reg!(
+            r,
+            IntGaugeVec::new(
+                opts(
+                    "build_info",
+                    "Always 1; the labels say which build runs (version, OS, architecture)."
+                ),
+                &["version", "os", "arch"],
+            )
+        );
+        build
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                std::env::consts::OS,
+                std::env::consts::ARCH,
+            ])
+            .set(1);
+        // The daemon's own CPU, memory, open files and threads (process_*), where the OS
+        // lets them be read this way.
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("unique metric names");
         let m = Metrics {
             requests: reg!(
                 r,
