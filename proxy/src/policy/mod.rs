@@ -349,3 +349,7 @@ display_as_str!(Action, Mode, Scheme);
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "examples_tests.rs"]
+mod examples_tests;
