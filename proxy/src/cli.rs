@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
     version,
     about = "AgenShield: a TLS-intercepting egress proxy that decides, by policy, what an AI agent may reach",
     long_about = None,
+    propagate_version = true,
+    after_help = "Examples:\n  agenshield proxy run                      # the daemon, on built-in defaults\n  agenshield proxy ctl status               # is it running, what does it enforce\n  agenshield proxy exec -- curl https://example.com/\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield",
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,7 +34,10 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Top {
     /// The egress proxy: run the daemon
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy ctl status\n  sudo agenshield proxy install\n  agenshield proxy doctor"
+    )]
     Proxy(ProxyCommand),
 }
 
@@ -45,6 +50,9 @@ pub enum ProxyCommand {
     /// $AGENSHIELD_STATE_DIR, /var/lib/agenshield (root) or ~/.local/state/agenshield.
     /// Listens on 127.0.0.1:15001 and [::1]:15001 (transparent) and 127.0.0.1:15080
     /// (explicit HTTP proxy) unless configured otherwise. SIGHUP reloads the policy.
+    #[command(
+        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy run --config /opt/agenshield/config/proxy.toml\n  agenshield proxy run --check --config proxy.toml   # validate, bind nothing\n  AGENSHIELD_LOG=debug agenshield --log-format json proxy run"
+    )]
     Run(RunArgs),
 
     /// Install, remove or inspect the firewall rules that redirect the agent users' traffic
@@ -54,6 +62,9 @@ pub enum ProxyCommand {
     /// address) goes to the DNS stub (listen.dns); everything else they send is rejected. Other users
     /// are never touched. The rules stay when the daemon exits, so agent traffic fails closed
     /// while the proxy is down. Needs root.
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy firewall status\n  sudo agenshield proxy firewall up\n  sudo agenshield proxy firewall down"
+    )]
     Firewall(FirewallArgs),
 
     /// Talk to the running daemon (status, reload, tail, policy, approvals) or check policy
@@ -61,18 +72,28 @@ pub enum ProxyCommand {
     ///
     /// Uses the admin socket (listen.admin in the config; exit 1 with one line if the daemon
     /// is not running). Root and members of agenshield-admin may use it; agent users never.
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl tail -f --decision deny\n  agenshield proxy ctl policy check GET https://api.github.com/user --exit-code\n  agenshield proxy ctl policy suggest --since 1d --write /tmp/suggested.toml\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl ca export > agenshield-ca.pem"
+    )]
     Ctl(CtlArgs),
 
     /// Install the proxy as a system service: users and groups, directories, CA, vault,
     /// config and default policies, the agent's CA trust, the service unit (launchd on macOS,
     /// systemd on Linux) and the firewall redirect. Idempotent. Needs root.
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy install\n  sudo agenshield proxy install --help   # the users, paths and options it takes"
+    )]
     Install(InstallArgs),
 
     /// Remove exactly what `install` created and leave everything else. Needs root.
+    #[command(after_help = "Example:\n  sudo agenshield proxy uninstall")]
     Uninstall(UninstallArgs),
 
     /// Run a command through the explicit listener, sandboxed so it can connect only to the
     /// proxy (Landlock on Linux, Seatbelt on macOS). No root needed.
+    #[command(
+        after_help = "Examples:\n  agenshield proxy exec -- curl https://api.github.com/\n  agenshield proxy exec -- python3 agent.py\n  agenshield proxy exec --config proxy.toml -- npm install"
+    )]
     Exec(ExecArgs),
 
     /// Check the installation end to end and print the fix for each problem
@@ -83,7 +104,29 @@ pub enum ProxyCommand {
     /// npm, java, go, grpc) whether it will trust the AgenShield CA, by what it reads; and the
     /// hosts where clients refused the CA recently (from the audit log). Exit 0 when nothing
     /// failed, 1 when something did.
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy doctor\n  agenshield proxy doctor   # as the agent: your own environment"
+    )]
     Doctor(DoctorArgs),
+
+    /// Shell completions for agenshield, on stdout
+    #[command(
+        after_help = "Examples:\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield\n  agenshield proxy completions zsh > \"${fpath[1]}/_agenshield\"\n  agenshield proxy completions fish > ~/.config/fish/completions/agenshield.fish"
+    )]
+    Completions {
+        /// The shell to complete for
+        shell: clap_complete::Shell,
+    },
+
+    /// The manual page (roff), on stdout, or one page per command into DIR
+    #[command(
+        after_help = "Examples:\n  agenshield proxy man | man -l -\n  agenshield proxy man --dir /usr/local/share/man/man1"
+    )]
+    Man {
+        /// Write agenshield.1 and a page for every subcommand (agenshield-proxy-ctl.1, …) here
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -163,13 +206,21 @@ pub struct CtlArgs {
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
     /// Uptime, listeners, firewall state, policy hash and load time, last reload error, counts
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl status --json | jq .policy.hash"
+    )]
     Status,
     /// Reload the policy now (a bad policy keeps the current one; exit 1 with the reason)
+    #[command(after_help = "Example:\n  agenshield proxy ctl reload")]
     Reload,
     /// Request counters and certificate cache figures
+    #[command(after_help = "Example:\n  agenshield proxy ctl stats")]
     Stats,
     /// Recent decisions; with -f, follow new ones as they happen. With --json, one JSON
     /// object per line (JSON Lines), as the audit log writes them
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl tail -n 20\n  agenshield proxy ctl tail -f --decision deny --host api.github.com\n  agenshield proxy ctl tail --json | jq -c 'select(.secrets != [])'"
+    )]
     Tail {
         /// Keep printing decisions as they happen (after the last 10, unless -n says)
         #[arg(short, long)]
@@ -186,18 +237,31 @@ pub enum CtlCommand {
     },
     /// Check, lint or show policy
     #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy lint ./policies"
+    )]
     Policy(PolicyCommand),
     /// Requests held by `ask` rules
     #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl pending list\n  agenshield proxy ctl pending approve 7f3c9a01"
+    )]
     Pending(PendingCommand),
     /// The CA whose leaves the agent sees (read from the certificate directory)
     #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl ca show\n  agenshield proxy ctl ca export > agenshield-ca.pem"
+    )]
     Ca(CaCommand),
     /// Secrets the proxy injects for the agent (values are never shown)
     #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl secrets list\n  agenshield proxy ctl secrets set openai < key.txt"
+    )]
     Secrets(SecretsCommand),
     /// The audit log (read directly; the daemon need not run)
     #[command(subcommand)]
+    #[command(after_help = "Example:\n  agenshield proxy ctl audit verify")]
     Audit(AuditCommand),
 }
 
@@ -214,7 +278,14 @@ pub enum ClientAuthArg {
 pub enum AuditCommand {
     /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
     /// log and its rotated files, oldest first; or FILEs, in the order given
-    Verify { files: Vec<PathBuf> },
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify /var/log/agenshield/proxy-audit.jsonl.1 /var/log/agenshield/proxy-audit.jsonl"
+    )]
+    Verify {
+        /// Audit log files in order, oldest first (default: the configured log and its
+        /// rotations)
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -229,6 +300,9 @@ pub enum SecretsCommand {
         printf %s \"$TOKEN\" | agenshield proxy ctl secrets set github\n  \
         agenshield proxy ctl secrets set gh --from-command 'gh auth token' --ttl 55m\n  \
         agenshield proxy ctl secrets set api --oauth2-token-url https://auth.example.com/oauth/token --client-id my-client < client-secret.txt")]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl secrets set openai                 # prompts, no echo\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl secrets set github --from-command 'gh auth token' --ttl 55m\n  agenshield proxy ctl secrets set api --oauth2-token-url https://auth.example.com/token --client-id agent < client-secret.txt"
+    )]
     Set {
         /// 1-64 of A-Z a-z 0-9 _ -; the agent's placeholder is agenshield:secret:NAME
         name: String,
@@ -258,9 +332,16 @@ pub enum SecretsCommand {
     },
     /// Names, kinds, the rules that bind them, when each was set and last used, and for
     /// fetched secrets their source and expiry; never values
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl secrets list\n  agenshield proxy ctl secrets list --json"
+    )]
     List,
     /// Remove a secret (refused while a rule binds it)
-    Rm { name: String },
+    #[command(after_help = "Example:\n  agenshield proxy ctl secrets rm openai")]
+    Rm {
+        /// The secret's name
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -268,8 +349,13 @@ pub enum PolicyCommand {
     /// What the policy decides for METHOD URL: decision, rule, explanation, obligations.
     /// `check DNS NAME`: whether the agent's DNS stub answers NAME (allow) or says NXDOMAIN
     /// without asking any resolver (deny)
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy check POST https://api.openai.com/v1/chat/completions --agent coder\n  agenshield proxy ctl policy check GET https://x.test/ --policy ./policies --exit-code\n  agenshield proxy ctl policy check DNS github.com"
+    )]
     Check {
+        /// The request's method (GET, POST, …), or DNS to ask about a name
         method: String,
+        /// The full URL (https://host/path), or the name for DNS
         url: String,
         /// Decide offline against these policy files (a directory, or one file) instead of
         /// asking the daemon. Without it, and with the daemon down, the configured policy
@@ -287,15 +373,23 @@ pub enum PolicyCommand {
     },
     /// Validate policy files (a directory, or files; default: the configured policy
     /// directory); exit 2 on errors
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl policy lint\n  agenshield proxy ctl policy lint ./policies\n  agenshield proxy ctl policy lint new-rules.toml --json"
+    )]
     Lint {
+        /// A policy directory, or policy files (TOML or AgenShield JSON)
         #[arg(value_name = "DIR|FILE")]
         files: Vec<PathBuf>,
     },
     /// The policy in force: directory, hash, rules, mode, load time, last reload error
+    #[command(after_help = "Example:\n  agenshield proxy ctl policy show")]
     Show,
     /// Learn mode: draft allow rules from the audit log's refusals and report-mode
     /// would-be refusals, grouped by host, with counts. Run with `mode = "report"` for a
     /// while, suggest, review, move the file into the policy directory, enforce
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl policy suggest\n  agenshield proxy ctl policy suggest --since 1d --agent coder --write /tmp/suggested.toml"
+    )]
     Suggest {
         /// Only decisions this recent (e.g. 1d, 6h)
         #[arg(long, value_name = "DURATION")]
@@ -312,17 +406,24 @@ pub enum PolicyCommand {
 #[derive(Debug, Subcommand)]
 pub enum CaCommand {
     /// Path, subject, SHA-256 fingerprint and expiry of the CA certificate
+    #[command(after_help = "Example:\n  agenshield proxy ctl ca show")]
     Show,
     /// The CA certificate (PEM) on stdout, to trust it elsewhere
+    #[command(after_help = "Example:\n  agenshield proxy ctl ca export > agenshield-ca.pem")]
     Export,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum PendingCommand {
     /// Requests waiting for an answer
+    #[command(after_help = "Example:\n  agenshield proxy ctl pending list")]
     List,
     /// Let a held request through
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl pending approve 7f3c9a01\n  agenshield proxy ctl pending approve 7f3c9a01 --remember"
+    )]
     Approve {
+        /// The held request's id (`ctl pending list`)
         id: String,
         /// Also let later requests that rule asks about, to the same host and port, through
         /// until the daemon restarts
@@ -330,7 +431,11 @@ pub enum PendingCommand {
         remember: bool,
     },
     /// Refuse a held request (the agent gets a 403)
-    Deny { id: String },
+    #[command(after_help = "Example:\n  agenshield proxy ctl pending deny 7f3c9a01")]
+    Deny {
+        /// The held request's id (`ctl pending list`)
+        id: String,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -350,11 +455,16 @@ pub struct FirewallArgs {
 #[derive(Debug, Clone, Copy, Subcommand)]
 pub enum FirewallAction {
     /// Install (or atomically replace) the rules for the configured agent users
+    #[command(after_help = "Example:\n  sudo agenshield proxy firewall up")]
     Up,
     /// Remove the rules: the agent users' traffic goes direct again
+    #[command(after_help = "Example:\n  sudo agenshield proxy firewall down")]
     Down,
     /// Whether the rules are in place, match the configuration, and which uids they cover
     /// (exit 0 only when in place and matching)
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy firewall status\n  sudo agenshield proxy firewall status --json"
+    )]
     Status,
 }
 
@@ -364,9 +474,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// FOR TESTS ONLY: treat every transparent connection as headed to ADDR instead of
+    /// For tests only (hidden): treat every transparent connection as headed to ADDR instead of
     /// asking the firewall for its original destination
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", hide = true)]
     pub orig_dst_override: Option<SocketAddr>,
 
     /// Check the configuration, policy, secrets, CA and worker user as `run` would read
@@ -379,3 +489,7 @@ pub struct RunArgs {
     #[arg(long, hide = true)]
     pub worker: bool,
 }
+
+#[cfg(test)]
+#[path = "cli_tests.rs"]
+mod tests;

@@ -73,6 +73,12 @@ fn main() -> ExitCode {
             Some(cfg) => ExitCode::from(agenshield_proxy::cmd::exec::command(&cfg, args.command)),
             None => ExitCode::from(2),
         },
+        Top::Proxy(ProxyCommand::Completions { shell }) => {
+            ExitCode::from(agenshield_proxy::cmd::docs::completions(shell))
+        }
+        Top::Proxy(ProxyCommand::Man { dir }) => {
+            ExitCode::from(agenshield_proxy::cmd::docs::man(dir.as_deref()))
+        }
         Top::Proxy(ProxyCommand::Doctor(args)) => match agent_config(args.config.as_deref()) {
             Some(cfg) => ExitCode::from(agenshield_proxy::cmd::doctor::command(&cfg, &args)),
             None => ExitCode::from(2),

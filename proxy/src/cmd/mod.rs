@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod ctl;
+pub mod docs;
 pub mod doctor;
 pub mod exec;
 pub mod firewall;
