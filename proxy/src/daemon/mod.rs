@@ -189,6 +189,12 @@ pub async fn serve(
             .as_deref()
             .map_or("off".to_string(), |p| p.display().to_string()),
     );
+    // The try-it commands with this daemon's own CA and listener, to copy as they are.
+    let ca = cfg.certs.join("ca.pem");
+    println!(
+        "agenshield: try it: curl --cacert {ca} -x http://{explicit_addr} https://example.com/   # a 403 JSON refusal: the policy denies it, nothing leaves",
+        ca = ca.display()
+    );
     let _ = std::io::stdout().flush();
 
     let mut hup = signal(SignalKind::hangup())?;
