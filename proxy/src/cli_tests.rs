@@ -7,7 +7,10 @@ use super::Cli;
 
 fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
     let name = format!("{path} {}", cmd.get_name()).trim().to_string();
-    if cmd.get_after_help().is_none_or(|h| !h.to_string().contains("Example")) {
+    if cmd
+        .get_after_help()
+        .is_none_or(|h| !h.to_string().contains("Example"))
+    {
         out.push(format!("{name}: no examples"));
     }
     if cmd.get_about().is_none() && path.contains(' ') {
@@ -51,7 +54,10 @@ fn test_only_flags_are_hidden_and_version_is_everywhere() {
             .get_arguments()
             .find(|a| a.get_id() == id)
             .unwrap_or_else(|| panic!("{id}"));
-        assert!(arg.is_hide_set(), "{id} is for tests and the supervisor only");
+        assert!(
+            arg.is_hide_set(),
+            "{id} is for tests and the supervisor only"
+        );
     }
     for argv in [
         &["agenshield", "--version"][..],

@@ -59,8 +59,23 @@ pub(crate) async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     if let Ok(Some(group)) = nix::unistd::Group::from_name(ADMIN_GROUP) {
-        nix::unistd::chown(path, None, Some(group.gid))
-            .with_context(|| format!("giving {} to group {ADMIN_GROUP}", path.display()))?;
+        match nix::unistd::chown(path, None, Some(group.gid)) {
+            Ok(()) => {}
+            // A daemon run by a user outside the group may not give the socket to it: the
+            // socket stays with the user's own group (0660), which root and the user can
+            // still use. Said once, with the fix; not a reason to refuse to start.
+            Err(nix::errno::Errno::EPERM) => tracing::warn!(
+                "the admin socket {} stays with this user's group: only members of {ADMIN_GROUP} \
+                 may give it to {ADMIN_GROUP}, so its members cannot use this daemon's ctl \
+                 (root and this user can). To share it: sudo usermod -aG {ADMIN_GROUP} $USER, \
+                 then log in again",
+                path.display()
+            ),
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("giving {} to group {ADMIN_GROUP}", path.display())))
+            }
+        }
     }
     Ok(listener)
 }
