@@ -60,6 +60,8 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
     let (mut rule_count, mut ignored) = (0, 0);
     let mut secret_refs = Vec::new();
     let mut secret_rates: Vec<SecretRate> = Vec::new();
+    // Rule errors are collected, so one run of lint shows every rule that needs fixing.
+    let mut errors: Vec<PolicyError> = Vec::new();
 
     for (file_idx, src) in sources.iter().enumerate() {
         let at = |span: Range<usize>| Location::at(&src.name, &src.text, span);
@@ -108,14 +110,21 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
         for (rule_idx, def) in parsed.rules.iter().enumerate() {
             if let Some((first_file, first_span)) = ids.get(def.id.get_ref()) {
                 let first = &sources[*first_file];
-                return Err(PolicyError::DuplicateId {
+                errors.push(PolicyError::DuplicateId {
                     at: at(def.id.span()),
                     first: Location::at(&first.name, &first.text, first_span.clone()),
                     id: def.id.get_ref().clone(),
                 });
+                continue;
             }
             let mut uses = Vec::new();
-            let parts = compile_rule(def, &at, &mut globs, &mut uses)?;
+            let parts = match compile_rule(def, &at, &mut globs, &mut uses) {
+                Ok(parts) => parts,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
             let rule_id: std::sync::Arc<str> = def.id.get_ref().as_str().into();
             secret_refs.extend(uses.into_iter().map(|u| SecretRef {
                 secret: u.secret,
@@ -137,6 +146,9 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
         }
     }
 
+    if let Some(e) = PolicyError::all(errors) {
+        return Err(e);
+    }
     pending.sort_by_key(|(key, _, _)| *key);
     let mut index = HostIndex::default();
     let mut rules = Vec::with_capacity(pending.len());

@@ -80,6 +80,9 @@ pub enum PolicyError {
     /// Two files set a policy-wide key (`default`, `mode`) to different values.
     #[error("{0}")]
     Conflict(Box<Conflict>),
+    /// Several rules are wrong: every one, one per line, in file order.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<PolicyError>),
 }
 
 /// Details of [`PolicyError::Conflict`] (boxed: keeps `Result<_, PolicyError>` small).
@@ -94,6 +97,15 @@ pub struct Conflict {
 }
 
 impl PolicyError {
+    /// `None` for no errors, the error itself for one, `Several` for more.
+    pub(crate) fn all(mut errors: Vec<PolicyError>) -> Option<PolicyError> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(PolicyError::Several(errors)),
+        }
+    }
+
     /// The source the error is in, when it is about one.
     pub fn location(&self) -> Option<&Location> {
         match self {
@@ -103,6 +115,7 @@ impl PolicyError {
             | PolicyError::DuplicateId { at, .. }
             | PolicyError::MissingSecret { at, .. } => Some(at),
             PolicyError::Conflict(c) => Some(&c.second),
+            PolicyError::Several(all) => all.first().and_then(PolicyError::location),
             PolicyError::Read { .. } | PolicyError::NoFiles { .. } => None,
         }
     }

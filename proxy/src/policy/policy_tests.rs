@@ -308,3 +308,49 @@ fn url_tricks_cannot_reach_what_a_rule_denies() {
         assert!(decide_url(&p, "GET", refused).is_err(), "{refused}");
     }
 }
+
+/// One run of lint shows every rule that needs fixing, each where it is, in file order.
+#[test]
+fn every_bad_rule_of_a_file_is_reported() {
+    let text = "version = 1\n\
+                [[rule]]\nid = \"bad id!\"\nhosts = [\"a.test\"]\naction = \"allow\"\n\
+                [[rule]]\nid = \"ok\"\nhosts = [\"b.test\"]\naction = \"allow\"\n\
+                [[rule]]\nid = \"two\"\nhosts = [\"*x.test\"]\naction = \"allow\"\n\
+                [[rule]]\nid = \"three\"\nhosts = [\"c.test\"]\naction = \"maybe\"\n\
+                [[rule]]\nid = \"ok\"\nhosts = [\"d.test\"]\naction = \"allow\"\n";
+    let e = Policy::from_sources(&[PolicySource {
+        name: "/p/many.toml".into(),
+        text: text.into(),
+    }])
+    .expect_err("four bad rules")
+    .to_string();
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "the id error (the file's shape, checked first): {e}"
+    );
+    // Ids first (the file's shape), then, once they are fixed, the rules' contents.
+    assert!(
+        lines[0].starts_with("/p/many.toml:3:") && lines[0].contains("invalid id"),
+        "{e}"
+    );
+    let fixed = text.replace("bad id!", "one");
+    let e = Policy::from_sources(&[PolicySource {
+        name: "/p/many.toml".into(),
+        text: fixed,
+    }])
+    .expect_err("three bad rules")
+    .to_string();
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 3, "{e}");
+    assert!(
+        lines[0].starts_with("/p/many.toml:12:") && lines[0].contains("rule `two`"),
+        "{e}"
+    );
+    assert!(
+        lines[1].starts_with("/p/many.toml:17:") && lines[1].contains("unknown action"),
+        "{e}"
+    );
+    assert!(lines[2].contains("duplicate rule id `ok`"), "{e}");
+}

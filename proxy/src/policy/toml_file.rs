@@ -78,6 +78,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
         Some(_) => {}
     }
     let mut rules = Vec::with_capacity(file.rules.len());
+    let mut errors = Vec::new();
     for r in file.rules {
         let rule_err = |span, message: String| PolicyError::Rule {
             at: at(span),
@@ -85,16 +86,18 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             message,
         };
         if !is_valid_id(r.id.get_ref(), MAX_ID_LEN) {
-            return Err(rule_err(
+            errors.push(rule_err(
                 r.id.span(),
                 format!("invalid id (use 1..={MAX_ID_LEN} of A-Z a-z 0-9 . _ : -)"),
             ));
+            continue;
         }
         if r.id.get_ref() == super::DEFAULT_RULE {
-            return Err(rule_err(
+            errors.push(rule_err(
                 r.id.span(),
                 "the id \"default\" names the policy's `default` in records, metrics and tail; choose another".into(),
             ));
+            continue;
         }
         let matcher = MatchDef {
             schemes: r.schemes,
@@ -117,6 +120,9 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             tls: r.tls,
             matchers: vec![matcher],
         });
+    }
+    if let Some(e) = PolicyError::all(errors) {
+        return Err(e);
     }
     Ok(ParsedSource {
         default: file.default,
