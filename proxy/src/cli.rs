@@ -33,7 +33,7 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Top {
-    /// The egress proxy: run the daemon
+    /// The egress proxy: run, install and operate it
     #[command(
         subcommand,
         after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy ctl status\n  sudo agenshield proxy install\n  agenshield proxy doctor"
@@ -205,7 +205,7 @@ pub struct CtlArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
-    /// Uptime, listeners, firewall state, policy hash and load time, last reload error, counts
+    /// Uptime, listeners, firewall state, CA, policy hash and load time, last reload error, counts
     #[command(
         after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl status --json | jq .policy.hash"
     )]
@@ -235,7 +235,7 @@ pub enum CtlCommand {
         #[arg(long)]
         host: Option<String>,
     },
-    /// Check, lint or show policy
+    /// Check, lint, show, or learn (suggest) policy
     #[command(subcommand)]
     #[command(
         after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy lint ./policies"
