@@ -274,6 +274,18 @@ pub(super) fn event(v: &Value) -> String {
         names => format!(" secrets={}", names.replace(", ", ",")),
     };
     let proto = s(&v["protocol"]);
+    // Whose decision it was (the agent's uid), and a report-mode pass that enforcing
+    // would refuse.
+    let agent = v["agent_uid"]
+        .as_u64()
+        .map(|u| format!(" agent={u}"))
+        .unwrap_or_default();
+    let would = if v["would_deny"] == true {
+        " (report mode: would deny)"
+    } else {
+        ""
+    };
+    let secrets = format!("{secrets}{agent}{would}");
     let decision = s(&v["decision"]);
     let what = match s(&v["kind"]) {
         "close" => format!(
@@ -306,7 +318,7 @@ pub(super) fn event(v: &Value) -> String {
             )
         }
         "connection" if v["method"].is_null() => format!(
-            "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}",
+            "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}{secrets}",
             "",
             proto.to_uppercase(),
         ),

@@ -233,7 +233,12 @@ impl Record {
 /// Milliseconds rounded to the microsecond, so a record never shows float noise
 /// (`0.30000000000000004`).
 fn micros<S: Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64((ms * 1000.0).round() / 1000.0)
+    s.serialize_f64(rounded_ms(*ms))
+}
+
+/// Milliseconds to the microsecond, so `0.062` is written, not `0.06234100000000001`.
+pub(crate) fn rounded_ms(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

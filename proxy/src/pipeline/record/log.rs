@@ -36,7 +36,7 @@ fn emit(level: Level, r: &Record) {
                 secrets = %r.secrets.join(","),
                 bytes_up = r.bytes_up,
                 bytes_down = r.bytes_down,
-                ms = r.ms,
+                ms = super::format::rounded_ms(r.ms),
                 "{}",
                 summary(r)
             )
