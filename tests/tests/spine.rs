@@ -294,7 +294,7 @@ async fn untrusted_or_wrong_name_upstream_certificate_is_502_never_a_pass() {
     for (host, up) in [("untrusted.test", &untrusted), ("wrongname.test", &wrong)] {
         let url = format!("https://{host}:{}/", up.addr.port());
         let out = curl(&["--cacert", &ca, "--proxy", &proxy, &url], false).await;
-        assert_refused(&out, 502, "upstream_tls", None);
+        assert_refused(&out, 502, "upstream_tls", Some("upstreams"));
         assert!(up.requests().is_empty(), "{host}: no request may be sent");
     }
 }
