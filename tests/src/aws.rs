@@ -343,22 +343,11 @@ fn dechunk(
 
 /// `20261124T101500Z`.
 fn parse_amz_date(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
-        return None;
-    }
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (n(0..4)?, n(4..6)?, n(6..8)?);
-    let (hh, mm, ss) = (n(9..11)?, n(11..13)?, n(13..15)?);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
+    let format =
+        time::format_description::parse_borrowed::<2>("[year][month][day]T[hour][minute][second]Z")
+            .ok()?;
+    let t = time::PrimitiveDateTime::parse(s, &format).ok()?;
+    Some(t.assume_utc().into())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -307,6 +307,46 @@ impl Daemon {
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    /// Every byte the daemon wrote where an operator could read it: its log, the audit log,
+    /// a metrics scrape, and what `ctl status`, `tail --json`, `secrets list --json` and
+    /// `policy show` print. For tests that grep it for a secret.
+    pub async fn everything_written(&self) -> String {
+        let mut wrote = self.logs();
+        wrote.push_str(&std::fs::read_to_string(self.audit_path()).expect("audit log"));
+        let metrics =
+            crate::curl::curl(&[&format!("http://{}/metrics", self.metrics)], false).await;
+        assert_eq!(metrics.status, 200, "metrics scrape");
+        wrote.push_str(&metrics.text());
+        for args in [
+            &["status"][..],
+            &["tail", "--json"],
+            &["secrets", "list", "--json"],
+            &["policy", "show"],
+        ] {
+            let (_, out, err) = self.ctl(&[], args);
+            wrote.push_str(&out);
+            wrote.push_str(&err);
+        }
+        wrote
+    }
+
+    /// Waits (up to 10 s) until `ctl policy show` mentions every one of `names`: a policy
+    /// file just written has been loaded.
+    pub fn wait_for_policy(&self, names: &[&str]) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, out, _) = self.ctl(&[], &["policy", "show"]);
+            if names.iter().all(|n| out.contains(n)) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the policy never loaded {names:?}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Daemon {

@@ -10,18 +10,11 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
+use agenshield_e2e::audit;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::netlab::{root_or_skip, AgentUser, FirewallCleanup, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
-
-fn records(daemon: &Daemon) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(daemon.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_on_one_machine_get_their_own_rules() {
@@ -128,7 +121,7 @@ action = "allow"
     );
 
     // The audit log says whose each decision was, and by which rule.
-    let recs = records(&daemon);
+    let recs = audit::lines(&daemon.audit_path());
     let find = |uid: u32, host: &str| {
         recs.iter()
             .find(|r| r["agent_uid"] == uid && r["host"] == host)

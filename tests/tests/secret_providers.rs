@@ -8,9 +8,10 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agenshield_e2e::api::{ApiUpstream, LOCAL};
+use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::{OauthClient, UpstreamOptions};
@@ -144,27 +145,8 @@ impl World {
             BINDINGS,
         )
         .expect("write policy");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, out, _) = self.daemon.ctl(&[], &["policy", "show"]);
-            if out.contains("gh.test") && out.contains("api.test") {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the bindings never loaded: {out}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.daemon.wait_for_policy(&["gh.test", "api.test"]);
     }
-}
-
-fn records(daemon: &Daemon) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(daemon.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 fn list(daemon: &Daemon) -> serde_json::Value {
@@ -325,7 +307,7 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
         "the agent is not told the operator's details"
     );
     agent_saw.push_str(&out.text());
-    let refused = records(&w.daemon)
+    let refused = audit::lines(&w.daemon.audit_path())
         .into_iter()
         .rev()
         .find(|r| r["host"] == "gh.test")

@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use agenshield_e2e::api::{ApiUpstream, LOCAL};
+use agenshield_e2e::audit;
 use agenshield_e2e::aws::AwsAccount;
 use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
@@ -95,15 +95,7 @@ impl World {
             assert_eq!(code, 0, "secrets set {name}: {err}");
         }
         std::fs::write(daemon.dir.path().join("policies/aws.toml"), BINDINGS).expect("policy");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, out, _) = daemon.ctl(&[], &["policy", "show"]);
-            if out.contains("s3.test") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the rule never loaded: {out}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        daemon.wait_for_policy(&["s3.test"]);
         let scratch = tempfile::tempdir().expect("tempdir");
         std::fs::write(
             scratch.path().join("config"),
@@ -230,14 +222,6 @@ fn time_now() -> String {
         .output()
         .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn records(daemon: &Daemon) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(daemon.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 fn assert_no_key(what: &str, text: &str) {
@@ -392,7 +376,7 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
     );
     agent_saw.push_str(&out);
     agent_saw.push_str(&err);
-    let recs = records(&w.daemon);
+    let recs = audit::lines(&w.daemon.audit_path());
     let refused = recs
         .iter()
         .find(|r| r["host"] == "other.test")
@@ -410,19 +394,8 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
 
     // 5. No real key in anything the agent saw or the daemon wrote.
     assert_no_key("the agent's view", &agent_saw);
-    let mut wrote = w.daemon.logs();
-    wrote.push_str(&std::fs::read_to_string(w.daemon.audit_path()).expect("audit"));
-    let metrics = curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false).await;
-    wrote.push_str(&metrics.text());
-    for args in [
-        &["status"][..],
-        &["tail", "--json"],
-        &["secrets", "list", "--json"],
-        &["policy", "show"],
-    ] {
-        let (_, out, err) = w.daemon.ctl(&[], args);
-        wrote.push_str(&out);
-        wrote.push_str(&err);
-    }
-    assert_no_key("what the daemon wrote", &wrote);
+    assert_no_key(
+        "what the daemon wrote",
+        &w.daemon.everything_written().await,
+    );
 }

@@ -102,28 +102,18 @@ fn ca(dir: &Path) -> Part {
     if let Err(e) = std::fs::File::open(&key) {
         return Part::Failed(format!("CA: cannot read {}: {e}", key.display()));
     }
-    let text = match std::fs::read_to_string(&cert) {
-        Ok(t) => t,
-        Err(e) => return Part::Failed(format!("CA: cannot read {}: {e}", cert.display())),
-    };
-    let certs = crate::cmd::trust::bundle::certs_of(&text);
-    let [der] = certs.as_slice() else {
-        return Part::Failed(format!(
-            "{} holds {} certificates, not one",
-            cert.display(),
-            certs.len()
-        ));
-    };
-    match agenshield_certs::inspect(der.as_ref()) {
-        Ok(f) if f.expiry(time::OffsetDateTime::now_utc()) == agenshield_certs::Expiry::Expired => {
+    match super::ca_file::read(&cert) {
+        Ok((_, f))
+            if f.expiry(time::OffsetDateTime::now_utc()) == agenshield_certs::Expiry::Expired =>
+        {
             Part::Failed(format!("{} expired", cert.display()))
         }
-        Ok(f) => Part::Ok(format!(
+        Ok((_, f)) => Part::Ok(format!(
             "{} (SHA-256 {}, valid until {})",
             cert.display(),
             f.fingerprint_sha256,
             f.not_after.date()
         )),
-        Err(e) => Part::Failed(format!("{}: {e}", cert.display())),
+        Err(why) => Part::Failed(why),
     }
 }

@@ -1,6 +1,7 @@
 //! The one-shot commands of the `agenshield` binary beside `proxy run`: `ctl`, `install` /
 //! `uninstall`, `firewall`, `exec`, `doctor`, and the CA trust variables they share.
 
+mod ca_file;
 pub mod check;
 pub mod ctl;
 pub mod docs;

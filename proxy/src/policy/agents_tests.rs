@@ -1,18 +1,7 @@
 //! `agents = [...]`: a rule for some agents only.
 
-use super::super::{Action, Policy, PolicySource, RequestFacts, Scheme};
-
-fn policy(text: &str) -> Result<Policy, String> {
-    Policy::from_sources(&[PolicySource {
-        name: "/p/s.toml".into(),
-        text: text.into(),
-    }])
-    .map_err(|e| e.to_string())
-}
-
-fn rule(extra: &str) -> String {
-    format!("version = 1\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n{extra}\n")
-}
+use super::super::inject::tests::{policy, rule};
+use super::super::{Action, RequestFacts, Scheme};
 
 #[test]
 fn agents_scope_a_rule_to_their_uids_and_an_unknown_agent_matches_none() {

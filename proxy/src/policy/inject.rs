@@ -451,4 +451,4 @@ pub struct SecretRate {
 
 #[cfg(test)]
 #[path = "inject_tests.rs"]
-mod tests;
+pub(super) mod tests;

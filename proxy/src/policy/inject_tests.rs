@@ -3,7 +3,8 @@
 use super::super::{Action, Policy, PolicySource, RequestFacts, Scheme, SwapPlaces};
 use super::*;
 
-fn policy(text: &str) -> Result<Policy, String> {
+/// `text` as the one policy file `/p/s.toml`; the error as the linter prints it.
+pub(in crate::policy) fn policy(text: &str) -> Result<Policy, String> {
     Policy::from_sources(&[PolicySource {
         name: "/p/s.toml".into(),
         text: text.into(),
@@ -11,7 +12,8 @@ fn policy(text: &str) -> Result<Policy, String> {
     .map_err(|e| e.to_string())
 }
 
-fn rule(extra: &str) -> String {
+/// One allow rule `api` for `api.test`, with `extra` lines.
+pub(in crate::policy) fn rule(extra: &str) -> String {
     format!("version = 1\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n{extra}\n")
 }
 

@@ -38,7 +38,7 @@ pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
     }
 }
 
-fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
         h.append(

@@ -7,11 +7,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request};
+use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 
 use crate::policy::Sigv4Keys;
 use crate::secrets::aws_chunked::Rechunker;
+use crate::secrets::scan::tests::headers;
 use crate::secrets::scan::Violation;
 use crate::secrets::set::SecretSet;
 use crate::secrets::sigv4::{self, Body, ChunkSigner};
@@ -54,17 +55,6 @@ fn agent_auth(scope: &str, signed: &str) -> String {
     format!(
         "AWS4-HMAC-SHA256 Credential=agenshield:secret:aws_key/{scope},SignedHeaders={signed},Signature={BOGUS}"
     )
-}
-
-fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    for (k, v) in pairs {
-        h.append(
-            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            HeaderValue::from_str(v).expect("value"),
-        );
-    }
-    h
 }
 
 fn signature(auth: &HeaderValue) -> String {

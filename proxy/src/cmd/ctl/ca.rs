@@ -4,26 +4,17 @@
 
 use super::{output, print, Config, OK};
 use crate::cli::CaCommand;
-use crate::cmd::trust::bundle;
 
 pub(super) fn run(cfg: &Config, cmd: CaCommand, json: bool) -> u8 {
     let path = cfg.certs.join("ca.pem");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
+    let (text, facts) = match crate::cmd::ca_file::read(&path) {
+        Ok(read) => read,
+        Err(why) if !path.exists() => {
             return output::failed(format!(
-            "cannot read the CA certificate {}: {e} (the daemon creates it when it first starts)",
-            path.display()
-        ))
+                "{why} (the daemon creates it when it first starts)"
+            ))
         }
-    };
-    let certs = bundle::certs_of(&text);
-    let [der] = certs.as_slice() else {
-        return output::failed(format!(
-            "{} holds {} certificates, not one CA",
-            path.display(),
-            certs.len()
-        ));
+        Err(why) => return output::failed(why),
     };
     match cmd {
         CaCommand::Export => {
@@ -32,10 +23,6 @@ pub(super) fn run(cfg: &Config, cmd: CaCommand, json: bool) -> u8 {
             OK
         }
         CaCommand::Show => {
-            let facts = match agenshield_certs::inspect(der.as_ref()) {
-                Ok(f) => f,
-                Err(e) => return output::failed(format!("{}: {e}", path.display())),
-            };
             let not_after = facts
                 .not_after
                 .format(&time::format_description::well_known::Rfc3339)

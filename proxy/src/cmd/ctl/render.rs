@@ -285,7 +285,8 @@ pub(super) fn event(v: &Value) -> String {
     } else {
         ""
     };
-    let secrets = format!("{secrets}{agent}{would}");
+    // What follows the rule on a decision line.
+    let tail = format!("{secrets}{agent}{would}");
     let decision = s(&v["decision"]);
     let what = match s(&v["kind"]) {
         "close" => format!(
@@ -318,12 +319,12 @@ pub(super) fn event(v: &Value) -> String {
             )
         }
         "connection" if v["method"].is_null() => format!(
-            "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}{secrets}",
+            "{decision:<12} {:>3} {:<6} {proto}://{hostport}  rule={rule}{error}{tail}",
             "",
             proto.to_uppercase(),
         ),
         _ => format!(
-            "{decision:<12} {:>3} {:<6} {proto}://{hostport}{}  rule={rule}{error}{secrets}",
+            "{decision:<12} {:>3} {:<6} {proto}://{hostport}{}  rule={rule}{error}{tail}",
             v["status"],
             s(&v["method"]),
             s(&v["path"]),
