@@ -133,11 +133,11 @@ action = "allow"
         (r["decision"].as_str(), r["rule"].as_str()),
         (Some("allow"), Some("coder-code"))
     );
-    // The policy's default: the audit log writes no rule id for it.
+    // The policy's default decided: named `default`, as in ctl, logs and metrics.
     let r = find(triage.uid, "code.test");
     assert_eq!(
         (r["decision"].as_str(), r["rule"].as_str()),
-        (Some("deny"), None)
+        (Some("deny"), Some("default"))
     );
     let r = find(triage.uid, "tickets.test");
     assert_eq!(r["rule"], "triage-tickets");

@@ -330,7 +330,10 @@ fn deciding_rule(d: &Daemon) -> String {
     );
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).expect("json");
-    v["rule_id"].as_str().unwrap_or("default").to_string()
+    v["rule_id"]
+        .as_str()
+        .expect("a decision names its rule")
+        .to_string()
 }
 
 /// Waits (bounded) for `want` to decide; how long it took.

@@ -172,7 +172,7 @@ async fn raw_tcp_allowed_and_refused_each_leave_one_decision_record() {
     assert_eq!(refused["port"], refused_port);
     assert_eq!(refused["error_code"], "policy_denied");
     assert_eq!(refused["listener"], "explicit");
-    assert!(refused["rule"].is_null(), "the default decided: {refused}");
+    assert_eq!(refused["rule"], "default", "the default decided: {refused}");
     let closes: Vec<&&Value> = tcp.iter().filter(|v| v["kind"] == "close").collect();
     assert_eq!(closes.len(), 1, "{tcp:#?}");
     let close = closes[0];

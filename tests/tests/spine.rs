@@ -74,6 +74,7 @@ impl World {
             "b.test",
             "untrusted.test",
             "wrongname.test",
+            "nobody.test",
         ]
         .iter()
         .map(|n| (n.to_string(), LOCAL))
@@ -190,7 +191,10 @@ async fn denied_host_gets_403_json_naming_the_rule() {
     for out in w.both("https", "denied.test", "/", &[]).await {
         assert_refused(&out, 403, "policy_denied", Some("block-denied"));
     }
-    // A host no rule mentions falls to the default, which names no rule.
+    // A host no rule mentions falls to the policy's default, named `default` in the body.
+    for out in w.both("https", "nobody.test", "/", &[]).await {
+        assert_refused(&out, 403, "policy_denied", Some("default"));
+    }
     for out in w.both("https", "a.test", "/", &[]).await {
         assert_eq!(out.status, 200, "a.test is allowed: {out:?}");
     }
@@ -198,7 +202,7 @@ async fn denied_host_gets_403_json_naming_the_rule() {
         .up
         .requests()
         .iter()
-        .all(|r| r.sni.as_deref() != Some("denied.test")));
+        .all(|r| !matches!(r.sni.as_deref(), Some("denied.test" | "nobody.test"))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -430,7 +430,7 @@ impl Metrics {
             return;
         }
         let decision = r.decision.as_str();
-        let rule = r.rule.as_deref().unwrap_or(crate::policy::DEFAULT_RULE);
+        let rule = r.rule.as_deref().unwrap_or(crate::policy::NO_RULE);
         self.requests
             .with_label_values(&[decision, rule, host, r.protocol.as_str()])
             .inc();

@@ -40,7 +40,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
             .current()
             .redact(&decision.explanation)
             .into_owned();
-        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or(crate::policy::DEFAULT_RULE), "report mode: would deny: {why}");
+        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or(crate::policy::NO_RULE), "report mode: would deny: {why}");
     }
     let action = decision.action;
     ctx.decision = Some(decision);
@@ -93,7 +93,7 @@ pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result
         tracing::warn!(
             host = shown,
             port,
-            rule = d.rule_id.as_deref().unwrap_or(crate::policy::DEFAULT_RULE),
+            rule = d.rule_id.as_deref().unwrap_or(crate::policy::NO_RULE),
             "report mode: would deny raw TCP: {}",
             d.explanation
         );

@@ -178,7 +178,7 @@ impl Policy {
         Decision {
             action: if reported_deny { Action::Allow } else { action },
             reported_deny,
-            rule_id: rule.map(|r| Arc::clone(&r.id)),
+            rule_id: Some(rule.map_or_else(super::default_rule_id, |r| Arc::clone(&r.id))),
             explanation: text,
             obligations,
             secrets,

@@ -56,10 +56,10 @@ fn decision_table() {
         (http("GET", "api.github.com", 443, "/repos/a/b"), Allow, Some("github-api")),
         (http("POST", "API.GitHub.com.", 443, "/repos/a/b/pulls"), Allow, Some("github-api")),
         (http("get", "api.github.com", 443, "/user"), Allow, Some("github-api")),
-        (http("PUT", "api.github.com", 443, "/repos/a/b"), Deny, None),
-        (http("GET", "api.github.com", 80, "/repos/a/b"), Deny, None),
-        (http("GET", "api.github.com", 443, "/users/x"), Deny, None),
-        (http("GET", "api.github.com", 443, "/repos"), Deny, None),
+        (http("PUT", "api.github.com", 443, "/repos/a/b"), Deny, Some("default")),
+        (http("GET", "api.github.com", 80, "/repos/a/b"), Deny, Some("default")),
+        (http("GET", "api.github.com", 443, "/users/x"), Deny, Some("default")),
+        (http("GET", "api.github.com", 443, "/repos"), Deny, Some("default")),
         // Equal priority: the deny wins although listed after the allow.
         (http("GET", "api.github.com", 443, "/repos/x/admin"), Deny, Some("gh-admin")),
         (http("GET", "api.github.com", 443, "/repos/x/admin/keys/1"), Deny, Some("gh-admin")),
@@ -67,9 +67,9 @@ fn decision_table() {
         // Leading wildcard: any depth, not the bare suffix.
         (http("GET", "raw.githubusercontent.com", 443, "/a"), Allow, Some("ghuc")),
         (http("GET", "a.b.githubusercontent.com", 443, "/a"), Allow, Some("ghuc")),
-        (http("GET", "githubusercontent.com", 443, "/a"), Deny, None),
-        (http("GET", "evilgithubusercontent.com", 443, "/a"), Deny, None),
-        (http("GET", "raw.githubusercontent.com", 8443, "/a"), Deny, None),
+        (http("GET", "githubusercontent.com", 443, "/a"), Deny, Some("default")),
+        (http("GET", "evilgithubusercontent.com", 443, "/a"), Deny, Some("default")),
+        (http("GET", "raw.githubusercontent.com", 8443, "/a"), Deny, Some("default")),
         // Priorities: a specific allow above a wildcard deny.
         (http("GET", "ci.internal.example", 443, "/"), Allow, Some("ci-box")),
         (http("GET", "db.internal.example", 443, "/"), Deny, Some("internal-deny")),
@@ -81,15 +81,15 @@ fn decision_table() {
         // Raw TCP: host+port rules match, method/path rules cannot.
         (tcp("github.com", 22), Allow, Some("ssh-git")),
         // Rules without `schemes = ["tcp"]` never allow opaque TCP.
-        (tcp("127.0.0.2", 8080), Deny, None),
-        (tcp("github.com", 23), Deny, None),
-        (tcp("api.github.com", 443), Deny, None),
-        (tcp("docs.example.com", 443), Deny, None),
+        (tcp("127.0.0.2", 8080), Deny, Some("default")),
+        (tcp("github.com", 23), Deny, Some("default")),
+        (tcp("api.github.com", 443), Deny, Some("default")),
+        (tcp("docs.example.com", 443), Deny, Some("default")),
         (http("GET", "sub.tie.example", 443, "/"), Allow, Some("order-b")),
         (http("GET", "127.0.0.2", 8080, "/"), Allow, Some("loopback")),
         (http("GET", "[::1]", 8080, "/"), Allow, Some("loopback")),
         (http("GET", "::ffff:127.0.0.2", 8080, "/"), Allow, Some("loopback")),
-        (tcp("127.0.0.1", 8080), Deny, None),
+        (tcp("127.0.0.1", 8080), Deny, Some("default")),
         (tcp("127.2", 8080), Deny, None),
         // Method deny at top priority; raw TCP is not over-denied by it.
         (http("DELETE", "api.github.com", 443, "/repos/a/b"), Deny, Some("no-delete")),
@@ -97,8 +97,8 @@ fn decision_table() {
         // Path globs: `*` stays within a segment.
         (http("GET", "docs.example.com", 443, "/index.html"), Allow, Some("docs-get")),
         (http("HEAD", "docs.example.com", 443, "/guide/intro"), Allow, Some("docs-get")),
-        (http("GET", "docs.example.com", 443, "/a/index.html"), Deny, None),
-        (http("GET", "nothing.test", 443, "/"), Deny, None),
+        (http("GET", "docs.example.com", 443, "/a/index.html"), Deny, Some("default")),
+        (http("GET", "nothing.test", 443, "/"), Deny, Some("default")),
         (http("GET", "bad host", 443, "/"), Deny, None),
         (http("GET", "api.github.com", 443, "/repos/%zz"), Deny, None),
     ];
@@ -143,7 +143,10 @@ fn default_allow_and_report_mode() {
     );
     assert_eq!(allow.default_action(), Action::Allow);
     let d = allow.decide(&http("GET", "good.example", 443, "/"));
-    assert_eq!((d.action, d.rule_id), (Action::Allow, None));
+    assert_eq!(
+        (d.action, d.rule_id.as_deref()),
+        (Action::Allow, Some("default"))
+    );
     assert_eq!(
         d.explanation,
         "no rule matched GET good.example:443/; default allow"
@@ -165,8 +168,8 @@ fn default_allow_and_report_mode() {
     );
     let d = report.decide(&http("GET", "nothing.test", 443, "/"));
     assert_eq!(
-        (d.action, d.reported_deny, d.rule_id),
-        (Action::Allow, true, None)
+        (d.action, d.reported_deny, d.rule_id.as_deref()),
+        (Action::Allow, true, Some("default"))
     );
     let d = report.decide(&http("GET", "order.example", 443, "/"));
     assert_eq!((d.action, d.reported_deny), (Action::Allow, false));

@@ -72,7 +72,7 @@ fn shipped_example_decides_as_documented() {
         ("GET", Https, "raw.githubusercontent.com", 443, "/o/r/main/x", Allow, id("github")),
         ("POST", Https, "github.com", 443, "/o/r.git/git-upload-pack", Allow, id("github")),
         ("GET", Https, "github.com", 443, "/", Allow, id("github")),
-        ("GET", Http, "github.com", 80, "/", Deny, None),
+        ("GET", Http, "github.com", 80, "/", Deny, Some("default".to_string())),
         ("GET", Https, "github.com", 8443, "/", Deny, id("allowedPorts")),
         ("POST", Https, "uploads.github.com", 443, "/repos/o/r/releases/1/assets", Ask, id("github-uploads")),
         ("PUT", Https, "registry.npmjs.org", 443, "/left-pad", Allow, id("npm")),
@@ -89,11 +89,11 @@ fn shipped_example_decides_as_documented() {
         ("GET", Http, "localhost", 3000, "/api", Allow, id("builtin-allow-localhost")),
         ("GET", Https, "127.0.0.1", 3000, "/", Allow, id("builtin-allow-localhost")),
         ("GET", Http, "localhost", 8080, "/", Deny, id("allowedPorts")),
-        ("GET", Https, "mirror.corp.example", 443, "/x", Deny, None),
-        ("GET", Https, "example.com", 443, "/", Deny, None),
+        ("GET", Https, "mirror.corp.example", 443, "/x", Deny, Some("default".to_string())),
+        ("GET", Https, "example.com", 443, "/", Deny, Some("default".to_string())),
         ("-", Tcp, "github.com", 22, "", Deny, id("allowedPorts")),
         // Opaque TCP would bypass interception: allowedHosts grants HTTP(S) only.
-        ("-", Tcp, "pypi.org", 443, "", Deny, None),
+        ("-", Tcp, "pypi.org", 443, "", Deny, Some("default".to_string())),
     ];
     for (method, scheme, host, port, path, action, rule) in cases {
         assert_eq!(
@@ -128,11 +128,11 @@ fn mapping_details() {
     #[rustfmt::skip]
     let cases = [
         ("GET", Https, "x.example", 443, "/private/k", Deny, id("any-op")),
-        ("GET", Https, "x.example", 443, "/private/a/b", Allow, None),
+        ("GET", Https, "x.example", 443, "/private/a/b", Allow, Some("default".to_string())),
         ("GET", Http, "y.example", 8080, "/", Deny, id("inferred")),
         ("-", Tcp, "y.example", 8080, "", Deny, id("inferred")),
         ("GET", Http, "z.example", 80, "/A/b/c", Deny, id("wild")),
-        ("GET", Https, "z.example", 80, "/b", Allow, None),
+        ("GET", Https, "z.example", 80, "/b", Allow, Some("default".to_string())),
         ("GET", Https, "::1", 9, "/", Deny, id("wild")),
     ];
     for (method, scheme, host, port, path, action, rule) in cases {

@@ -175,8 +175,8 @@ fn shipped_default_policy() {
             agent: None,
         });
         assert_eq!(
-            (d.action, d.rule_id),
-            (Action::Deny, None),
+            (d.action, d.rule_id.as_deref()),
+            (Action::Deny, Some("default")),
             "{}",
             d.explanation
         );

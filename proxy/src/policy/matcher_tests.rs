@@ -91,8 +91,8 @@ action = "deny"
     );
     let d = p.decide(&http("GET", "other.example", 443, "/"));
     assert_eq!(
-        (d.action, d.rule_id, d.obligations),
-        (Action::Allow, None, Obligations::default())
+        (d.action, d.rule_id.as_deref(), d.obligations),
+        (Action::Allow, Some("default"), Obligations::default())
     );
 }
 
@@ -122,7 +122,10 @@ action = "ask"
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("web"));
     req.scheme = Scheme::Http;
     assert_eq!(p.decide(&req).rule_id.as_deref(), Some("no-plain"));
-    assert_eq!(p.decide(&tcp("a.example", 443)).rule_id, None);
+    assert_eq!(
+        p.decide(&tcp("a.example", 443)).rule_id.as_deref(),
+        Some("default")
+    );
     // Rules for HTTP may match these hosts (an ask and a scheme-specific deny included).
     assert!(p.http_rule_may_match(Some("a.example"), 443));
     assert!(p.http_rule_may_match(Some("held.test"), 443));

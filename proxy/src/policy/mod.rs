@@ -38,6 +38,16 @@ use serde::Deserialize;
 /// logs, tail); no rule may take the name.
 pub const DEFAULT_RULE: &str = "default";
 
+/// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
+/// handshake): in logs, metrics and tail. The audit log writes `null`.
+pub const NO_RULE: &str = "-";
+
+/// The name a decision carries when the policy's default decided: [`DEFAULT_RULE`], shared.
+pub(crate) fn default_rule_id() -> Arc<str> {
+    static ID: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| DEFAULT_RULE.into());
+    Arc::clone(&ID)
+}
+
 pub use agents::agent_uid;
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
@@ -133,7 +143,8 @@ pub struct Decision {
     pub action: Action,
     /// True when a deny or ask was turned into `Allow` by report mode.
     pub reported_deny: bool,
-    /// The deciding rule; `None` when the policy default (or an invalid request) decided.
+    /// The deciding rule: a rule's id, [`DEFAULT_RULE`] when the policy's default decided, and
+    /// `None` only when the request was refused as invalid before any rule was consulted.
     pub rule_id: Option<Arc<str>>,
     /// One line for logs and error pages.
     pub explanation: String,

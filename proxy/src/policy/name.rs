@@ -57,7 +57,7 @@ impl Policy {
                 Action::Allow
             },
             reported_deny,
-            rule_id: rule.map(|r| r.id.clone()),
+            rule_id: Some(rule.map_or_else(super::default_rule_id, |r| r.id.clone())),
             explanation,
             obligations: Obligations::default(),
             secrets: None,
@@ -155,7 +155,10 @@ action = "deny"
         // Unlisted.
         assert!(!allowed(&p, "example.com"));
         assert!(!allowed(&p, "exfil.evil.test"));
-        assert_eq!(p.decide_name("example.com").rule_id, None);
+        assert_eq!(
+            p.decide_name("example.com").rule_id.as_deref(),
+            Some("default")
+        );
     }
 
     #[test]

@@ -49,8 +49,8 @@ pub(crate) struct SecretRefusal {
 impl SecretRefusal {
     pub(crate) fn message(&self, rule: Option<&str>) -> String {
         let rule = match rule {
-            Some(id) => format!("rule {id}"),
-            None => "the policy default".to_string(),
+            Some(id) if id != crate::policy::DEFAULT_RULE => format!("rule {id}"),
+            _ => "the policy default".to_string(),
         };
         match self.violation {
             Violation::Scope => format!(

@@ -188,7 +188,7 @@ pub(super) fn check(v: &Value) -> String {
             format!("answer        {answered}"),
             format!(
                 "rule          {}",
-                v["rule_id"].as_str().unwrap_or(crate::policy::DEFAULT_RULE)
+                v["rule_id"].as_str().unwrap_or(crate::policy::NO_RULE)
             ),
             format!("explanation   {}", s(&v["explanation"])),
             format!("policy        {}", s(&v["policy_hash"])),
@@ -215,7 +215,7 @@ pub(super) fn check(v: &Value) -> String {
         ),
         format!(
             "rule          {}",
-            v["rule_id"].as_str().unwrap_or(crate::policy::DEFAULT_RULE)
+            v["rule_id"].as_str().unwrap_or(crate::policy::NO_RULE)
         ),
         format!("explanation   {}", s(&v["explanation"])),
     ];
@@ -264,7 +264,7 @@ pub(super) fn event(v: &Value) -> String {
         Some(h) => format!("{h}:{}", v["port"]),
         None => "-".into(),
     };
-    let rule = v["rule"].as_str().unwrap_or(crate::policy::DEFAULT_RULE);
+    let rule = v["rule"].as_str().unwrap_or(crate::policy::NO_RULE);
     let error = v["error_code"]
         .as_str()
         .map(|c| format!(" error={c}"))

@@ -169,8 +169,8 @@ pub(crate) struct Record {
     /// The protocol a request asked to switch to (`websocket`), on its record and its close.
     pub upgrade: Option<Arc<str>>,
     pub decision: Verdict,
-    /// The deciding rule; `None` when the policy's default decided, or no policy decision
-    /// was reached (a malformed request, a failed handshake).
+    /// The deciding rule: its id, `default` when the policy's default decided, `None` when no
+    /// policy decision was reached (a malformed request, a failed handshake).
     pub rule: Option<Arc<str>>,
     pub policy: Arc<str>,
     /// The status the agent got (request records).

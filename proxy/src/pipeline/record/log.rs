@@ -29,7 +29,7 @@ fn emit(level: Level, r: &Record) {
                 port = r.port,
                 path = r.path.as_deref().unwrap_or("-"),
                 decision = r.decision.as_str(),
-                rule = r.rule.as_deref().unwrap_or(crate::policy::DEFAULT_RULE),
+                rule = r.rule.as_deref().unwrap_or(crate::policy::NO_RULE),
                 status = r.status.unwrap_or(0),
                 upstream = %r.upstream.map_or_else(|| "-".to_string(), |a| a.to_string()),
                 error_code = r.error_code.map_or("-", ErrorCode::as_str),
