@@ -144,6 +144,10 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
     let e = inspect_head(&s, Some(&b), "GET", "evil.test", &h, "/").expect_err("scope");
     assert_eq!(e.violation, Violation::Scope);
     assert!(!e.message(None).contains("ghp_"), "{}", e.message(None));
+    // The default is spoken of as the policy's default, not as a rule called "default".
+    let said = e.message(Some(crate::policy::DEFAULT_RULE));
+    assert!(said.contains("the policy default does not"), "{said}");
+    assert!(e.message(Some("web")).contains("rule web does not"));
     // The bound secret's own value may go where it is bound.
     let h = headers(&[("x-key", "sk-test-OPENAI-123")]);
     assert!(inspect_head(&s, Some(&b), "GET", "api.test", &h, "/").is_ok());
