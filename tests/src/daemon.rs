@@ -49,6 +49,16 @@ pub struct DaemonOptions {
     pub upstream_proxy: Option<String>,
     /// `[resolver] nameservers` (default: a dead loopback port, so nothing leaves).
     pub nameservers: Vec<String>,
+    /// Runs the whole daemon as another user (root tests): its state directory is given to
+    /// `uid` and `prefix` (a `setpriv …` command) starts it.
+    pub run_as: Option<RunAs>,
+}
+
+/// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
+#[derive(Debug, Clone)]
+pub struct RunAs {
+    pub uid: u32,
+    pub prefix: Vec<String>,
 }
 
 pub struct Daemon {
@@ -65,6 +75,8 @@ pub struct Daemon {
     pub ca_path: PathBuf,
     log_path: PathBuf,
     audit_path: PathBuf,
+    /// The command prefix the daemon runs under (empty: as this process).
+    prefix: Vec<String>,
 }
 
 /// The binary cargo built beside this test executable (target/<profile>/agenshield).
@@ -104,7 +116,14 @@ impl Daemon {
         if let Some((_, uid)) = &opts.worker_user {
             chown_tree(dir.path(), *uid);
         }
-        let (child, transparent, explicit, metrics, dns) = spawn(dir.path());
+        let prefix = match &opts.run_as {
+            Some(run_as) => {
+                chown_tree(dir.path(), run_as.uid);
+                run_as.prefix.clone()
+            }
+            None => Vec::new(),
+        };
+        let (child, transparent, explicit, metrics, dns) = spawn(dir.path(), &prefix);
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -121,6 +140,7 @@ impl Daemon {
             dns,
             ca_pem,
             ca_path,
+            prefix,
         }
     }
 
@@ -128,7 +148,7 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit, metrics, dns) = spawn(self.dir.path());
+        let (child, transparent, explicit, metrics, dns) = spawn(self.dir.path(), &self.prefix);
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
@@ -223,7 +243,10 @@ impl Daemon {
     }
 }
 
-fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
+fn spawn(
+    dir: &Path,
+    prefix: &[String],
+) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
     let config = dir.join("proxy.toml");
     let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
@@ -231,7 +254,15 @@ fn spawn(dir: &Path) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAd
         .append(true)
         .open(&log_path)
         .expect("log file");
-    let mut child = Command::new(binary())
+    let mut command = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(binary());
+            c
+        }
+        None => Command::new(binary()),
+    };
+    let mut child = command
         .args(["proxy", "run", "--config"])
         .arg(&config)
         .env(
