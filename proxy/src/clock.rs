@@ -4,9 +4,23 @@
 
 use time::OffsetDateTime;
 
-/// Now, formatted.
+/// Now, formatted. Every request takes the time at least twice (its start, its audit
+/// line), tens of thousands of times a second, and the text changes once a millisecond: each
+/// thread keeps the last one it made and formats again only when the millisecond moved.
 pub(crate) fn now_rfc3339() -> String {
-    rfc3339(OffsetDateTime::now_utc())
+    thread_local! {
+        static LAST: std::cell::RefCell<(i128, String)> =
+            const { std::cell::RefCell::new((i128::MIN, String::new())) };
+    }
+    let now = OffsetDateTime::now_utc();
+    let ms = now.unix_timestamp_nanos() / 1_000_000;
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != ms {
+            *last = (ms, rfc3339(now));
+        }
+        last.1.clone()
+    })
 }
 
 /// `d` from now, formatted.
@@ -43,5 +57,24 @@ mod tests {
         let east = t.to_offset(time::UtcOffset::from_hms(2, 0, 0).expect("offset"));
         assert_eq!(rfc3339(east), "2026-11-03T04:05:06.007Z");
         assert_eq!(now_rfc3339().len(), 24);
+    }
+
+    #[test]
+    fn now_is_formatted_again_when_the_millisecond_moves() {
+        let parse = |s: &str| {
+            OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+                .expect("rfc3339")
+        };
+        let first = now_rfc3339();
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let second = now_rfc3339();
+        let gap = parse(&second) - parse(&first);
+        assert!(
+            gap >= time::Duration::milliseconds(3) && gap < time::Duration::seconds(5),
+            "{first} then {second}"
+        );
+        // Within one millisecond the same text comes back (or the next millisecond's).
+        let (a, b) = (now_rfc3339(), now_rfc3339());
+        assert!(parse(&b) - parse(&a) <= time::Duration::milliseconds(1));
     }
 }

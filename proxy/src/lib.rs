@@ -27,6 +27,7 @@ mod conn;
 mod control;
 mod dns;
 mod error_chain;
+mod flush_coalesce;
 mod pipeline;
 mod proxy;
 mod ratelimit;

@@ -94,16 +94,18 @@ where
             return failed.record(ErrorCode::TlsHandshakeFailed, sni, why).await;
         }
     };
-    let versions = if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
-        HttpVersions::Http2
-    } else {
-        HttpVersions::Http1
-    };
-    let ctx = ConnCtx {
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
+    let ctx = Arc::new(ConnCtx {
         tls: Some(TlsSide { sni, identity }),
         ..ctx
-    };
-    serve_http(proxy, Arc::new(ctx), tls, versions).await;
+    });
+    if h2 {
+        // The frames of every stream ready in one turn go out in one TLS write.
+        let tls = crate::flush_coalesce::Coalesced::new(tls);
+        serve_http(proxy, ctx, tls, HttpVersions::Http2).await;
+    } else {
+        serve_http(proxy, ctx, tls, HttpVersions::Http1).await;
+    }
 }
 
 /// Where a handshake started, so that one that fails can be recorded: a connection record

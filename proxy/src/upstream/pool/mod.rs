@@ -21,6 +21,7 @@ mod replay;
 mod returning;
 mod transport_end;
 
+use crate::flush_coalesce::Coalesced;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -414,7 +415,7 @@ impl Pool {
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_header_list_size(MAX_HEADER_LIST)
-            .handshake::<_, Bytes>(Watched::new(stream, end.clone()))
+            .handshake::<_, Bytes>(Watched::new(Coalesced::new(stream), end.clone()))
             .await?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
