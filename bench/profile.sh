@@ -7,9 +7,10 @@
 #   WORKLOADS="ka h2" SECS=8 sudo bench/profile.sh
 #
 # Writes bench/profiles/<workload>.svg (inferno flame graph), <workload>.txt (the top
-# functions, self time) and README-style notes of the command lines to
-# bench/profiles/commands.txt. Needs root, perf (linux-perf), inferno (`cargo install
-# inferno`), and what bench/peers.sh needs. Traffic stays on 127.0.0.2; every run is bounded.
+# functions, self time) and this run's command lines to bench/profiles/last-run.txt
+# (commands.txt, written by hand, says what each committed profile is). Needs root, perf
+# (linux-perf), inferno (`cargo install inferno`), and what bench/peers.sh needs. Traffic
+# stays on 127.0.0.2; every run is bounded.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=harness.sh
@@ -47,7 +48,9 @@ main_profile() {
   rm -rf "$S/raw" "$S/logs"; mkdir -p "$S/raw" "$S/logs"
   : >"$S/results.tsv"
   setup
-  : >"$out/commands.txt"
+  # commands.txt is written by hand (how, and what each profile is); this run's exact lines
+  # go beside it.
+  : >"$out/last-run.txt"
   local w
   for w in $WORKLOADS; do
     ROW=agenshield REP=1
@@ -69,7 +72,7 @@ main_profile() {
     perf report -i "$S/$w.perf" --no-children --sort symbol --stdio 2>/dev/null |
       awk '/^ +[0-9.]+%/ && n < 40 { sub(/[ -]+$/, ""); print; n++ }' >"$out/$w.txt"
     printf '%s: perf record -F %s -g --call-graph dwarf,32768 -p <daemon pids> -- sleep %s, while: %s\n' \
-      "$w" "$FREQ" "$((SECS + 1))" "$(declare -f workload | grep -A1 "^ *$w)" | tail -n1 | sed 's/^ *//; s/;* *$//')" >>"$out/commands.txt"
+      "$w" "$FREQ" "$((SECS + 1))" "$(declare -f workload | grep -A1 "^ *$w)" | tail -n1 | sed 's/^ *//; s/;* *$//')" >>"$out/last-run.txt"
     row_cleanup
   done
   log "wrote $out/{$(echo "$WORKLOADS" | tr ' ' ,)}.{svg,txt}"
