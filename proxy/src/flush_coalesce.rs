@@ -1,9 +1,9 @@
-//! Flush consolidation for multiplexed (HTTP/2) connections, the technique Netty ships as
-//! `FlushConsolidationHandler`. The h2 codec flushes after every turn of its connection
-//! task, and a connection task is woken once per stream that has something to send, so
-//! under load every response (and every upstream request) became its own TLS record and
-//! its own `writev(2)`: 1.09 per request under h2load, 0.68 with this (the measurements and
-//! what they did and did not change: `bench/profiles/why.md`).
+//! Flush consolidation for multiplexed (HTTP/2) upstream connections, the technique Netty
+//! ships as `FlushConsolidationHandler`. The h2 codec flushes after every turn of its
+//! connection task, and a connection task is woken once per stream that has something to
+//! send, so under load every request became its own TLS record and its own `writev(2)`. Not
+//! used on the agent's side: there a refused upload's response and stream reset would share
+//! one read, which curl 7.88 reports as a framing error (`bench/profiles/why.md`).
 //!
 //! [`Coalesced`] buffers writes and answers the first flush with `Pending` after waking its
 //! own task: the task goes to the back of its shard's run queue, every stream task already

@@ -5,6 +5,12 @@
 //! request head that has started to arrive must be complete within
 //! `limits.header_read_timeout` (slow heads); hyper's own timer is off, since it also runs
 //! while a keep-alive connection is merely idle.
+//!
+//! Requests only touch atomics: no wake-up, no timer. The watchdog looks again at least every
+//! `min(header_read_timeout, idle_timeout)`, which is early enough for any deadline a request
+//! can make (a head's, an idle one's), and then sleeps until the exact one: before, a
+//! keep-alive request woke its connection three times and re-armed two timers, one of them
+//! earlier than any other and so a write to the reactor's eventfd.
 
 use std::io;
 use std::pin::Pin;
@@ -13,7 +19,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::{Duration, Instant};
 
 use crate::config::Limits;
@@ -40,7 +45,6 @@ pub(super) struct Activity {
     idle_since: AtomicU64,
     /// Milliseconds after `epoch`, plus one, when bytes of a head began to arrive; 0: none.
     head_since: AtomicU64,
-    changed: Notify,
 }
 
 /// A request in flight; dropped when its response is done.
@@ -52,7 +56,6 @@ impl Drop for InFlight {
         if a.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             a.idle_since.store(a.now_ms(), Ordering::Release);
             a.head_since.store(0, Ordering::Release);
-            a.changed.notify_one();
         }
     }
 }
@@ -66,7 +69,6 @@ impl Activity {
             served: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
-            changed: Notify::new(),
         })
     }
 
@@ -79,7 +81,6 @@ impl Activity {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.served.store(true, Ordering::Relaxed);
         self.head_since.store(0, Ordering::Release);
-        self.changed.notify_one();
         InFlight(self.clone())
     }
 
@@ -91,7 +92,6 @@ impl Activity {
         {
             self.head_since
                 .store(self.now_ms().saturating_add(1), Ordering::Release);
-            self.changed.notify_one();
         }
     }
 
@@ -114,27 +114,37 @@ impl Activity {
         Some(at(self.idle_since.load(Ordering::Acquire), idle))
     }
 
+    /// How long the watchdog may sleep without looking: no deadline a request can start (a
+    /// head's, an idle connection's) is nearer than this.
+    fn look_every(&self, limits: &Limits) -> Duration {
+        let nearest = if self.heads_timed {
+            limits.header_read_timeout.min(limits.idle_timeout)
+        } else {
+            limits.idle_timeout
+        };
+        nearest.max(Duration::from_millis(1))
+    }
+
     /// Resolves once the connection has been idle (or stuck in a head) too long, saying which.
     pub(super) async fn expired(&self, limits: &Limits) -> Expired {
+        let every = self.look_every(limits);
+        let sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(sleep);
         loop {
-            let changed = self.changed.notified();
-            match self.deadline(limits) {
-                None => changed.await,
-                Some(at) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(at) => {
-                            if self.deadline(limits).is_some_and(|d| d <= Instant::now()) {
-                                return if self.head_since.load(Ordering::Acquire) > 0 {
-                                    Expired::SlowHead
-                                } else {
-                                    Expired::Idle
-                                };
-                            }
-                        }
-                    }
+            let now = Instant::now();
+            let wake = match self.deadline(limits) {
+                Some(at) if at <= now => {
+                    return if self.head_since.load(Ordering::Acquire) > 0 {
+                        Expired::SlowHead
+                    } else {
+                        Expired::Idle
+                    };
                 }
-            }
+                Some(at) => at.min(now + every),
+                None => now + every,
+            };
+            sleep.as_mut().reset(wake);
+            sleep.as_mut().await;
         }
     }
 }
@@ -263,5 +273,46 @@ mod tests {
         let started = Instant::now();
         h2.expired(&limits()).await;
         assert_eq!(started.elapsed(), Duration::from_secs(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_starts_while_the_watchdog_sleeps_is_timed_from_its_first_byte() {
+        // Nothing wakes the watchdog when a head starts; it must still cut it off 30 s later,
+        // not 30 s after it next happens to look.
+        let a = Activity::new(true);
+        drop(a.start());
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let why = a.expired(&limits()).await;
+                (why, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        a.read();
+        assert_eq!(
+            waiter.await.expect("join"),
+            (Expired::SlowHead, Duration::from_secs(50))
+        );
+        // And one that finishes in time is not cut off: idle again, 90 s from its end.
+        let a = Activity::new(true);
+        drop(a.start());
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let why = a.expired(&limits()).await;
+                (why, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        a.read();
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        drop(a.start());
+        assert_eq!(
+            waiter.await.expect("join"),
+            (Expired::Idle, Duration::from_secs(45 + 90))
+        );
     }
 }
