@@ -221,6 +221,16 @@ impl Internet {
         })
     }
 
+    /// An upstream server listening at `addr` inside the namespace.
+    pub fn serve(
+        &self,
+        addr: SocketAddr,
+        opts: crate::upstream::UpstreamOptions,
+    ) -> crate::upstream::Upstream {
+        let listener = self.bind_tcp(&[addr]).pop().expect("listener");
+        crate::upstream::Upstream::serve_std(listener, opts)
+    }
+
     /// Binds a UDP socket inside the namespace.
     pub fn bind_udp(&self, addr: SocketAddr) -> std::net::UdpSocket {
         self.inside(move || std::net::UdpSocket::bind(addr).expect("bind udp"))

@@ -14,7 +14,7 @@ use agenshield_e2e::audit;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::netlab::{root_or_skip, AgentUser, FirewallCleanup, Internet};
 use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_on_one_machine_get_their_own_rules() {
@@ -30,12 +30,8 @@ async fn two_agents_on_one_machine_get_their_own_rules() {
     let net = Internet::create();
     let ca = TestCa::new("agents root upstream CA");
     let a4 = net.a4;
-    let listener = net
-        .bind_tcp(&[SocketAddr::new(a4, 443)])
-        .pop()
-        .expect("listener");
-    let _up = Upstream::serve_std(
-        listener,
+    let _up = net.serve(
+        SocketAddr::new(a4, 443),
         UpstreamOptions {
             tls: Some(ca.leaf(&["code.test", "tickets.test", "shared.test"])),
             name: "agents".into(),

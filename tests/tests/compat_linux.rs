@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use agenshield_e2e::installation::*;
 use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
 use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
 
 #[path = "compat_linux/doctor.rs"]
 mod doctor;
@@ -257,20 +257,16 @@ async fn every_tool_works_as_the_agent_with_no_flags_in_and_out_of_a_login_shell
         ],
         &dir.join("grpc.log"),
     );
-    let api = Upstream::serve_std(
-        net.bind_tcp(&[SocketAddr::new(b4, 443)])
-            .pop()
-            .expect("bind"),
+    let api = net.serve(
+        SocketAddr::new(b4, 443),
         UpstreamOptions {
             tls: Some(ca.leaf(&["api.compat.test", "pinned.compat.test"])),
             name: "compat-api".into(),
             ..Default::default()
         },
     );
-    let _plain_api = Upstream::serve_std(
-        net.bind_tcp(&[SocketAddr::new(b4, 80)])
-            .pop()
-            .expect("bind"),
+    let _plain_api = net.serve(
+        SocketAddr::new(b4, 80),
         UpstreamOptions {
             name: "compat-api-plain".into(),
             ..Default::default()

@@ -16,7 +16,7 @@ use agenshield_e2e::daemon::binary;
 use agenshield_e2e::installation::*;
 use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
 use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves_no_trace() {
@@ -47,12 +47,8 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     let ca = TestCa::new("install e2e upstream CA");
     let a4 = net.a4;
     let leaf = ca.leaf(&[&a4.to_string()]);
-    let listener = net
-        .bind_tcp(&[SocketAddr::new(a4, 443)])
-        .pop()
-        .expect("listener");
-    let upstream = Upstream::serve_std(
-        listener,
+    let upstream = net.serve(
+        SocketAddr::new(a4, 443),
         UpstreamOptions {
             tls: Some(leaf),
             name: "install-e2e".into(),

@@ -11,7 +11,7 @@ use std::process::Command;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::netlab::{root_or_skip, AgentUser, FirewallCleanup, Internet};
 use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
 
 const KEY: &str = "sk-live-AGENTNEVERSEESTHIS-0123456789";
 
@@ -46,12 +46,8 @@ async fn the_agent_holds_a_placeholder_the_api_gets_the_key_and_the_vault_is_clo
     let net = Internet::create();
     let ca = TestCa::new("secrets root upstream CA");
     let a4 = net.a4;
-    let listener = net
-        .bind_tcp(&[SocketAddr::new(a4, 443)])
-        .pop()
-        .expect("listener");
-    let up = Upstream::serve_std(
-        listener,
+    let up = net.serve(
+        SocketAddr::new(a4, 443),
         UpstreamOptions {
             tls: Some(ca.leaf(&["api.test", "other.test"])),
             name: "api".into(),

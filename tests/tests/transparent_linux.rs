@@ -509,9 +509,8 @@ async fn a_daemon_that_cannot_start_still_leaves_the_agent_fail_closed() {
     let user = AgentUser::create(std::process::id() % 97 + 101);
     let net = Internet::create();
     let ca = TestCa::new("fail-closed upstream CA");
-    let listener = net.bind_tcp(&[SocketAddr::new(net.a4, 443)]).remove(0);
-    let up = Upstream::serve_std(
-        listener,
+    let up = net.serve(
+        SocketAddr::new(net.a4, 443),
         UpstreamOptions {
             tls: Some(ca.leaf(&["allowed.test"])),
             name: "allowed".into(),

@@ -225,6 +225,16 @@ mod tests {
         }
     }
 
+    /// The watchdog of `a`, from now: why it fired and how long after.
+    fn watch(a: &Arc<Activity>) -> tokio::task::JoinHandle<(Expired, Duration)> {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let why = a.expired(&limits()).await;
+            (why, started.elapsed())
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_that_never_asks_is_closed_after_the_first_request_timeout() {
         let a = Activity::new(true);
@@ -237,18 +247,11 @@ mod tests {
     async fn in_flight_never_expires_and_idle_keep_alive_lasts_the_idle_timeout() {
         let a = Activity::new(true);
         let guard = a.start();
-        let waiter = {
-            let a = a.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                a.expired(&limits()).await;
-                started.elapsed()
-            })
-        };
+        let waiter = watch(&a);
         tokio::time::sleep(Duration::from_secs(300)).await;
         assert!(!waiter.is_finished(), "a request in flight is not idle");
         drop(guard);
-        let took = waiter.await.expect("join");
+        let (_, took) = waiter.await.expect("join");
         assert_eq!(
             took,
             Duration::from_secs(390),
@@ -281,14 +284,7 @@ mod tests {
         // not 30 s after it next happens to look.
         let a = Activity::new(true);
         drop(a.start());
-        let waiter = {
-            let a = a.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let why = a.expired(&limits()).await;
-                (why, started.elapsed())
-            })
-        };
+        let waiter = watch(&a);
         tokio::time::sleep(Duration::from_secs(20)).await;
         a.read();
         assert_eq!(
@@ -298,14 +294,7 @@ mod tests {
         // And one that finishes in time is not cut off: idle again, 90 s from its end.
         let a = Activity::new(true);
         drop(a.start());
-        let waiter = {
-            let a = a.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let why = a.expired(&limits()).await;
-                (why, started.elapsed())
-            })
-        };
+        let waiter = watch(&a);
         tokio::time::sleep(Duration::from_secs(20)).await;
         a.read();
         tokio::time::sleep(Duration::from_secs(25)).await;
