@@ -205,15 +205,26 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
         panic!("processed twice: {twice:?}; the daemon sent again: {again:#?}");
     }
     assert_eq!(seen.len(), total, "every request reached the upstream");
-    // The upstream closed a connection every hundred requests (finishing the up to 16 more
-    // already under way): the proxy moved on to a new one each time, without a failure above.
-    let conns: std::collections::HashSet<std::net::SocketAddr> =
-        w.up.requests().iter().map(|r| r.peer).collect();
-    assert!(
-        conns.len() >= total / (100 + 16),
-        "{} upstream connections",
-        conns.len()
+    // The upstream closed a connection every hundred requests: the proxy moved on to a new one
+    // each time, without a failure above. A connection carries its hundred, the up to 16
+    // already under way and those the proxy opened before the closing GOAWAY reached it (the
+    // upstream's graceful shutdown accepts streams until its PING is answered), so "each
+    // time" is bounded loosely: well under 150 per connection.
+    let mut per_conn: std::collections::HashMap<std::net::SocketAddr, usize> = Default::default();
+    for r in w.up.requests() {
+        *per_conn.entry(r.peer).or_default() += 1;
+    }
+    let busiest = per_conn.values().copied().max().unwrap_or(0);
+    eprintln!(
+        "{} upstream connections, the busiest carried {busiest} requests",
+        per_conn.len()
     );
+    assert!(
+        busiest < 150 && per_conn.len() >= total / 150,
+        "{} upstream connections, the busiest carried {busiest}",
+        per_conn.len()
+    );
+    let conns = per_conn;
     // Requests the upstream provably did not process are sent again and counted. Since each
     // agent connection is served on one thread with its upstream connections, the pool
     // learns of the upstream's GOAWAY before it opens another stream there, so this is
