@@ -16,6 +16,7 @@ mod passthrough;
 mod prefixed;
 pub(crate) mod server_tls;
 pub(crate) mod shards;
+mod tls_sessions;
 mod watchdog;
 
 pub(crate) use budget::Budgets;

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
-use rustls::server::{
-    ClientHello, ResolvesServerCert, ServerSessionMemoryCache, StoresServerSessions,
-};
+use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
+use super::tls_sessions::{TlsSessions, CAPACITY};
 use crate::upstream::trust::provider;
 
 pub(crate) const ALPN_H2: &[u8] = b"h2";
@@ -35,7 +34,7 @@ impl InterceptTls {
     pub(crate) fn new() -> InterceptTls {
         InterceptTls {
             provider: provider(),
-            sessions: ServerSessionMemoryCache::new(16 * 1024),
+            sessions: TlsSessions::new(CAPACITY),
         }
     }
 
@@ -51,6 +50,8 @@ impl InterceptTls {
             .with_cert_resolver(Arc::new(FixedLeaf(leaf)));
         cfg.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
         cfg.session_storage = self.sessions.clone();
+        // Our suite order, not the client's (`upstream::trust::provider` says why).
+        cfg.ignore_client_order = true;
         Ok(Arc::new(cfg))
     }
 }
@@ -60,3 +61,7 @@ impl Default for InterceptTls {
         Self::new()
     }
 }
+
+#[cfg(test)]
+#[path = "server_tls_tests.rs"]
+mod tests;
