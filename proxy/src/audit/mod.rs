@@ -12,6 +12,7 @@
 pub(crate) mod chain;
 mod health;
 pub(crate) mod record;
+mod rotation;
 pub(crate) mod verify;
 mod writer;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::chain::{unseal, GENESIS};
-use super::writer::rotated;
+use super::rotation::rotated;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub(crate) struct Report {

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use super::chain::{seal, unseal, GENESIS};
 use super::health::Health;
 use super::record::Fields;
+use super::rotation::{self, rotated, Leftover, Running};
 use crate::control::metrics::Metrics;
 
 /// The record format's version, the envelope's `v`. 1: HTTP requests only (`kind:
@@ -67,6 +68,8 @@ pub(crate) struct Writer {
     dropped: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// What the last rotation left to do, on its own thread.
+    leftover: Option<Running>,
 }
 
 impl Writer {
@@ -117,6 +120,7 @@ impl Writer {
             dropped,
             metrics,
             health,
+            leftover: None,
         })
     }
 
@@ -205,6 +209,11 @@ impl Writer {
         if !self.dirty || self.dirty_since.elapsed() < SYNC_EVERY {
             return None;
         }
+        // The file before a rotation reaches the disk first (the next tick looks again).
+        if self.leftover.as_ref().is_some_and(|l| !l.is_finished()) {
+            return None;
+        }
+        self.finish_leftover();
         match self.file.try_clone() {
             Ok(file) => {
                 self.dirty = false;
@@ -218,8 +227,9 @@ impl Writer {
         }
     }
 
-    /// Everything written so far is on disk when this returns.
+    /// Everything written so far is on disk when this returns (a rotated file's too).
     pub(crate) fn sync_now(&mut self) {
+        self.finish_leftover();
         if self.dirty {
             fsync(&self.file, &self.path, &self.metrics);
             self.dirty = false;
@@ -227,12 +237,32 @@ impl Writer {
     }
 
     /// `log` → `log.1` → … → `log.keep`; the oldest beyond `keep` is deleted. The chain
-    /// goes on in the new file. Rare (every `max_bytes`), so done inline.
+    /// goes on in the new file. The renames and the new file happen here; the old file's
+    /// fsync, the directory's and freeing the deleted file's blocks (23 ms for 100 MiB on
+    /// ext4, measured) run on a thread of their own, not in the request holding the writer
+    /// role (`rotation::Leftover`).
     fn rotate(&mut self) -> io::Result<()> {
-        self.sync_now();
-        self.file = rotate_files(&self.path, self.keep)?;
+        // The last rotation's is almost always long done (rotations are `max_bytes` apart).
+        self.finish_leftover();
+        let rotated = rotation::rotate_files(&self.path, self.keep)?;
+        let old = std::mem::replace(&mut self.file, rotated.file);
+        let leftover = Leftover {
+            old,
+            old_dirty: std::mem::take(&mut self.dirty),
+            expired: rotated.expired,
+            path: self.path.clone(),
+            metrics: self.metrics.clone(),
+        };
         self.size = 0;
+        self.leftover = Some(leftover.start());
         Ok(())
+    }
+
+    /// Waits for the last rotation's leftover work.
+    fn finish_leftover(&mut self) {
+        if let Some(running) = self.leftover.take() {
+            running.finish();
+        }
     }
 }
 
@@ -243,52 +273,7 @@ pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     }
 }
 
-/// Shifts the rotated files up by one, moves the live file to `.1` and opens a new one. If
-/// the new file cannot be opened, the live file is moved back, so writing goes on in it
-/// (never into a file no longer at `path`). `keep` 0: the old file is deleted once the new
-/// one is open.
-fn rotate_files(path: &Path, keep: u32) -> io::Result<File> {
-    let aside = if keep == 0 {
-        let mut name = path.as_os_str().to_owned();
-        name.push(".rotating");
-        PathBuf::from(name)
-    } else {
-        let _ = std::fs::remove_file(rotated(path, keep));
-        for n in (1..keep).rev() {
-            match std::fs::rename(rotated(path, n), rotated(path, n + 1)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        rotated(path, 1)
-    };
-    std::fs::rename(path, &aside)?;
-    let file = match open_log(path) {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = std::fs::rename(&aside, path);
-            return Err(e);
-        }
-    };
-    if keep == 0 {
-        let _ = std::fs::remove_file(&aside);
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-            tracing::warn!(dir = %dir.display(), "audit log rotation: syncing the directory failed: {e}");
-        }
-    }
-    Ok(file)
-}
-
-/// `path.N`.
-pub(crate) fn rotated(path: &Path, n: u32) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(format!(".{n}"));
-    PathBuf::from(name)
-}
-
-fn open_log(path: &Path) -> io::Result<File> {
+pub(super) fn open_log(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
         .append(true)
