@@ -38,7 +38,7 @@ pub(super) async fn send(
             target.scheme_str(),
             target.authority()
         );
-        sign_again(ctx, req, &uri).await?
+        Box::pin(sign_again(ctx, req, &uri)).await?
     } else {
         req
     };

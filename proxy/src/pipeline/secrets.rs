@@ -20,7 +20,9 @@ pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
     if let Some(b) = &bindings {
         // A fetched secret the rule binds (a command's output, an OAuth2 token) must have a
         // value in force before anything is checked or swapped.
-        let fresh = ctx.proxy.vault.fresh(&b.needs).await;
+        // Boxed: fetching is a large future, and most requests bind no secret; unboxed it
+        // made every request's future several KiB larger (copied on each start).
+        let fresh = Box::pin(ctx.proxy.vault.fresh(&b.needs)).await;
         fresh.map_err(|e| refused(ctx, &e))?;
     }
     let target = ctx.target.as_ref().expect("the target phase ran");

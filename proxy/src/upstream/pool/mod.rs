@@ -320,13 +320,15 @@ impl Pool {
     }
 
     /// A connection for one request: a shared one with room, an idle one, or a new one.
+    /// (Dialing is boxed: its future, with the resolver's, TLS's and the handshakes', is
+    /// several KiB, and every request's future would carry and copy it though most reuse.)
     async fn checkout(self: &Arc<Self>, key: &Key, upgrade: bool) -> Result<Conn, PoolError> {
         if let Some(conn) = self.reuse(key, upgrade) {
             return Ok(conn);
         }
         let shareable = !upgrade && key.tls && self.speaks_h2(key) != Some(false);
         if !shareable {
-            return self.dial(key, upgrade).await;
+            return Box::pin(self.dial(key, upgrade)).await;
         }
         let gate = self.gate(key);
         let _one_at_a_time = gate.lock().await;
@@ -334,7 +336,7 @@ impl Pool {
         if let Some(conn) = self.reuse(key, upgrade) {
             return Ok(conn);
         }
-        self.dial(key, upgrade).await
+        Box::pin(self.dial(key, upgrade)).await
     }
 
     fn speaks_h2(&self, key: &Key) -> Option<bool> {
