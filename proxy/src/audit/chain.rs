@@ -22,16 +22,17 @@ pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
     out
 }
 
-/// Appends `,"prev":"P","hash":"H"}` and a newline to `open`, a JSON object without its
-/// closing brace. Returns `H`.
-pub(crate) fn seal(open: &mut Vec<u8>, prev: &str) -> String {
-    open.extend_from_slice(b",\"prev\":\"");
-    open.extend_from_slice(prev.as_bytes());
-    open.push(b'"');
-    let hash = hex_sha256(open);
-    open.extend_from_slice(HASH_KEY.as_bytes());
-    open.extend_from_slice(hash.as_bytes());
-    open.extend_from_slice(b"\"}\n");
+/// Appends `,"prev":"P","hash":"H"}` and a newline to `buf`, sealing the line that starts at
+/// `start`: a JSON object without its closing brace (the lines before it are untouched, so a
+/// batch is sealed where it is built). Returns `H`.
+pub(crate) fn seal_from(buf: &mut Vec<u8>, start: usize, prev: &str) -> String {
+    buf.extend_from_slice(b",\"prev\":\"");
+    buf.extend_from_slice(prev.as_bytes());
+    buf.push(b'"');
+    let hash = hex_sha256(&buf[start..]);
+    buf.extend_from_slice(HASH_KEY.as_bytes());
+    buf.extend_from_slice(hash.as_bytes());
+    buf.extend_from_slice(b"\"}\n");
     hash
 }
 
@@ -63,7 +64,7 @@ mod tests {
     #[test]
     fn a_sealed_line_verifies_and_any_edit_breaks_it() {
         let mut line = b"{\"v\":1,\"seq\":1".to_vec();
-        let h = seal(&mut line, GENESIS);
+        let h = seal_from(&mut line, 0, GENESIS);
         let text = std::str::from_utf8(&line).expect("utf8").trim_end();
         let s = unseal(text).expect("sealed");
         assert_eq!((s.hash, s.intact), (h.as_str(), true));
@@ -72,5 +73,17 @@ mod tests {
         assert_eq!(unseal("{\"v\":1}"), None);
         assert_eq!(unseal(""), None);
         assert_eq!(unseal(&text[..text.len() - 1]), None, "truncated");
+    }
+
+    #[test]
+    fn sealing_a_line_inside_a_batch_seals_only_that_line() {
+        let mut alone = b"{\"v\":1,\"seq\":2".to_vec();
+        let h_alone = seal_from(&mut alone, 0, GENESIS);
+        let mut batch = b"{\"earlier\":true}\n".to_vec();
+        let start = batch.len();
+        batch.extend_from_slice(b"{\"v\":1,\"seq\":2");
+        let h = seal_from(&mut batch, start, GENESIS);
+        assert_eq!(h, h_alone);
+        assert_eq!(&batch[start..], &alone[..]);
     }
 }

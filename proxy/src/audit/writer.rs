@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::chain::{seal, unseal, GENESIS};
+use super::chain::{seal_from, unseal, GENESIS};
 use super::health::Health;
 use super::record::Fields;
 use super::rotation::{self, rotated, Leftover, Running};
@@ -334,19 +334,18 @@ pub(crate) fn encode(
     prev: &str,
 ) -> String {
     let start = buf.len();
+    // Numbers and the time through serde_json's own formatting (no allocation); writing to
+    // a Vec cannot fail.
     buf.extend_from_slice(b"{\"v\":");
-    buf.extend_from_slice(FORMAT_VERSION.to_string().as_bytes());
+    let _ = serde_json::to_writer(&mut *buf, &FORMAT_VERSION);
     buf.extend_from_slice(b",\"seq\":");
-    buf.extend_from_slice(seq.to_string().as_bytes());
+    let _ = serde_json::to_writer(&mut *buf, &seq);
     buf.extend_from_slice(b",\"time\":");
     let _ = serde_json::to_writer(&mut *buf, time);
     if dropped > 0 {
         buf.extend_from_slice(b",\"dropped_before\":");
-        buf.extend_from_slice(dropped.to_string().as_bytes());
+        let _ = serde_json::to_writer(&mut *buf, &dropped);
     }
     buf.extend_from_slice(fields.as_bytes());
-    let mut line = buf.split_off(start);
-    let hash = seal(&mut line, prev);
-    buf.extend_from_slice(&line);
-    hash
+    seal_from(buf, start, prev)
 }
