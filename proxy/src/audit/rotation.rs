@@ -45,12 +45,10 @@ pub(super) fn rotate_files(path: &Path, keep: u32) -> io::Result<Rotated> {
         PathBuf::from(name)
     } else {
         let oldest = rotated(path, keep);
-        // Opened before it is unlinked, so the unlink does not free it here.
+        // Opened before it is unlinked, so the unlink does not free it here. (Should the
+        // unlink fail, the rename below replaces it all the same.)
         expired = File::open(&oldest).ok();
-        match std::fs::remove_file(&oldest) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+        let _ = std::fs::remove_file(&oldest);
         for n in (1..keep).rev() {
             match std::fs::rename(rotated(path, n), rotated(path, n + 1)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
