@@ -209,7 +209,8 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
     // each time, without a failure above. A connection carries its hundred, the up to 16
     // already under way and those the proxy opened before the closing GOAWAY reached it (the
     // upstream's graceful shutdown accepts streams until its PING is answered), so "each
-    // time" is bounded loosely: well under 150 per connection.
+    // time" is bounded loosely: well under 150 per connection. And it used each connection
+    // for those hundred, not a new connection for a few requests (at most total / 50).
     let mut per_conn: std::collections::HashMap<std::net::SocketAddr, usize> = Default::default();
     for r in w.up.requests() {
         *per_conn.entry(r.peer).or_default() += 1;
@@ -220,7 +221,7 @@ async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
         per_conn.len()
     );
     assert!(
-        busiest < 150 && per_conn.len() >= total / 150,
+        busiest < 150 && per_conn.len() <= total / 50,
         "{} upstream connections, the busiest carried {busiest}",
         per_conn.len()
     );

@@ -7,11 +7,16 @@
 //! freeing a deleted file's blocks (23 ms for a 100 MiB file on ext4 here, during which
 //! every request of the daemon waited for its record). So the deleted file is held open
 //! across its unlink (the kernel frees it at the last close), and the fsyncs and that close
-//! run on a thread of their own ([`Leftover`]).
+//! run on a thread of their own ([`Leftover`]). The new file is not fsynced before the old
+//! one has been (the writer asks [`Running::synced`]); the kernel's own writeback could
+//! still write some of the new file first, which a power loss in that moment would show as
+//! a break that `ctl audit verify` reports, never as a silent gap.
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -46,8 +51,9 @@ pub(super) fn rotate_files(path: &Path, keep: u32) -> io::Result<Rotated> {
     } else {
         let oldest = rotated(path, keep);
         // Opened before it is unlinked, so the unlink does not free it here. (Should the
-        // unlink fail, the rename below replaces it all the same.)
-        expired = File::open(&oldest).ok();
+        // unlink fail, the rename below replaces it all the same.) Never through a link,
+        // and never anything but a regular file: opening a FIFO would block the writer role.
+        expired = open_expired(&oldest);
         let _ = std::fs::remove_file(&oldest);
         for n in (1..keep).rev() {
             match std::fs::rename(rotated(path, n), rotated(path, n + 1)) {
@@ -71,45 +77,69 @@ pub(super) fn rotate_files(path: &Path, keep: u32) -> io::Result<Rotated> {
     Ok(Rotated { file, expired })
 }
 
-/// What a rotation leaves to do: fsync the old file (its last records), close it and the
-/// expired one (freeing the latter), fsync the directory (the renames).
+/// The expired file, held open across its unlink: a regular file, opened without following
+/// a link and without blocking; `None` if there is none (or it is anything else, which the
+/// unlink then removes inline, as before).
+fn open_expired(path: &Path) -> Option<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// What a rotation leaves to do: fsync the old file (its last records) and the directory (the
+/// renames), then close the old file and the expired one (freeing the latter).
 pub(super) struct Leftover {
     pub old: File,
-    pub old_dirty: bool,
     pub expired: Option<File>,
     pub path: PathBuf,
     pub metrics: Arc<Metrics>,
 }
 
 impl Leftover {
-    fn run(self) {
-        if self.old_dirty {
-            fsync(&self.old, &self.path, &self.metrics);
-        }
-        drop(self.old);
-        drop(self.expired);
+    fn run(self, synced: &AtomicBool) {
+        // Always, even if no write was made since the last periodic fsync: that one may
+        // still be running on the blocking pool, and this one waits for it.
+        fsync(&self.old, &self.path, &self.metrics);
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
                 tracing::warn!(dir = %dir.display(), "audit log rotation: syncing the directory failed: {e}");
             }
         }
+        // The new file may be fsynced from here on; freeing the expired file can take long.
+        synced.store(true, Ordering::Release);
+        drop(self.old);
+        drop(self.expired);
     }
 
     /// Runs on a thread of its own; inline if no thread can be started.
     pub(super) fn start(self) -> Running {
+        let synced = Arc::new(AtomicBool::new(false));
         let work = Arc::new(Mutex::new(Some(self)));
-        let theirs = work.clone();
+        let (theirs, flag) = (work.clone(), synced.clone());
         let spawned = std::thread::Builder::new()
             .name("audit-rotation".into())
-            .spawn(move || take(&theirs).map(Leftover::run));
+            .spawn(move || {
+                if let Some(left) = take(&theirs) {
+                    left.run(&flag);
+                }
+            });
         match spawned {
-            Ok(handle) => Running(Some(handle)),
+            Ok(handle) => Running {
+                handle: Some(handle),
+                synced,
+            },
             Err(e) => {
                 tracing::warn!("audit log rotation: no thread for the fsync, doing it inline: {e}");
                 if let Some(left) = take(&work) {
-                    left.run();
+                    left.run(&synced);
                 }
-                Running(None)
+                Running {
+                    handle: None,
+                    synced,
+                }
             }
         }
     }
@@ -123,16 +153,24 @@ fn take(work: &Mutex<Option<Leftover>>) -> Option<Leftover> {
 }
 
 /// A rotation's leftover work under way (or done inline).
-pub(super) struct Running(Option<JoinHandle<Option<()>>>);
+pub(super) struct Running {
+    handle: Option<JoinHandle<()>>,
+    synced: Arc<AtomicBool>,
+}
 
 impl Running {
-    pub(super) fn is_finished(&self) -> bool {
-        self.0.as_ref().is_none_or(JoinHandle::is_finished)
+    /// The old file and the directory are on disk (what is left is closing files).
+    pub(super) fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
     }
 
-    /// Waits for it.
+    pub(super) fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Waits for all of it.
     pub(super) fn finish(self) {
-        if let Some(handle) = self.0 {
+        if let Some(handle) = self.handle {
             if handle.join().is_err() {
                 tracing::error!("audit log rotation: the fsync thread panicked");
             }
@@ -179,6 +217,43 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["a.jsonl", "a.jsonl.1", "a.jsonl.2"]);
+    }
+
+    /// Something else planted where the oldest file goes (a FIFO, a link) is not opened:
+    /// opening a FIFO would block the writer role, following a link would reach elsewhere.
+    #[test]
+    fn a_fifo_or_a_link_in_the_oldest_place_is_unlinked_without_being_opened() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.jsonl");
+        let outside = dir.path().join("elsewhere");
+        std::fs::write(&outside, "not ours\n").expect("outside");
+        for plant in ["fifo", "link"] {
+            std::fs::write(&path, "live\n").expect("live");
+            let oldest = rotated(&path, 1);
+            let _ = std::fs::remove_file(&oldest);
+            match plant {
+                "fifo" => {
+                    nix::unistd::mkfifo(&oldest, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo")
+                }
+                _ => std::os::unix::fs::symlink(&outside, &oldest).expect("symlink"),
+            }
+            let (done, rx) = std::sync::mpsc::channel();
+            let p = path.clone();
+            std::thread::spawn(move || {
+                let _ = done.send(rotate_files(&p, 1).map(|r| r.expired.is_none()));
+            });
+            let held_nothing = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the rotation blocked on it")
+                .expect("rotated");
+            assert!(held_nothing, "{plant}: not opened");
+            assert_eq!(
+                std::fs::read_to_string(&oldest).expect("1"),
+                "live\n",
+                "{plant}: replaced by the old live file"
+            );
+        }
+        assert_eq!(std::fs::read_to_string(&outside).expect("o"), "not ours\n");
     }
 
     #[test]

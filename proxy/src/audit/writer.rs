@@ -210,10 +210,12 @@ impl Writer {
             return None;
         }
         // The file before a rotation reaches the disk first (the next tick looks again).
-        if self.leftover.as_ref().is_some_and(|l| !l.is_finished()) {
+        if self.leftover.as_ref().is_some_and(|l| !l.synced()) {
             return None;
         }
-        self.finish_leftover();
+        if self.leftover.as_ref().is_some_and(Running::is_finished) {
+            self.finish_leftover();
+        }
         match self.file.try_clone() {
             Ok(file) => {
                 self.dirty = false;
@@ -246,9 +248,10 @@ impl Writer {
         self.finish_leftover();
         let rotated = rotation::rotate_files(&self.path, self.keep)?;
         let old = std::mem::replace(&mut self.file, rotated.file);
+        // The leftover thread fsyncs the old file; nothing is written to the new one yet.
+        self.dirty = false;
         let leftover = Leftover {
             old,
-            old_dirty: std::mem::take(&mut self.dirty),
             expired: rotated.expired,
             path: self.path.clone(),
             metrics: self.metrics.clone(),

@@ -9,7 +9,7 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
 use super::tls_sessions::{TlsSessions, CAPACITY};
-use crate::upstream::trust::provider;
+use crate::upstream::trust::{prefer_our_order, provider};
 
 pub(crate) const ALPN_H2: &[u8] = b"h2";
 pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
@@ -50,8 +50,9 @@ impl InterceptTls {
             .with_cert_resolver(Arc::new(FixedLeaf(leaf)));
         cfg.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
         cfg.session_storage = self.sessions.clone();
-        // Our suite order, not the client's (`upstream::trust::provider` says why).
-        cfg.ignore_client_order = true;
+        // Our suite order, not the client's, where AES is in hardware
+        // (`upstream::trust::provider` says why).
+        cfg.ignore_client_order = prefer_our_order();
         Ok(Arc::new(cfg))
     }
 }

@@ -5,15 +5,23 @@
 //! key from an eviction queue by a linear search, under one lock: with the 16 Ki sessions
 //! kept here every resumed handshake compared thousands of keys (5.5 % of the daemon's CPU
 //! under a connection-per-request load, `bench/profiles/why.md`). moka removes in constant
-//! time and evicts by its own bounded policy.
+//! time. It must evict the *oldest* session (LRU, as rustls's did): under moka's default
+//! admission policy (TinyLFU) a full cache turns away every new session, since a session is
+//! never read before it is taken, and once the unused second tickets had filled it no new
+//! ticket would have been kept at all. Sessions also expire when their tickets do.
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::server::StoresServerSessions;
 
 /// Sessions kept for resumption (two tickets per connection, the rustls default).
 pub(crate) const CAPACITY: u64 = 16 * 1024;
+
+/// The lifetime rustls gives a TLS 1.3 ticket for a stateful session: a client does not offer
+/// one older than this.
+const TICKET_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The session store handed to every server config.
 pub(crate) struct TlsSessions {
@@ -23,7 +31,11 @@ pub(crate) struct TlsSessions {
 impl TlsSessions {
     pub(crate) fn new(capacity: u64) -> Arc<TlsSessions> {
         Arc::new(TlsSessions {
-            cache: moka::sync::Cache::new(capacity),
+            cache: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .time_to_live(TICKET_LIFETIME)
+                .build(),
         })
     }
 }
@@ -79,6 +91,21 @@ mod tests {
         }
         s.cache.run_pending_tasks();
         assert!(s.cache.entry_count() <= 64, "{}", s.cache.entry_count());
+    }
+
+    /// Every connection leaves a second ticket nobody uses; a full cache must still keep
+    /// the newest sessions (the ones clients offer), pushing out the oldest.
+    #[test]
+    fn a_cache_full_of_unused_tickets_still_keeps_new_sessions() {
+        let s = TlsSessions::new(64);
+        for i in 0..1_000u32 {
+            s.put(i.to_be_bytes().to_vec(), vec![0; 16]);
+            s.cache.run_pending_tasks();
+        }
+        s.put(b"newest".to_vec(), b"session".to_vec());
+        s.cache.run_pending_tasks();
+        assert_eq!(s.take(b"newest").as_deref(), Some(&b"session"[..]));
+        assert_eq!(s.get(&0u32.to_be_bytes()), None, "the oldest went");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-/// The one crypto provider, on both sides of the proxy: *ring*'s, with AES-128-GCM first.
+/// The one crypto provider, on both sides of the proxy: *ring*'s, with AES-128-GCM first
+/// where the CPU has AES instructions ([`prefer_our_order`]).
 ///
 /// Every TLS 1.3 session here is keyed by an X25519 or P-256 exchange, about 128-bit
 /// strength, so AES-256 adds no strength to it; it costs 14 AES rounds instead of 10 on
@@ -21,10 +22,31 @@ use rustls_pki_types::CertificateDer;
 /// wants AES-256 or ChaCha20 still gets it.
 pub(crate) fn provider() -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::ring::default_provider();
-    provider
-        .cipher_suites
-        .sort_by_key(|suite| suite_rank(*suite));
+    if prefer_our_order() {
+        provider
+            .cipher_suites
+            .sort_by_key(|suite| suite_rank(*suite));
+    }
     Arc::new(provider)
+}
+
+/// Whether our suite order is the faster one here: with AES in hardware, yes. Without it
+/// (software AES is slow and not constant-time friendly) the client's order stands, so a
+/// client preferring ChaCha20 gets it.
+pub(crate) fn prefer_our_order() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
 }
 
 /// Where a suite goes in our order: TLS 1.3 before 1.2, AES-128-GCM first within each
@@ -115,6 +137,10 @@ mod tests {
 
     #[test]
     fn aes_128_first_and_nothing_removed() {
+        assert!(
+            super::prefer_our_order(),
+            "this test machine has AES instructions"
+        );
         let ours: Vec<_> = super::provider()
             .cipher_suites
             .iter()
