@@ -168,9 +168,27 @@ fn connection_tokens(h: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
+/// The hop-by-hop headers (RFC 9110 §7.6.1) that are removed whatever Connection says.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "keep-alive",
+    "proxy-connection",
+];
+
 /// Removes the headers that describe one hop (RFC 9110 §7.6.1), including any the
 /// Connection header names.
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most requests carry none (HTTP/2 forbids them): one look at the names, instead of a
+    // removal per name (a hash each). Without a Connection header no other name is named.
+    if !h.keys().any(|n| HOP_BY_HOP.contains(&n.as_str())) {
+        return;
+    }
     // `te: trailers` is the one TE value that must pass (gRPC needs it end to end).
     let te_trailers = h
         .get(header::TE)
@@ -181,19 +199,9 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     for name in named {
         h.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in HOP_BY_HOP {
         h.remove(name);
     }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
     if te_trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
     }
@@ -283,6 +291,26 @@ mod tests {
             grpc.get(header::TE).map(|v| v.as_bytes()),
             Some(&b"trailers"[..])
         );
+    }
+
+    /// Each hop-by-hop header alone is removed (the fast path for maps without one must
+    /// not skip any), and a map without one is left as it was.
+    #[test]
+    fn every_hop_by_hop_header_alone_is_removed_and_others_stay() {
+        for name in HOP_BY_HOP {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 1, "{name} stayed");
+        }
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        h.append("x-custom", HeaderValue::from_static("1"));
+        h.append("x-custom", HeaderValue::from_static("2"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 
     #[test]
