@@ -1,7 +1,9 @@
 //! The one body type every response and request the proxy handles is converted into, and the
-//! wrappers around it: `counted` (bytes up), `ready` (a response body already all here).
+//! wrappers around it: `counted` (bytes up), `ready` (a response body already all here),
+//! `joined` (an upstream body's small chunks that are already here, joined).
 
 pub(crate) mod counted;
+pub(crate) mod joined;
 pub(crate) mod ready;
 
 use bytes::Bytes;

@@ -35,6 +35,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 
+use crate::body::joined::Joined;
 use crate::body::ProxyBody;
 use crate::upstream::dial::Dialer;
 use h2_client::StreamFailure;
@@ -280,7 +281,7 @@ impl Pool {
         match conn {
             Conn::Shared(s) => match h2_client::send(&s.send, req, &s.end).await {
                 Ok(resp) => Ok(finish(resp, s.addr, move |b| {
-                    crate::body::guarded(crate::body::stream(b), s.in_flight)
+                    crate::body::guarded(crate::body::stream(Joined::new(b)), s.in_flight)
                 })),
                 Err(failure) => {
                     // It is going away (or gone): no further request goes there.

@@ -23,7 +23,7 @@ impl Returning {
     /// The response body, giving the connection back when it ends.
     pub(super) fn wrap(self, body: Incoming) -> ProxyBody {
         ReturningBody {
-            inner: crate::body::stream(body),
+            inner: crate::body::stream(crate::body::joined::Joined::new(body)),
             back: Some(self),
         }
         .boxed()
