@@ -144,6 +144,8 @@ impl Upstream {
                         continue;
                     }
                 };
+                // As nginx (`tcp_nodelay on`): small writes go out at once, not after an ACK.
+                let _ = stream.set_nodelay(true);
                 let mut info = base.clone();
                 info.peer = peer;
                 spawn_guarded(&base.shutdown, handle_conn(stream, acceptor.clone(), info));
@@ -347,6 +349,8 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
     } else if let Some(ms) = num("/slow/") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
         text(StatusCode::OK, TXT, format!("slept {ms}ms\n"))
+    } else if let Some(ms) = num("/drip/") {
+        drip_response(Duration::from_millis(ms))
     } else if path == "/split" {
         split_echo(&seen)
     } else if path == "/ws" {
@@ -386,6 +390,31 @@ fn record(req: &Request<Incoming>, info: &ConnInfo) -> SeenRequest {
 }
 
 /// Streams exactly `n` bytes (byte i = i % 251) in 64 KiB chunks sliced from one shared buffer.
+/// `first\n` at once, `second\n` after `gap`: a stream whose first bytes must reach the
+/// client before the rest exists.
+fn drip_response(gap: Duration) -> Response<Body> {
+    let stream = futures_util::stream::unfold(0u8, move |step| async move {
+        let chunk: &'static [u8] = match step {
+            0 => b"first\n",
+            1 => {
+                tokio::time::sleep(gap).await;
+                b"second\n"
+            }
+            _ => return None,
+        };
+        Some((
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(chunk))),
+            step + 1,
+        ))
+    });
+    let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    resp
+}
+
 fn bytes_response(n: u64) -> Response<Body> {
     let pattern = Bytes::from_iter((0..CHUNK + 251).map(|i| (i % 251) as u8));
     let stream = futures_util::stream::unfold(0u64, move |off| {

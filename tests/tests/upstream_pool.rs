@@ -1,7 +1,8 @@
 //! The upstream side under a broken or hostile agent and a routinely closing upstream: slow
 //! readers cannot starve other requests to the same host, and an upstream that closes its
 //! connections every hundred requests (GOAWAY, as nginx does after `keepalive_requests`) costs
-//! the agents nothing.
+//! the agents nothing, and a response that streams reaches the agent as it comes (the pool
+//! joins chunks that are already here, never waiting for more).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -103,6 +104,70 @@ async fn five_stalled_downloads_do_not_slow_a_sixth_client() {
     }
     eprintln!("slowest of 200 beside five stalled downloads: {slowest:?}");
     drop(stalled);
+}
+
+/// The upstream sends `first` at once and `second` 3 s later: over HTTP/2 and HTTP/1.1 from
+/// the agent, `first` arrives long before `second` exists, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_reaches_the_agent_as_it_comes() {
+    let w = world(None).await;
+    let port = w.up.addr.port();
+    let gap = Duration::from_secs(3);
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let s = agent_tls(&w.daemon, alpn).await;
+        let io = TokioIo::new(s);
+        let req = http::Request::get(format!("https://api.test:{port}/drip/{}", gap.as_millis()));
+        let started = Instant::now();
+        let resp = if alpn == b"h2" {
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .expect("h2 handshake");
+            tokio::spawn(conn);
+            let req = req.body(Empty::<Bytes>::new()).expect("request");
+            send.send_request(req).await.expect("response")
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .expect("h1 handshake");
+            tokio::spawn(conn);
+            let req = req
+                .header(http::header::HOST, format!("api.test:{port}"))
+                .body(Empty::<Bytes>::new())
+                .expect("request");
+            send.send_request(req).await.expect("response")
+        };
+        assert_eq!(resp.status(), 200, "{}", String::from_utf8_lossy(alpn));
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let mut first_at = None;
+        while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the stream goes on")
+        {
+            if let Ok(data) = frame.expect("frame").into_data() {
+                got.extend_from_slice(&data);
+            }
+            if first_at.is_none() && got.starts_with(b"first\n") {
+                first_at = Some(started.elapsed());
+            }
+        }
+        let first_at = first_at.expect("first arrived");
+        println!(
+            "{}: first after {first_at:?}, all after {:?}",
+            String::from_utf8_lossy(alpn),
+            started.elapsed()
+        );
+        assert!(
+            first_at < gap / 2,
+            "{}: the first chunk waited {first_at:?} for the rest",
+            String::from_utf8_lossy(alpn)
+        );
+        assert_eq!(got, b"first\nsecond\n");
+        assert!(
+            started.elapsed() >= gap,
+            "the second chunk came after the gap"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
