@@ -120,13 +120,7 @@ where
         if self.ended {
             return SizeHint::with_exact(held);
         }
-        let inner = self.inner.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + held);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + held);
-        }
-        hint
+        crate::body::hint_plus(self.inner.size_hint(), held)
     }
 }
 

@@ -16,6 +16,16 @@ pub(crate) fn full(bytes: Bytes) -> ProxyBody {
     Full::new(bytes).map_err(|never| match never {}).boxed()
 }
 
+/// `inner`'s size hint with `more` bytes in front of it (frames a wrapper already holds).
+pub(crate) fn hint_plus(inner: http_body::SizeHint, more: u64) -> http_body::SizeHint {
+    let mut hint = http_body::SizeHint::new();
+    hint.set_lower(inner.lower() + more);
+    if let Some(upper) = inner.upper() {
+        hint.set_upper(upper + more);
+    }
+    hint
+}
+
 pub(crate) fn empty() -> ProxyBody {
     full(Bytes::new())
 }

@@ -113,13 +113,7 @@ impl Body for Replay {
             .iter()
             .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
             .sum();
-        let inner = self.inner.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + queued);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + queued);
-        }
-        hint
+        crate::body::hint_plus(self.inner.size_hint(), queued)
     }
 }
 

@@ -281,7 +281,7 @@ impl Pool {
         match conn {
             Conn::Shared(s) => match h2_client::send(&s.send, req, &s.end).await {
                 Ok(resp) => Ok(finish(resp, s.addr, move |b| {
-                    crate::body::guarded(crate::body::stream(Joined::new(b)), s.in_flight)
+                    crate::body::guarded(crate::body::stream(b), s.in_flight)
                 })),
                 Err(failure) => {
                     // It is going away (or gone): no further request goes there.
@@ -533,13 +533,14 @@ fn set_host(req: &mut Request<ProxyBody>) {
     }
 }
 
-/// The response as the pipeline takes it: the dialed address noted, the body wrapped.
-fn finish<B>(
+/// The response as the pipeline takes it: the dialed address noted, the body's ready chunks
+/// joined (`body::joined`, over HTTP/2 and HTTP/1.1 alike), then wrapped.
+fn finish<B: http_body::Body>(
     resp: Response<B>,
     addr: SocketAddr,
-    wrap: impl FnOnce(B) -> ProxyBody,
+    wrap: impl FnOnce(Joined<B>) -> ProxyBody,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = resp.into_parts();
     parts.extensions.insert(UpstreamAddr(addr));
-    Response::from_parts(parts, wrap(body))
+    Response::from_parts(parts, wrap(Joined::new(body)))
 }

@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::{Key, Own, Pool};
+use crate::body::joined::Joined;
 use crate::body::{BodyError, ProxyBody};
 
 pub(super) struct Returning {
@@ -21,9 +22,9 @@ pub(super) struct Returning {
 
 impl Returning {
     /// The response body, giving the connection back when it ends.
-    pub(super) fn wrap(self, body: Incoming) -> ProxyBody {
+    pub(super) fn wrap(self, body: Joined<Incoming>) -> ProxyBody {
         ReturningBody {
-            inner: crate::body::stream(crate::body::joined::Joined::new(body)),
+            inner: crate::body::stream(body),
             back: Some(self),
         }
         .boxed()
