@@ -422,10 +422,12 @@ async fn every_tool_works_as_the_agent_with_no_flags_in_and_out_of_a_login_shell
     eprintln!("versions:\n{}", versions());
     assert!(
         failures.is_empty(),
-        "{} failures:\n{}\ndaemon log (tail):\n{}",
+        "{} failures:\n{}\ndaemon log (tail):\n{}\ndaemon log, raw TCP:\n{}\nsshd log (tail):\n{}",
         failures.len(),
         failures.join("\n---\n"),
-        tail(&dir.join("daemon.log"), 40)
+        tail(&dir.join("daemon.log"), 40),
+        matching(&dir.join("daemon.log"), ":22", 20),
+        tail(&dir.join("sshd.log"), 30)
     );
     assert!(
         api.requests()
@@ -701,6 +703,13 @@ fn make_repo(path: &Path, owner: Option<&str>) {
 fn tail(p: &Path, n: usize) -> String {
     let t = std::fs::read_to_string(p).unwrap_or_default();
     let lines: Vec<&str> = t.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The last `n` lines of a file that contain `needle`.
+fn matching(p: &Path, needle: &str, n: usize) -> String {
+    let t = std::fs::read_to_string(p).unwrap_or_default();
+    let lines: Vec<&str> = t.lines().filter(|l| l.contains(needle)).collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
