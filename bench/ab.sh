@@ -26,14 +26,5 @@ export RESULTS_MD="${RESULTS_MD:-$here/results-ab-$(date -u +%Y-%m-%d).md}"
 # shellcheck source=/dev/null
 source "$harness"   # defines the harness's functions without running it
 
-# The harness's own agenshield row, with the baseline binary and its own state directory.
-eval "$(declare -f row_agenshield | sed '1s/row_agenshield/row_agenshield_under_test/')"
-row_agenshield_base() {
-  local bin=$AGENSHIELD_BIN
-  AGENSHIELD_BIN=$BASE_BIN
-  row_agenshield_under_test
-  AGENSHIELD_BIN=$bin
-  ROW_DESC="baseline: $ROW_DESC ($BASE_BIN)"
-}
-
+# row_agenshield_base: bench/harness.sh
 main

@@ -30,16 +30,6 @@ EVENTS='task-clock,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:
 # shellcheck source=/dev/null
 source "$harness"   # defines the harness's functions without running it
 
-# The harness's own agenshield row with BASE_BIN, as in bench/ab.sh.
-eval "$(declare -f row_agenshield | sed '1s/row_agenshield/row_agenshield_under_test/')"
-row_agenshield_base() {
-  [ -x "${BASE_BIN:-}" ] || { ROW_SKIP="BASE_BIN not set"; return; }
-  local bin=$AGENSHIELD_BIN
-  AGENSHIELD_BIN=$BASE_BIN
-  row_agenshield_under_test
-  AGENSHIELD_BIN=$bin
-}
-
 ticks() { # pids... -> utime + stime, in clock ticks
   local t=0 p
   for p in "$@"; do
@@ -93,14 +83,7 @@ split_row() { # $1 row  $2 run
 }
 
 main_split() {
-  POLLER_PID="" ROW_PID=""
-  trap teardown EXIT
-  trap 'exit 130' INT TERM
-  nft_down; guard_down; stop_nginx
-  ip netns del "$NS" 2>/dev/null || true
-  rm -rf "$S/raw" "$S/logs"; mkdir -p "$S/raw" "$S/logs"
-  : >"$S/results.tsv"
-  setup
+  harness_start
   log "h2load -n $N -c 16 -m 10; rows: $SPLIT_ROWS; $SPLIT_REPEATS runs each, interleaved"
   local rep row
   for ((rep = 1; rep <= SPLIT_REPEATS; rep++)); do

@@ -40,14 +40,7 @@ workload() { # $1 name: the load, bounded, as the agent uid
 }
 
 main_profile() {
-  POLLER_PID="" ROW_PID=""
-  trap teardown EXIT
-  trap 'exit 130' INT TERM
-  nft_down; guard_down; stop_nginx
-  ip netns del "$NS" 2>/dev/null || true
-  rm -rf "$S/raw" "$S/logs"; mkdir -p "$S/raw" "$S/logs"
-  : >"$S/results.tsv"
-  setup
+  harness_start
   # commands.txt is written by hand (how, and what each profile is); this run's exact lines
   # go beside it.
   : >"$out/last-run.txt"

@@ -389,7 +389,6 @@ fn record(req: &Request<Incoming>, info: &ConnInfo) -> SeenRequest {
     seen
 }
 
-/// Streams exactly `n` bytes (byte i = i % 251) in 64 KiB chunks sliced from one shared buffer.
 /// `first\n` at once, `second\n` after `gap`: a stream whose first bytes must reach the
 /// client before the rest exists.
 fn drip_response(gap: Duration) -> Response<Body> {
@@ -415,6 +414,7 @@ fn drip_response(gap: Duration) -> Response<Body> {
     resp
 }
 
+/// Streams exactly `n` bytes (byte i = i % 251) in 64 KiB chunks sliced from one shared buffer.
 fn bytes_response(n: u64) -> Response<Body> {
     let pattern = Bytes::from_iter((0..CHUNK + 251).map(|i| (i % 251) as u8));
     let stream = futures_util::stream::unfold(0u64, move |off| {

@@ -700,10 +700,9 @@ fn make_repo(path: &Path, owner: Option<&str>) {
     }
 }
 
+/// The last `n` lines of a file.
 fn tail(p: &Path, n: usize) -> String {
-    let t = std::fs::read_to_string(p).unwrap_or_default();
-    let lines: Vec<&str> = t.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    matching(p, "", n)
 }
 
 /// The last `n` lines of a file that contain `needle`.
