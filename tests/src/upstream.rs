@@ -353,6 +353,8 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
         drip_response(Duration::from_millis(ms))
     } else if path == "/split" {
         split_echo(&seen)
+    } else if path == "/pause" {
+        pause_response(req.uri().query().unwrap_or(""))
     } else if path == "/ws" {
         websocket(&mut req, &info)
     } else if let (Some(client), "/oauth/token") = (&info.oauth, path.as_str()) {
@@ -412,6 +414,40 @@ fn drip_response(gap: Duration) -> Response<Body> {
         http::HeaderValue::from_static("text/event-stream"),
     );
     resp
+}
+
+/// `/pause?first=TEXT&gap=MS`: TEXT (percent-decoded) at once, then `END\n` after MS
+/// milliseconds (default 1500): what reaches the client before the pause is what the proxy
+/// released without waiting for more.
+fn pause_response(query: &str) -> Response<Body> {
+    let mut first = Vec::new();
+    let mut gap = Duration::from_millis(1500);
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "first" => first = v.as_bytes().to_vec(),
+            "gap" => gap = Duration::from_millis(v.parse().unwrap_or(1500)),
+            _ => {}
+        }
+    }
+    let first = Bytes::from(first);
+    let stream = futures_util::stream::unfold(0u8, move |step| {
+        let first = first.clone();
+        async move {
+            let chunk = match step {
+                0 => first,
+                1 => {
+                    tokio::time::sleep(gap).await;
+                    Bytes::from_static(b"END\n")
+                }
+                _ => return None,
+            };
+            Some((Ok::<_, Infallible>(Frame::data(chunk)), step + 1))
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, TXT)
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("valid response")
 }
 
 /// Streams exactly `n` bytes (byte i = i % 251) in 64 KiB chunks sliced from one shared buffer.

@@ -89,11 +89,8 @@ fn swap_in_url(set: &SecretSet, bindings: &SecretBindings, text: &str) -> Option
     let bytes = text.as_bytes();
     let mut out: Option<String> = None;
     let mut pos = 0;
-    for (tag, r) in m.find_iter(bytes) {
-        if tag.kind != super::matcher::HitKind::Placeholder {
-            continue;
-        }
-        let secret = set.at(tag.secret);
+    for (index, r) in m.placeholders(bytes) {
+        let secret = set.at(index);
         let longer_name = bytes
             .get(r.end)
             .is_some_and(|b| super::value::is_name_byte(*b));

@@ -1,6 +1,14 @@
-//! One Aho-Corasick automaton over every secret value (and the forms a value takes when it
-//! is URL- or JSON-encoded) and every placeholder (as written, and percent-encoded), so a
-//! header, a URL or a body chunk is searched for all of them in one pass.
+//! The secret matcher: every secret value (and the forms a value takes when it is URL-,
+//! JSON- or base64-encoded) and every placeholder (as written, and percent-encoded), searched
+//! by two automata so that neither can hide the other.
+//!
+//! * Values are searched with **overlapping** matches: every occurrence of every form is
+//!   found, whatever text surrounds or overlaps it (a placeholder, another value, a second
+//!   encoding of the same value). A leftmost-longest, non-overlapping search would let a
+//!   match that starts earlier consume the first bytes of a value (with a secret `hf`,
+//!   `agenshield%3Asecret%3Ahf_…` hid the `hf_…` token behind the encoded placeholder).
+//! * Placeholders are searched on their own, leftmost-longest; they only ever name which
+//!   secret the agent wants swapped in, so they never decide whether a value is seen.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use zeroize::Zeroizing;
@@ -8,40 +16,27 @@ use zeroize::Zeroizing;
 use super::placeholder::placeholder;
 use super::value::{SecretName, SecretValue};
 
-/// What a match is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HitKind {
-    /// The real value (or an encoding of it).
-    Value,
-    /// The secret's placeholder.
-    Placeholder,
-}
-
-/// A match: which secret (an index into the set it was built from) and what form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tag {
-    pub secret: usize,
-    pub kind: HitKind,
-}
-
 pub(crate) struct Matcher {
-    ac: AhoCorasick,
-    /// Pattern id → tag.
-    tags: Vec<Tag>,
-    /// Every pattern, sorted, to tell whether a chunk ends in the start of one. Zeroized on
-    /// drop (the automaton's own tables are not: `aho-corasick` offers no hook for it).
-    sorted: Vec<Zeroizing<Vec<u8>>>,
-    /// Bytes some pattern starts with.
-    first: [bool; 256],
+    /// Every form of every value; searched overlapping.
+    values: AhoCorasick,
+    /// Value pattern id → secret index.
+    value_secret: Vec<usize>,
+    /// Every placeholder form; searched leftmost-longest.
+    placeholders: AhoCorasick,
+    /// Placeholder pattern id → secret index.
+    placeholder_secret: Vec<usize>,
+    /// The longest pattern of either kind.
     max_len: usize,
 }
 
 impl Matcher {
     /// `secrets` in the order their indices refer to. `Ok(None)` when there is nothing to
-    /// match; an error (never a silently disabled guard) if the automaton cannot be built.
+    /// match; an error (never a silently disabled guard) if an automaton cannot be built.
     pub(crate) fn build(secrets: &[(SecretName, &SecretValue)]) -> Result<Option<Matcher>, String> {
-        let mut patterns: Vec<Zeroizing<Vec<u8>>> = Vec::new();
-        let mut tags = Vec::new();
+        let mut values: Vec<Zeroizing<Vec<u8>>> = Vec::new();
+        let mut value_secret = Vec::new();
+        let mut placeholders: Vec<Vec<u8>> = Vec::new();
+        let mut placeholder_secret = Vec::new();
         for (i, (name, value)) in secrets.iter().enumerate() {
             let raw = Zeroizing::new(value.expose().to_vec());
             let mut forms: Vec<Zeroizing<Vec<u8>>> = vec![
@@ -56,71 +51,70 @@ impl Matcher {
             forms.dedup();
             forms.insert(0, raw);
             for f in forms {
-                patterns.push(f);
-                tags.push(Tag {
-                    secret: i,
-                    kind: HitKind::Value,
-                });
+                values.push(f);
+                value_secret.push(i);
             }
             // The placeholder as written, and with its colons percent-encoded (as a URL's
             // query or a form body carries it); a name is only unreserved bytes.
             let ph = placeholder(name);
             for form in [ph.clone(), ph.replace(':', "%3A"), ph.replace(':', "%3a")] {
-                patterns.push(Zeroizing::new(form.into_bytes()));
-                tags.push(Tag {
-                    secret: i,
-                    kind: HitKind::Placeholder,
-                });
+                placeholders.push(form.into_bytes());
+                placeholder_secret.push(i);
             }
         }
-        if patterns.is_empty() {
+        if values.is_empty() {
             return Ok(None);
         }
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter().map(|p| p.as_slice()))
+        let values_ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::Standard)
+            .build(values.iter().map(|p| p.as_slice()))
             .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
-        let mut first = [false; 256];
-        for p in &patterns {
-            first[usize::from(p[0])] = true;
-        }
-        let max_len = patterns.iter().map(|p| p.len()).max().unwrap_or(1);
-        let mut sorted = patterns;
-        sorted.sort_by(|a, b| a.as_slice().cmp(b.as_slice()));
-        sorted.dedup();
+        let placeholders_ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&placeholders)
+            .map_err(|e| format!("cannot build the placeholder matcher: {e}"))?;
+        let max_len = values
+            .iter()
+            .map(|p| p.len())
+            .chain(placeholders.iter().map(Vec::len))
+            .max()
+            .unwrap_or(1);
         Ok(Some(Matcher {
-            ac,
-            tags,
-            sorted,
-            first,
+            values: values_ac,
+            value_secret,
+            placeholders: placeholders_ac,
+            placeholder_secret,
             max_len,
         }))
     }
 
-    /// Non-overlapping matches in a complete haystack, leftmost-longest.
-    pub(crate) fn find_iter<'a>(
+    /// Every occurrence of every form of every value in `haystack`, overlapping ones
+    /// included, ordered by where they end.
+    pub(crate) fn values<'a>(
         &'a self,
         haystack: &'a [u8],
-    ) -> impl Iterator<Item = (Tag, std::ops::Range<usize>)> + 'a {
-        self.ac
-            .find_iter(haystack)
-            .map(|m| (self.tags[m.pattern().as_usize()], m.range()))
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
+        self.values
+            .find_overlapping_iter(haystack)
+            .map(|m| (self.value_secret[m.pattern().as_usize()], m.range()))
     }
 
+    /// Placeholders in `haystack`, leftmost-longest and non-overlapping (a placeholder
+    /// followed by a name byte is a longer name; the caller decides, as it may need the byte
+    /// after the haystack).
+    pub(crate) fn placeholders<'a>(
+        &'a self,
+        haystack: &'a [u8],
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
+        self.placeholders
+            .find_iter(haystack)
+            .map(|m| (self.placeholder_secret[m.pattern().as_usize()], m.range()))
+    }
+
+    /// The longest pattern: a match that ends in bytes not seen yet starts within this many
+    /// bytes of the end of those seen.
     pub(crate) fn max_len(&self) -> usize {
         self.max_len
-    }
-
-    /// Whether `tail` is a proper prefix of some pattern (more bytes could complete a match).
-    pub(crate) fn is_proper_prefix(&self, tail: &[u8]) -> bool {
-        if tail.is_empty() || !self.first[usize::from(tail[0])] {
-            return false;
-        }
-        let from = self.sorted.partition_point(|p| p.as_slice() < tail);
-        self.sorted[from..]
-            .iter()
-            .take_while(|p| p.starts_with(tail))
-            .any(|p| p.len() > tail.len())
     }
 }
 
@@ -204,18 +198,27 @@ mod tests {
     fn finds_raw_encoded_and_placeholder_forms() {
         let m = build(&[("aws", "abc/def+ghi=jk"), ("gh", "ghp_0123456789")]);
         let hay = b"x=abc%2Fdef%2Bghi%3Djk&y={\"k\":\"abc\\/def+ghi=jk\"} ghp_0123456789 agenshield:secret:gh abc/def+ghi=jk";
-        let hits: Vec<(usize, HitKind)> =
-            m.find_iter(hay).map(|(t, _)| (t.secret, t.kind)).collect();
-        assert_eq!(
-            hits,
-            [
-                (0, HitKind::Value),
-                (0, HitKind::Value),
-                (1, HitKind::Value),
-                (1, HitKind::Placeholder),
-                (0, HitKind::Value)
-            ]
-        );
+        let values: Vec<usize> = m.values(hay).map(|(s, _)| s).collect();
+        assert_eq!(values, [0, 0, 1, 0]);
+        let placeholders: Vec<usize> = m.placeholders(hay).map(|(s, _)| s).collect();
+        assert_eq!(placeholders, [1]);
+    }
+
+    /// A placeholder, another value or another form of the same value overlapping a value
+    /// never hides it (the shipped Hugging Face example: secret `hf`, tokens `hf_…`).
+    #[test]
+    fn a_value_is_found_whatever_overlaps_it() {
+        let m = build(&[("hf", "hf_TOKEN123456"), ("other", "xyz-hf_TOK")]);
+        let hay = b"agenshield%3Asecret%3Ahf_TOKEN123456";
+        let found: Vec<(usize, std::ops::Range<usize>)> = m.values(hay).collect();
+        assert_eq!(found, [(0, 22..36)], "the value behind the encoded placeholder");
+        // The placeholder automaton still sees its own form (the caller decides that the
+        // name runs on into `_TOKEN…`).
+        assert_eq!(m.placeholders(hay).count(), 1);
+        // Two values overlapping: both found.
+        let hay = b"..xyz-hf_TOKEN123456..";
+        let secrets: Vec<usize> = m.values(hay).map(|(s, _)| s).collect();
+        assert_eq!(secrets, [1, 0]);
     }
 
     #[test]
@@ -229,28 +232,15 @@ mod tests {
                 &base64::engine::general_purpose::URL_SAFE,
             ] {
                 let b64 = engine.encode(format!("{prefix}{value}:rest"));
-                let hits: Vec<_> = m.find_iter(b64.as_bytes()).collect();
+                let hits: Vec<_> = m.values(b64.as_bytes()).collect();
                 assert_eq!(hits.len(), 1, "{prefix:?} {b64}");
             }
         }
         let other = base64::engine::general_purpose::STANDARD.encode("ghp_0123456788?>?>~~");
         assert_eq!(
-            m.find_iter(other.as_bytes()).count(),
+            m.values(other.as_bytes()).count(),
             0,
             "one bit off: no hit"
         );
-    }
-
-    #[test]
-    fn proper_prefixes_are_recognised() {
-        let m = build(&[("k", "secret-value-1")]);
-        assert!(m.is_proper_prefix(b"secr"));
-        assert!(m.is_proper_prefix(b"agenshield:sec"));
-        assert!(
-            !m.is_proper_prefix(b"secret-value-1"),
-            "complete, not proper"
-        );
-        assert!(!m.is_proper_prefix(b"sex"));
-        assert!(!m.is_proper_prefix(b""));
     }
 }

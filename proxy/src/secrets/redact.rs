@@ -10,9 +10,8 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 
-use super::matcher::HitKind;
 use super::set::SecretSet;
-use super::stream::{ChunkScanner, Piece};
+use super::stream::{ChunkScanner, Pause, Piece};
 use crate::body::{BodyError, ProxyBody};
 
 /// Replaces secret values in every header value; returns how many values changed.
@@ -33,6 +32,7 @@ pub(crate) struct RedactedBody {
     inner: ProxyBody,
     set: Arc<SecretSet>,
     scanner: ChunkScanner,
+    pause: Pause,
     queued: VecDeque<Frame<Bytes>>,
     finished: bool,
     /// Values replaced so far (for the log line at the end).
@@ -45,6 +45,7 @@ impl RedactedBody {
             inner,
             set,
             scanner: ChunkScanner::default(),
+            pause: Pause::default(),
             queued: VecDeque::new(),
             finished: false,
             replaced: 0,
@@ -58,12 +59,11 @@ impl RedactedBody {
         let mut out = BytesMut::new();
         for p in pieces {
             match p {
-                Piece::Plain(b) => out.extend_from_slice(&b),
-                Piece::Hit(tag, _) if tag.kind == HitKind::Value => {
+                Piece::Plain(b) | Piece::Placeholder { bytes: b, .. } => out.extend_from_slice(&b),
+                Piece::Value(run) => {
                     self.replaced += 1;
-                    out.extend_from_slice(self.set.at(tag.secret).placeholder.as_bytes());
+                    out.extend_from_slice(self.set.placeholder_of_run(&run.secrets).as_bytes());
                 }
-                Piece::Hit(_, b) => out.extend_from_slice(&b),
             }
         }
         out.freeze()
@@ -91,9 +91,21 @@ impl Body for RedactedBody {
                 return Pin::new(&mut this.inner).poll_frame(cx);
             };
             match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // A pause with bytes held: released after a fixed time, whatever they
+                    // are (a value begun in them is still replaced when its rest comes).
+                    if this.scanner.held() == 0 || !this.pause.due(cx) {
+                        return Poll::Pending;
+                    }
+                    let pieces = this.scanner.flush(m);
+                    let out = this.render(pieces);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(Some(Ok(f))) if f.is_data() => {
+                    this.pause.reset();
                     let Ok(data) = f.into_data() else { continue };
                     let pieces = this.scanner.push(m, data);
                     let out = this.render(pieces);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use base64::Engine as _;
 use http::HeaderMap;
 
-use super::matcher::HitKind;
 use super::placeholder;
 use super::set::SecretSet;
 use crate::policy::{SecretBindings, TemplatePart};
@@ -229,9 +228,10 @@ impl Checker<'_> {
             self.used.insert(s.name.shared());
         }
         if let Some(m) = self.set.matcher() {
-            for (tag, _) in m.find_iter(bytes) {
-                let name = self.set.at(tag.secret).name.as_str();
-                if tag.kind == HitKind::Value && !self.bound(name) {
+            // Every occurrence, overlapping ones included: no surrounding text hides one.
+            for (index, _) in m.values(bytes) {
+                let name = self.set.at(index).name.as_str();
+                if !self.bound(name) {
                     return Err(refusal(Violation::Leak, name, place));
                 }
             }

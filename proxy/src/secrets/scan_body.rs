@@ -1,8 +1,9 @@
 //! The leak guard and the placeholder swap, for a request body: the first `window` bytes
-//! (all of it where the rule swaps in bodies) are checked as they stream upstream. A chunk is
-//! released only once it is known to carry no secret the rule does not bind; the bytes that
-//! could start one are held until the next chunk decides, so a placeholder split across
-//! chunks (or HTTP/2 DATA frames) is found whole. On a hit the body fails, so the upstream
+//! (all of it where the rule swaps in bodies) are checked as they stream upstream. Of each
+//! chunk, all but a tail as long as the longest pattern goes on once checked; the tail waits
+//! for the next chunk (or a pause of `FLUSH_AFTER`), whatever its bytes are, so a secret or
+//! placeholder split across chunks (or HTTP/2 DATA frames) is found whole and what the
+//! upstream sees never depends on a stored value (`stream.rs`). On a hit the body fails, so the upstream
 //! request is aborted before any byte of the secret is sent. A placeholder of a bound secret
 //! becomes its value, encoded for the body's type, where the rule swaps in bodies; elsewhere
 //! it is refused.
@@ -17,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::scan::SecretRefusal;
 use super::set::SecretSet;
-use super::stream::ChunkScanner;
+use super::stream::{ChunkScanner, Pause};
 use super::swap::{BodySwap, Swapper};
 use crate::body::{BodyError, ProxyBody};
 use crate::policy::SecretBindings;
@@ -32,6 +33,7 @@ pub(crate) struct ScannedBody {
     inner: ProxyBody,
     swapper: Swapper,
     scanner: ChunkScanner,
+    pause: Pause,
     /// Bytes still to scan; 0 = done scanning, pass the rest through.
     remaining: usize,
     queued: VecDeque<Frame<Bytes>>,
@@ -67,6 +69,7 @@ impl ScannedBody {
             pending_error: None,
             inner,
             scanner: ChunkScanner::default(),
+            pause: Pause::default(),
             remaining: window,
             queued: VecDeque::new(),
             finished: false,
@@ -161,7 +164,23 @@ impl Body for ScannedBody {
                 return Poll::Ready(None);
             }
             let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    // A pause with bytes held: released after a fixed time, whatever they are.
+                    let m = this.swapper.set.matcher();
+                    let (Some(m), true) = (m, this.scanner.held() > 0) else {
+                        return Poll::Pending;
+                    };
+                    if !this.pause.due(cx) {
+                        return Poll::Pending;
+                    }
+                    let pieces = this.scanner.flush(m);
+                    match this.swapper.check(pieces) {
+                        Ok(out) if !out.is_empty() => this.queued.push_back(Frame::data(out)),
+                        Ok(_) => {}
+                        Err(r) => return this.refuse(r),
+                    }
+                    continue;
+                }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(Some(Ok(f))) => Some(f),
                 Poll::Ready(None) => {
@@ -169,6 +188,7 @@ impl Body for ScannedBody {
                     None
                 }
             };
+            this.pause.reset();
             let Some(m) = this.swapper.set.matcher() else {
                 // Nothing to look for: pass through.
                 match frame {

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::matcher::{HitKind, Matcher};
+use super::matcher::Matcher;
 use super::placeholder::placeholder;
 use super::value::{SecretName, SecretValue};
 
@@ -96,22 +96,29 @@ impl SecretSet {
     }
 
     /// `bytes` with every secret value replaced by its placeholder; `None` if it has none.
+    /// Overlapping values are replaced as one run, by the placeholder of the first.
     pub(crate) fn redact_bytes(&self, bytes: &[u8]) -> Option<Vec<u8>> {
         let m = self.matcher.as_ref()?;
-        let mut out: Option<Vec<u8>> = None;
+        let runs = value_runs(m, bytes);
+        if runs.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(bytes.len());
         let mut pos = 0;
-        for (tag, r) in m.find_iter(bytes) {
-            if tag.kind != HitKind::Value {
-                continue;
-            }
-            let o = out.get_or_insert_with(|| Vec::with_capacity(bytes.len()));
-            o.extend_from_slice(&bytes[pos..r.start]);
-            o.extend_from_slice(self.secrets[tag.secret].placeholder.as_bytes());
+        for (secret, r) in runs {
+            out.extend_from_slice(&bytes[pos..r.start]);
+            out.extend_from_slice(self.secrets[secret].placeholder.as_bytes());
             pos = r.end;
         }
-        let mut o = out?;
-        o.extend_from_slice(&bytes[pos..]);
-        Some(o)
+        out.extend_from_slice(&bytes[pos..]);
+        Some(out)
+    }
+
+    /// What a run of overlapping values is replaced by: the first one's placeholder.
+    pub(crate) fn placeholder_of_run(&self, secrets: &[usize]) -> &str {
+        secrets
+            .first()
+            .map_or("agenshield:secret:", |&i| self.secrets[i].placeholder.as_str())
     }
 
     /// `text` with every secret value replaced by its placeholder: for anything derived
@@ -131,6 +138,20 @@ impl SecretSet {
             None => Cow::Borrowed(text),
         }
     }
+}
+
+/// The value matches in `bytes`, overlapping ones joined: (the first secret, the range).
+pub(crate) fn value_runs(m: &Matcher, bytes: &[u8]) -> Vec<(usize, std::ops::Range<usize>)> {
+    let mut found: Vec<(usize, std::ops::Range<usize>)> = m.values(bytes).collect();
+    found.sort_by_key(|(_, r)| r.start);
+    let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (secret, r) in found {
+        match runs.last_mut() {
+            Some((_, last)) if r.start < last.end => last.end = last.end.max(r.end),
+            _ => runs.push((secret, r)),
+        }
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -171,5 +192,30 @@ pub(crate) mod tests {
             Some("agenshield:secret:aws")
         );
         assert!(SecretSet::default().redact("sk-test-123456") == "sk-test-123456");
+    }
+
+    /// The Hugging Face example: the encoded placeholder of `hf` runs into the value, which
+    /// is redacted all the same; overlapping values are redacted as one run.
+    #[test]
+    fn redaction_finds_a_value_whatever_overlaps_it() {
+        let s = set(&[("hf", "hf_TOKEN123456"), ("x", "TOKEN123456-more")]);
+        // (Text with a `%` is shown decoded, as `redact` always does.)
+        assert_eq!(
+            s.redact("agenshield%3Asecret%3Ahf_TOKEN123456"),
+            "agenshield:secret:agenshield:secret:hf"
+        );
+        assert_eq!(
+            String::from_utf8(
+                s.redact_bytes(b"agenshield%3Asecret%3Ahf_TOKEN123456")
+                    .expect("redacted")
+            )
+            .expect("utf-8"),
+            "agenshield%3Asecret%3Aagenshield:secret:hf"
+        );
+        assert_eq!(
+            s.redact("agenshield:secret:hf_TOKEN123456"),
+            "agenshield:secret:agenshield:secret:hf"
+        );
+        assert_eq!(s.redact("a hf_TOKEN123456-more b"), "a agenshield:secret:hf b");
     }
 }

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 
-use super::matcher::HitKind;
 use super::scan::{SecretRefusal, Violation};
 use super::set::SecretSet;
 use super::stream::{ChunkScanner, Piece};
@@ -63,35 +62,55 @@ impl Swapper {
         let mut out = BytesMut::new();
         let mut single = None;
         let n = pieces.len();
+        let binds = |name: &str| self.bindings.as_ref().is_some_and(|bd| bd.binds(name));
+        let refusal = |violation, name: &str, place: &str| SecretRefusal {
+            violation,
+            secret: name.to_string(),
+            place: place.to_string(),
+        };
         for p in pieces {
             let bytes = match p {
                 Piece::Plain(b) => b,
-                Piece::Hit(tag, b) => {
-                    let secret = self.set.at(tag.secret);
-                    let name = secret.name.as_str();
-                    let refusal = |violation, place: &str| SecretRefusal {
-                        violation,
-                        secret: name.to_string(),
-                        place: place.to_string(),
-                    };
-                    if !self.bindings.as_ref().is_some_and(|bd| bd.binds(name)) {
-                        let violation = match tag.kind {
-                            HitKind::Value => Violation::Leak,
-                            HitKind::Placeholder => Violation::Scope,
-                        };
-                        return Err(refusal(violation, self.place));
-                    }
-                    match (tag.kind, &self.swap) {
-                        (HitKind::Value, _) => b,
-                        (HitKind::Placeholder, BodySwap::Refused { place }) => {
-                            return Err(refusal(Violation::NotSwapped, place));
+                Piece::Value(run) => {
+                    // Every value in the run must be one the rule binds.
+                    for &i in &run.secrets {
+                        let name = self.set.at(i).name.as_str();
+                        if !binds(name) {
+                            return Err(refusal(Violation::Leak, name, self.place));
                         }
-                        (HitKind::Placeholder, swap) => {
+                    }
+                    run.bytes
+                }
+                Piece::Placeholder {
+                    secret,
+                    bytes,
+                    split,
+                } => {
+                    let secret = self.set.at(secret);
+                    let name = secret.name.as_str();
+                    if !binds(name) {
+                        return Err(refusal(Violation::Scope, name, self.place));
+                    }
+                    match &self.swap {
+                        BodySwap::Refused { place } => {
+                            return Err(refusal(Violation::NotSwapped, name, place));
+                        }
+                        // Its start went on as text before a pause: it can no longer be
+                        // swapped whole.
+                        _ if split => {
+                            return Err(refusal(
+                                Violation::NotSwapped,
+                                name,
+                                &format!("{} (split by a pause in the stream)", self.place),
+                            ));
+                        }
+                        swap => {
                             if let Ok(mut s) = self.swapped.lock() {
                                 if !s.iter().any(|n| &**n == name) {
                                     s.push(secret.name.shared());
                                 }
                             }
+                            let _ = bytes;
                             swap.encode(secret.value.expose())
                         }
                     }
