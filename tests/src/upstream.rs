@@ -353,6 +353,8 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
         drip_response(Duration::from_millis(ms))
     } else if path == "/split" {
         split_echo(&seen)
+    } else if path == "/reason" {
+        reason_response(req.uri().query().unwrap_or(""))
     } else if path == "/pause" {
         pause_response(req.uri().query().unwrap_or(""))
     } else if path == "/ws" {
@@ -413,6 +415,29 @@ fn drip_response(gap: Duration) -> Response<Body> {
         header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/event-stream"),
     );
+    resp
+}
+
+/// `/reason?text=T&header=H`: 200 with the reason phrase T (HTTP/1.1) and a header named H
+/// (value `1`): free text an upstream controls outside header values and the body.
+fn reason_response(query: &str) -> Response<Body> {
+    let mut resp = text(StatusCode::OK, TXT, "reason\n");
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "text" => {
+                if let Ok(r) = hyper::ext::ReasonPhrase::try_from(v.as_bytes().to_vec()) {
+                    resp.extensions_mut().insert(r);
+                }
+            }
+            "header" => {
+                if let Ok(n) = http::HeaderName::from_bytes(v.as_bytes()) {
+                    resp.headers_mut()
+                        .insert(n, http::HeaderValue::from_static("1"));
+                }
+            }
+            _ => {}
+        }
+    }
     resp
 }
 

@@ -82,11 +82,7 @@ impl World {
     }
 
     /// TLS to the transparent listener as `host`.
-    async fn tls(
-        &self,
-        host: &str,
-        alpn: &[&[u8]],
-    ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    async fn tls(&self, host: &str, alpn: &[&[u8]]) -> tokio_rustls::client::TlsStream<TcpStream> {
         let tls = tokio_rustls::TlsConnector::from(client_config(&[&self.daemon.ca_pem], alpn));
         let tcp = TcpStream::connect(self.daemon.transparent)
             .await
@@ -249,7 +245,10 @@ async fn an_overlapping_placeholder_never_hides_a_value_from_redaction() {
         .iter()
         .find(|(k, _)| k == "x-echo")
         .map(|(_, v)| v.clone());
-    assert_eq!(echo.as_deref(), Some(&*format!("agenshield%3Asecret%3A{HF}")));
+    assert_eq!(
+        echo.as_deref(),
+        Some(&*format!("agenshield%3Asecret%3A{HF}"))
+    );
     // …and the agent never does, in the body or a header.
     assert!(!text.contains("hf_TOKEN"), "{text}");
     assert!(
@@ -259,4 +258,32 @@ async fn an_overlapping_placeholder_never_hides_a_value_from_redaction() {
     for (k, v) in &parts.headers {
         assert!(!v.as_bytes().windows(8).any(|x| x == b"hf_TOKEN"), "{k}");
     }
+}
+
+/// An upstream's reason phrase and header names are free text too: neither carries a value
+/// to the agent (the reason phrase is never relayed; a value in a name, which HTTP folds to
+/// lower case, is replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reason_phrases_and_header_names_never_carry_a_value() {
+    let w = World::new().await;
+    let mut sender = w.http1("api.test").await;
+    let req = http::Request::get(format!(
+        "https://api.test/reason?text=leak+{OPENAI}&header=x-{OPENAI}"
+    ))
+    .header("host", "api.test")
+    .body(Empty::new().boxed())
+    .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let reason = resp
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    assert_eq!(reason, None, "the canonical reason, not the upstream's");
+    let names: Vec<String> = resp.headers().keys().map(|k| k.to_string()).collect();
+    assert!(names.iter().all(|n| !n.contains("123456")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "x-agenshield-secret-openai"),
+        "{names:?}"
+    );
 }

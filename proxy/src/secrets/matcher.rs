@@ -25,6 +25,9 @@ pub(crate) struct Matcher {
     placeholders: AhoCorasick,
     /// Placeholder pattern id → secret index.
     placeholder_secret: Vec<usize>,
+    /// Every form of every value, ignoring ASCII case: for header names, which HTTP
+    /// lower-cases (a value folded to lower case is still most of the value).
+    folded: AhoCorasick,
     /// The longest pattern of either kind.
     max_len: usize,
 }
@@ -69,6 +72,11 @@ impl Matcher {
             .match_kind(MatchKind::Standard)
             .build(values.iter().map(|p| p.as_slice()))
             .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
+        let folded = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::Standard)
+            .ascii_case_insensitive(true)
+            .build(values.iter().map(|p| p.as_slice()))
+            .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
         let placeholders_ac = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&placeholders)
@@ -84,6 +92,7 @@ impl Matcher {
             value_secret,
             placeholders: placeholders_ac,
             placeholder_secret,
+            folded,
             max_len,
         }))
     }
@@ -95,6 +104,16 @@ impl Matcher {
         haystack: &'a [u8],
     ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
         self.values
+            .find_overlapping_iter(haystack)
+            .map(|m| (self.value_secret[m.pattern().as_usize()], m.range()))
+    }
+
+    /// As `values`, ignoring ASCII case (a header name).
+    pub(crate) fn values_folded<'a>(
+        &'a self,
+        haystack: &'a [u8],
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
+        self.folded
             .find_overlapping_iter(haystack)
             .map(|m| (self.value_secret[m.pattern().as_usize()], m.range()))
     }
@@ -211,7 +230,11 @@ mod tests {
         let m = build(&[("hf", "hf_TOKEN123456"), ("other", "xyz-hf_TOK")]);
         let hay = b"agenshield%3Asecret%3Ahf_TOKEN123456";
         let found: Vec<(usize, std::ops::Range<usize>)> = m.values(hay).collect();
-        assert_eq!(found, [(0, 22..36)], "the value behind the encoded placeholder");
+        assert_eq!(
+            found,
+            [(0, 22..36)],
+            "the value behind the encoded placeholder"
+        );
         // The placeholder automaton still sees its own form (the caller decides that the
         // name runs on into `_TOKEN…`).
         assert_eq!(m.placeholders(hay).count(), 1);
@@ -237,10 +260,6 @@ mod tests {
             }
         }
         let other = base64::engine::general_purpose::STANDARD.encode("ghp_0123456788?>?>~~");
-        assert_eq!(
-            m.values(other.as_bytes()).count(),
-            0,
-            "one bit off: no hit"
-        );
+        assert_eq!(m.values(other.as_bytes()).count(), 0, "one bit off: no hit");
     }
 }

@@ -7,23 +7,41 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 
 use super::set::SecretSet;
 use super::stream::{ChunkScanner, Pause, Piece};
 use crate::body::{BodyError, ProxyBody};
 
-/// Replaces secret values in every header value; returns how many values changed.
+/// Replaces secret values in every header value, and in header names (where HTTP has folded
+/// them to lower case: matched ignoring case); returns how many headers changed.
 pub(crate) fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize {
     let mut changed = 0;
     for value in headers.values_mut() {
         if let Some(r) = set.redact_bytes(value.as_bytes()) {
-            if let Ok(v) = HeaderValue::from_bytes(&r) {
-                *value = v;
-                changed += 1;
-            }
+            // A value that is no valid header value once redacted is dropped, never kept.
+            *value = HeaderValue::from_bytes(&r)
+                .unwrap_or_else(|_| HeaderValue::from_static("agenshield:secret:[redacted]"));
+            changed += 1;
         }
+    }
+    let renamed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| set.redact_name(n.as_str()).is_some())
+        .cloned()
+        .collect();
+    for name in renamed {
+        let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+        headers.remove(&name);
+        let new = set
+            .redact_name(name.as_str())
+            .and_then(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .unwrap_or_else(|| HeaderName::from_static("x-agenshield-redacted"));
+        for v in values {
+            headers.append(new.clone(), v);
+        }
+        changed += 1;
     }
     changed
 }

@@ -195,6 +195,15 @@ impl Checker<'_> {
     fn headers(&mut self, headers: &HeaderMap, swaps: bool) -> Result<(), SecretRefusal> {
         for (name, value) in headers {
             self.text(name.as_str().as_bytes(), "header names", false)?;
+            // HTTP folds names to lower case: a value folded so is still found.
+            if let Some(m) = self.set.matcher() {
+                for (index, _) in m.values_folded(name.as_str().as_bytes()) {
+                    let secret = self.set.at(index).name.as_str();
+                    if !self.bound(secret) {
+                        return Err(refusal(Violation::Leak, secret, "header names"));
+                    }
+                }
+            }
             let place = format!("header {name}");
             self.text(value.as_bytes(), &place, swaps)?;
             if let Some(decoded) = basic_credentials(name, value.as_bytes()) {

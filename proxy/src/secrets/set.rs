@@ -114,11 +114,39 @@ impl SecretSet {
         Some(out)
     }
 
+    /// A header name with every value in it (matched ignoring case) replaced by
+    /// `agenshield-secret-NAME` (a placeholder cannot be a name: `:` is no token character);
+    /// `None` if it has none.
+    pub(crate) fn redact_name(&self, name: &str) -> Option<String> {
+        let m = self.matcher.as_ref()?;
+        let mut found: Vec<(usize, std::ops::Range<usize>)> =
+            m.values_folded(name.as_bytes()).collect();
+        if found.is_empty() {
+            return None;
+        }
+        found.sort_by_key(|(_, r)| r.start);
+        let mut out = String::with_capacity(name.len() + 32);
+        let mut pos = 0;
+        for (secret, r) in found {
+            if r.start < pos {
+                // Overlapping: already covered as far as `pos`.
+                pos = pos.max(r.end);
+                continue;
+            }
+            out.push_str(&name[pos..r.start]);
+            out.push_str("agenshield-secret-");
+            out.push_str(&self.secrets[secret].name.as_str().to_ascii_lowercase());
+            pos = r.end;
+        }
+        out.push_str(&name[pos..]);
+        Some(out)
+    }
+
     /// What a run of overlapping values is replaced by: the first one's placeholder.
     pub(crate) fn placeholder_of_run(&self, secrets: &[usize]) -> &str {
-        secrets
-            .first()
-            .map_or("agenshield:secret:", |&i| self.secrets[i].placeholder.as_str())
+        secrets.first().map_or("agenshield:secret:", |&i| {
+            self.secrets[i].placeholder.as_str()
+        })
     }
 
     /// `text` with every secret value replaced by its placeholder: for anything derived
@@ -216,6 +244,30 @@ pub(crate) mod tests {
             s.redact("agenshield:secret:hf_TOKEN123456"),
             "agenshield:secret:agenshield:secret:hf"
         );
-        assert_eq!(s.redact("a hf_TOKEN123456-more b"), "a agenshield:secret:hf b");
+        assert_eq!(
+            s.redact("a hf_TOKEN123456-more b"),
+            "a agenshield:secret:hf b"
+        );
+    }
+
+    /// Header names: HTTP folds them to lower case, so values are matched ignoring case.
+    #[test]
+    fn a_value_in_a_header_name_is_replaced_whatever_its_case() {
+        let s = set(&[("openai", "sk-TEST-123456")]);
+        assert_eq!(
+            s.redact_name("x-sk-test-123456-echo").as_deref(),
+            Some("x-agenshield-secret-openai-echo")
+        );
+        assert_eq!(s.redact_name("x-plain"), None);
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::HeaderName::from_static("x-sk-test-123456"),
+            http::HeaderValue::from_static("v sk-TEST-123456"),
+        );
+        assert_eq!(super::super::redact::redact_headers(&s, &mut h), 2);
+        assert_eq!(
+            h.get("x-agenshield-secret-openai").map(|v| v.as_bytes()),
+            Some(&b"v agenshield:secret:openai"[..])
+        );
     }
 }

@@ -164,7 +164,13 @@ impl ChunkScanner {
             if e.start >= line {
                 break;
             }
-            if matches!(e.kind, EventKind::Placeholder { undecided: true, .. }) {
+            if matches!(
+                e.kind,
+                EventKind::Placeholder {
+                    undecided: true,
+                    ..
+                }
+            ) {
                 // Its name may run on: decided with the next chunk.
                 line = e.start.max(pos);
                 break;
@@ -269,8 +275,7 @@ mod tests {
             .map(|p| match p {
                 Piece::Plain(b) => String::from_utf8_lossy(b).into_owned(),
                 Piece::Value(run) => {
-                    let names: Vec<String> =
-                        run.secrets.iter().map(|s| format!("s{s}")).collect();
+                    let names: Vec<String> = run.secrets.iter().map(|s| format!("s{s}")).collect();
                     let split = if run.split { "~" } else { "" };
                     format!("<{split}{}>", names.join("+"))
                 }
@@ -326,10 +331,7 @@ mod tests {
         assert_eq!(run(&m, &["x abcdefgh", "-and-more y"]), "x <s0+s1> y");
         assert_eq!(run(&m, &["x abcdefgh", "-and y"]), "x <s0>-and y");
         assert_eq!(run(&m, &["x abcdefgh"]), "x <s0>");
-        assert_eq!(
-            run(&m, &["x abcdefgh-and-more-still y"]),
-            "x <s0+s1+s2> y"
-        );
+        assert_eq!(run(&m, &["x abcdefgh-and-more-still y"]), "x <s0+s1+s2> y");
     }
 
     /// The Hugging Face example: the encoded placeholder of `s0` runs into a value of `s0`
@@ -361,7 +363,10 @@ mod tests {
         for (a, b) in [
             (format!("{pad}sk-te"), format!("{pad}zz-zz")),
             (format!("{pad}s"), format!("{pad}z")),
-            (format!("{pad}agenshield:secret:s"), format!("{pad}agenshield:secret:x")),
+            (
+                format!("{pad}agenshield:secret:s"),
+                format!("{pad}agenshield:secret:x"),
+            ),
             ("xxxxsk-te".to_string(), "xxxxzz-zz".to_string()),
         ] {
             assert_eq!(released(&a), released(&b), "{a:?} vs {b:?}");

@@ -103,6 +103,9 @@ impl Forwarder {
 
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        // The upstream's own reason phrase is never relayed (the agent gets the canonical one
+        // for the status): it is free text no redaction reads, and nothing depends on it.
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
         Ok(Forwarded::Response(Response::from_parts(parts, body)))
     }
 }
