@@ -42,6 +42,9 @@ pub struct UpstreamOptions {
     pub oauth: Option<OauthClient>,
     /// Serve requests signed with AWS SigV4 as S3 and STS would, for this account.
     pub aws: Option<crate::aws::AwsAccount>,
+    /// What `GET /content` answers (`application/octet-stream`, with its length): content
+    /// the test put there, such as a file a content API would serve back.
+    pub content: Option<Bytes>,
 }
 
 /// The one client a test token endpoint knows. Tokens are `access-token-000N`, N counting
@@ -95,6 +98,7 @@ struct ConnInfo {
     goaway_every: Option<usize>,
     oauth: Option<OauthClient>,
     aws: Option<crate::aws::AwsAccount>,
+    content: Option<Bytes>,
 }
 
 impl Upstream {
@@ -133,6 +137,7 @@ impl Upstream {
             goaway_every: opts.goaway_every,
             oauth: opts.oauth.clone(),
             aws: opts.aws.clone(),
+            content: opts.content.clone(),
         };
         let accept_task = tokio::spawn(async move {
             loop {
@@ -353,6 +358,12 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
         drip_response(Duration::from_millis(ms))
     } else if path == "/split" {
         split_echo(&seen)
+    } else if let (Some(content), "/content") = (&info.content, path.as_str()) {
+        Response::builder()
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header(header::CONTENT_LENGTH, content.len())
+            .body(Full::new(content.clone()).boxed())
+            .expect("valid response")
     } else if path == "/reason" {
         reason_response(req.uri().query().unwrap_or(""))
     } else if path == "/pause" {

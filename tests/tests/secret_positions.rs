@@ -39,6 +39,7 @@ id = "bot"
 hosts = ["bot.test"]
 action = "allow"
 secrets = ["bot"]
+swap = ["path", "query:token"]
 
 [[rule]]
 id = "oauth"

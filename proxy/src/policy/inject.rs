@@ -3,10 +3,11 @@
 //! in an `inject` template (`value = "Bearer ${secret:NAME}"`); only requests that rule
 //! allows get the value, and only rules that bind a secret may see it at all.
 //!
-//! `swap = ["headers", "url", "body"]` says where the agent's placeholders of those secrets
-//! become values: headers (Basic credentials included) and the URL unless the rule says
-//! otherwise; a request body only where the rule names it, because a body is where content
-//! goes (a placeholder written into an issue comment would publish the value).
+//! `swap = [...]` says where the agent's placeholders of those secrets become values besides
+//! the credential positions (`Authorization`, `Proxy-Authorization`, what `inject` sets),
+//! which always swap: other headers, the path, query parameters, bodies, WebSocket messages
+//! only where the rule names them, because for a content API those are content (a
+//! placeholder in a file path or an issue comment would publish the value).
 //!
 //! `[secrets.NAME] rate = {...}` (policy-wide) limits how often NAME is used, over every
 //! rule that binds it.
@@ -83,13 +84,27 @@ impl Sigv4Keys {
 
 /// Where a rule swaps placeholders (`swap = [...]`). Elsewhere a placeholder of a secret it
 /// binds is refused, never sent on as the placeholder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Always: the credential positions, `Authorization` and `Proxy-Authorization` (with the
+/// credentials inside `Basic`, where a URL's userinfo ends up) and the headers and query
+/// parameters the rule's `inject` sets. Only where the rule names them: other headers
+/// (`"header:NAME"`, or every header: `"headers"`), the path (`"path"`), query parameters
+/// (`"query:NAME"`; the path and the whole query: `"url"`), bodies and WebSocket messages.
+/// For a content API the path or a body *is* content: a placeholder swapped there would be
+/// published (a file named after the token).
+/// The default (no `swap`): the credential positions only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SwapPlaces {
-    /// Header values, and the credentials inside `Authorization: Basic` (where a URL's
-    /// userinfo ends up).
-    pub headers: bool,
-    /// The request target's path and query.
-    pub url: bool,
+    /// Every header value (`"headers"`).
+    pub all_headers: bool,
+    /// Header names (lower case, sorted) swapped besides the credential headers.
+    pub headers: Box<[HeaderName]>,
+    /// The request target's path.
+    pub path: bool,
+    /// Every query parameter.
+    pub all_query: bool,
+    /// Query parameter names (as decoded, sorted) swapped.
+    pub query: Box<[String]>,
     /// JSON, form-urlencoded and text request bodies.
     pub body: bool,
     /// Text messages the agent sends over a WebSocket.
@@ -97,24 +112,59 @@ pub struct SwapPlaces {
 }
 
 impl SwapPlaces {
-    /// Without `swap`: headers and URL, the places credentials go.
-    pub const DEFAULT: SwapPlaces = SwapPlaces {
-        headers: true,
-        url: true,
-        body: false,
-        websocket: false,
-    };
-    pub const NAMES: [&'static str; 4] = ["headers", "url", "body", "websocket"];
+    /// What `swap` may list.
+    pub const NAMES: [&'static str; 7] = [
+        "headers",
+        "header:NAME",
+        "path",
+        "query:NAME",
+        "url",
+        "body",
+        "websocket",
+    ];
 
-    /// As written in a policy: `headers, url`.
+    /// Whether a placeholder in header `name` is swapped.
+    pub fn swaps_header(&self, name: &HeaderName) -> bool {
+        self.all_headers
+            || *name == http::header::AUTHORIZATION
+            || *name == http::header::PROXY_AUTHORIZATION
+            || self
+                .headers
+                .binary_search_by(|h| h.as_str().cmp(name.as_str()))
+                .is_ok()
+    }
+
+    /// Whether a placeholder in the value of query parameter `name` (decoded) is swapped.
+    pub fn swaps_query(&self, name: &str) -> bool {
+        self.all_query
+            || self
+                .query
+                .binary_search_by(|q| q.as_str().cmp(name))
+                .is_ok()
+    }
+
+    /// As written in a policy (the credential headers are implied).
     #[cfg(test)]
-    pub fn names(&self) -> Vec<&'static str> {
-        [self.headers, self.url, self.body, self.websocket]
-            .iter()
-            .zip(SwapPlaces::NAMES)
-            .filter(|(on, _)| **on)
-            .map(|(_, n)| n)
-            .collect()
+    pub fn names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.all_headers {
+            out.push("headers".to_string());
+        }
+        out.extend(self.headers.iter().map(|h| format!("header:{h}")));
+        match (self.path, self.all_query) {
+            (true, true) => out.push("url".into()),
+            (true, false) => out.push("path".into()),
+            (false, true) => out.push("query".into()),
+            (false, false) => {}
+        }
+        out.extend(self.query.iter().map(|q| format!("query:{q}")));
+        if self.body {
+            out.push("body".into());
+        }
+        if self.websocket {
+            out.push("websocket".into());
+        }
+        out
     }
 }
 
@@ -271,10 +321,26 @@ pub(crate) fn compile_bindings(
         }
         return Ok(None);
     }
-    let swap = match swap {
-        None => SwapPlaces::DEFAULT,
+    let mut swap = match swap {
+        None => SwapPlaces::default(),
         Some(list) => compile_swap(list, err)?,
     };
+    // What `inject` sets is a credential position: a placeholder the agent sent there is
+    // swapped (and then replaced by the injection anyway).
+    let mut headers = swap.headers.to_vec();
+    let mut query = swap.query.to_vec();
+    for inj in &injections {
+        match &inj.target {
+            InjectTarget::Header(h) => headers.push(h.clone()),
+            InjectTarget::Query(q) => query.push(q.clone()),
+        }
+    }
+    headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    headers.dedup();
+    query.sort();
+    query.dedup();
+    swap.headers = headers.into_boxed_slice();
+    swap.query = query.into_boxed_slice();
     let names: Box<[Arc<str>]> = names.into_iter().map(|n| Arc::from(n.as_str())).collect();
     let mut needs: Vec<Arc<str>> = names.to_vec();
     needs.extend(sigv4.iter().flat_map(|k| k.names()).cloned());
@@ -339,34 +405,70 @@ fn compile_swap(
     list: &Spanned<Vec<Spanned<String>>>,
     err: &ErrFn<'_>,
 ) -> Result<SwapPlaces, PolicyError> {
-    let mut places = SwapPlaces {
-        headers: false,
-        url: false,
-        body: false,
-        websocket: false,
-    };
+    let mut places = SwapPlaces::default();
+    let mut headers: Vec<HeaderName> = Vec::new();
+    let mut query: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
     for p in list.get_ref() {
-        let slot = match p.get_ref().as_str() {
-            "headers" => &mut places.headers,
-            "url" => &mut places.url,
-            "body" => &mut places.body,
-            "websocket" => &mut places.websocket,
-            other => {
-                let known = SwapPlaces::NAMES.map(|n| format!("{n:?}")).join(", ");
-                return Err(err(
-                    p.span(),
-                    format!("unknown place {other:?} in `swap`; expected any of {known}"),
-                ));
-            }
-        };
-        if *slot {
+        let written = p.get_ref().as_str();
+        if !seen.insert(written.to_ascii_lowercase()) {
             return Err(err(
                 p.span(),
-                format!("{:?} is listed twice in `swap`", p.get_ref()),
+                format!("{written:?} is listed twice in `swap`"),
             ));
         }
-        *slot = true;
+        match written {
+            "headers" => places.all_headers = true,
+            "path" => places.path = true,
+            "url" => {
+                places.path = true;
+                places.all_query = true;
+            }
+            "body" => places.body = true,
+            "websocket" => places.websocket = true,
+            _ => {
+                if let Some(name) = written.strip_prefix("header:") {
+                    let h = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        err(p.span(), format!("invalid header name {name:?} in `swap`"))
+                    })?;
+                    if FORBIDDEN_HEADERS.contains(&h.as_str())
+                        && h != http::header::PROXY_AUTHORIZATION
+                    {
+                        return Err(err(
+                            p.span(),
+                            format!(
+                                "`swap` may not name {:?}: it frames or routes the request",
+                                h.as_str()
+                            ),
+                        ));
+                    }
+                    headers.push(h);
+                } else if let Some(name) = written.strip_prefix("query:") {
+                    if name.is_empty()
+                        || name
+                            .bytes()
+                            .any(|b| !(0x21..=0x7e).contains(&b) || b"&=#".contains(&b))
+                    {
+                        return Err(err(
+                            p.span(),
+                            format!("invalid query parameter name {name:?} in `swap`"),
+                        ));
+                    }
+                    query.push(name.to_string());
+                } else {
+                    let known = SwapPlaces::NAMES.map(|n| format!("{n:?}")).join(", ");
+                    return Err(err(
+                        p.span(),
+                        format!("unknown place {written:?} in `swap`; expected any of {known}"),
+                    ));
+                }
+            }
+        }
     }
+    headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    query.sort();
+    places.headers = headers.into_boxed_slice();
+    places.query = query.into_boxed_slice();
     Ok(places)
 }
 

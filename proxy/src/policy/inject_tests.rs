@@ -67,19 +67,51 @@ fn templates_and_lists_compile_into_the_deciding_rules_bindings() {
 }
 
 #[test]
-fn swap_defaults_to_headers_and_url_and_says_body_only_when_asked() {
+fn swap_defaults_to_the_credential_positions_and_names_the_rest() {
     let places = |extra: &str| {
         let p = policy(&rule(extra)).expect("valid");
-        get(&p, "api.test").secrets.expect("binds").swap
+        get(&p, "api.test").secrets.expect("binds").swap.clone()
     };
-    assert_eq!(places("secrets = [\"k\"]"), SwapPlaces::DEFAULT);
-    assert_eq!(places("secrets = [\"k\"]").names(), ["headers", "url"]);
+    let auth = http::HeaderName::from_static("authorization");
+    let custom = http::HeaderName::from_static("x-api-key");
+    let d = places("secrets = [\"k\"]");
+    assert_eq!(d, SwapPlaces::default());
+    assert!(d.names().is_empty());
+    assert!(d.swaps_header(&auth) && !d.swaps_header(&custom));
+    assert!(!d.path && !d.swaps_query("key") && !d.body);
     let all = places("secrets = [\"k\"]\nswap = [\"body\", \"headers\", \"url\"]");
     assert_eq!(all.names(), ["headers", "url", "body"]);
     let body = places("secrets = [\"k\"]\nswap = [\"body\"]");
-    assert_eq!((body.headers, body.url, body.body), (false, false, true));
-    let ws = places("secrets = [\"k\"]\nswap = [\"url\", \"websocket\"]");
-    assert_eq!(ws.names(), ["url", "websocket"]);
+    assert_eq!(
+        (body.all_headers, body.path, body.all_query, body.body),
+        (false, false, false, true)
+    );
+    let named = places(
+        "secrets = [\"k\"]\nswap = [\"path\", \"header:X-Api-Key\", \"query:key\", \"websocket\"]",
+    );
+    assert_eq!(
+        named.names(),
+        ["header:x-api-key", "path", "query:key", "websocket"]
+    );
+    assert!(named.swaps_header(&custom) && named.swaps_query("key"));
+    assert!(!named.swaps_query("other"));
+    // What `inject` sets is a credential position.
+    let inj = places(
+        "inject = [{ header = \"x-api-key\", value = \"${secret:k}\" }, { query = \"key\", value = \"${secret:k}\" }]",
+    );
+    assert!(inj.swaps_header(&custom) && inj.swaps_query("key"));
+    for (swap, says) in [
+        ("[\"url\", \"url\"]", "listed twice"),
+        ("[\"header:bad name\"]", "invalid header name"),
+        ("[\"header:host\"]", "may not name"),
+        ("[\"query:a=b\"]", "invalid query parameter name"),
+        ("[\"everything\"]", "unknown place"),
+    ] {
+        let e = policy(&rule(&format!("secrets = [\"k\"]\nswap = {swap}")))
+            .expect_err(swap)
+            .to_string();
+        assert!(e.contains(says), "{swap}: {e}");
+    }
 }
 
 #[test]
@@ -139,7 +171,7 @@ fn binding_mistakes_are_reported_where_they_are() {
         ),
         (
             "secrets = [\"k\"]\nswap = [\"bodies\"]",
-            "7:9: rule `api`: unknown place \"bodies\" in `swap`; expected any of \"headers\", \"url\", \"body\"",
+            "7:9: rule `api`: unknown place \"bodies\" in `swap`; expected any of \"headers\", \"header:NAME\", \"path\", \"query:NAME\", \"url\", \"body\"",
         ),
         (
             "secrets = [\"k\"]\nswap = [\"url\", \"url\"]",

@@ -1,8 +1,8 @@
 //! Injection: the deciding rule's `inject` entries set headers and query parameters from
 //! secret values, and placeholders of bound secrets become the values where the rule swaps
-//! them: headers (Basic credentials included) and the URL's path and query (a placeholder as
-//! written or with its colons percent-encoded; the value as it is where a URL may carry it
-//! so, else percent-encoded). Bodies are swapped as they stream (`scan_body`). Runs after
+//! them: the credential headers (Basic credentials included) and what the rule names (other
+//! headers, the path, query parameters: a placeholder as written or with its colons
+//! percent-encoded; the value as it is where a URL may carry it so, else percent-encoded). Bodies are swapped as they stream (`scan_body`). Runs after
 //! the leak guard and the rate limits passed.
 
 use base64::Engine as _;
@@ -32,20 +32,52 @@ pub(crate) fn apply(
     path: &str,
     query: Option<&str>,
 ) -> Url {
-    if bindings.swap.headers {
-        swap_placeholders(set, bindings, headers);
-    }
-    let (path, swapped) = if bindings.swap.url {
-        let q = query.and_then(|q| swap_in_url(set, bindings, q));
-        (swap_in_url(set, bindings, path), q)
+    swap_placeholders(set, bindings, headers);
+    let swap = &bindings.swap;
+    let path = if swap.path {
+        swap_in_url(set, bindings, path)
     } else {
-        (None, None)
+        None
+    };
+    let swapped = match query {
+        Some(q) if swap.all_query => swap_in_url(set, bindings, q),
+        Some(q) if !swap.query.is_empty() => swap_in_params(set, bindings, q),
+        _ => None,
     };
     let injected = inject(set, bindings, headers, swapped.as_deref().or(query));
     Url {
         path,
         query: injected.or(swapped),
     }
+}
+
+/// `query` with placeholders swapped in the values of the parameters the rule names;
+/// `None` if none was.
+fn swap_in_params(set: &SecretSet, bindings: &SecretBindings, query: &str) -> Option<String> {
+    let mut changed = false;
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            let Some((k, v)) = pair.split_once('=') else {
+                return pair.to_string();
+            };
+            let key = form_urlencoded::parse(k.as_bytes())
+                .next()
+                .map(|(k, _)| k.into_owned())
+                .unwrap_or_default();
+            if !bindings.swap.swaps_query(&key) {
+                return pair.to_string();
+            }
+            match swap_in_url(set, bindings, v) {
+                Some(v) => {
+                    changed = true;
+                    format!("{k}={v}")
+                }
+                None => pair.to_string(),
+            }
+        })
+        .collect();
+    changed.then(|| pairs.join("&"))
 }
 
 /// Sets the rule's `inject` headers; returns the query with its parameters set (`None`: no
@@ -143,9 +175,11 @@ fn sensitive(bytes: Bytes) -> Option<HeaderValue> {
     Some(v)
 }
 
+/// Swaps placeholders in the headers the rule swaps in (the credential headers, what it
+/// injects, what its `swap` names).
 fn swap_placeholders(set: &SecretSet, bindings: &SecretBindings, headers: &mut HeaderMap) {
     let mut replaced: Vec<(HeaderName, Vec<HeaderValue>)> = Vec::new();
-    for name in headers.keys() {
+    for name in headers.keys().filter(|n| bindings.swap.swaps_header(n)) {
         let values = headers.get_all(name);
         let needs = values.iter().any(|v| {
             !placeholder::find_all(v.as_bytes()).is_empty()

@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
 use super::inject::Url;
-use super::redact::{redact_headers, RedactedBody};
+use super::redact::{redact_headers, Mode, RedactedBody};
 use super::scan::{inspect_head, SecretRefusal, Violation};
 use super::scan_body::ScannedBody;
 use super::set::SecretSet;
@@ -123,7 +123,7 @@ impl SecretPhase {
         if !phase.used.is_empty() && !head.tls {
             return Err(transport("plain HTTP"));
         }
-        if let Some(proto) = head.upgrade.filter(|_| !phase.websocket && phase.redacts()) {
+        if let Some(proto) = head.upgrade.filter(|_| !phase.websocket && phase.binds()) {
             return Err(transport(&format!(
                 "an upgraded connection ({})",
                 proto.escape_debug()
@@ -132,9 +132,10 @@ impl SecretPhase {
         Ok(Some(phase))
     }
 
-    /// Whether responses are redacted: the rule binds secrets, so its upstream has them and
-    /// could echo them.
-    fn redacts(&self) -> bool {
+    /// Whether the rule binds secrets (its upstream has them and could echo them): its
+    /// responses are asked for unencoded and have values replaced; and WebSockets are relayed
+    /// message by message.
+    fn binds(&self) -> bool {
         self.bindings.is_some() && !self.set.is_empty()
     }
 
@@ -153,7 +154,7 @@ impl SecretPhase {
         if let Some(b) = &self.bindings {
             url = super::inject::apply(&self.set, b, &mut parts.headers, path, query);
         }
-        if self.redacts() {
+        if self.binds() {
             // A compressed response could not be searched for echoed secrets, nor a
             // compressed WebSocket message.
             parts.headers.insert(
@@ -265,7 +266,7 @@ impl SecretPhase {
         let bindings = self
             .bindings
             .clone()
-            .filter(|_| self.websocket && self.redacts())?;
+            .filter(|_| self.websocket && self.binds())?;
         Some(FrameGuard {
             set: self.set.clone(),
             bindings,
@@ -289,33 +290,40 @@ impl SecretPhase {
         all
     }
 
-    /// Redacts what the upstream sent back; a compressed body (which cannot be searched) is
-    /// refused with the reason.
+    /// Redacts what the upstream sent back, under every rule while the store holds a secret
+    /// (a value can reach content some other way than this rule: it must never reach the
+    /// agent). Under a rule that binds secrets a value becomes its placeholder, and a
+    /// compressed body (which cannot be searched) is refused with the reason; under any
+    /// other rule the body goes on byte for byte, as sent, and is cut short before a value.
     pub(crate) fn response(
         &self,
         resp: Response<ProxyBody>,
         head_only: bool,
     ) -> Result<Response<ProxyBody>, String> {
-        if !self.redacts() {
+        if self.set.is_empty() {
             return Ok(resp);
         }
         let (mut parts, body) = resp.into_parts();
         redact_headers(&self.set, &mut parts.headers);
         let empty = head_only || http_body::Body::is_end_stream(&body);
-        if !empty {
-            // A body in any coding but identity could not be searched for echoed secrets.
-            if let Some(coding) = content_coding(&parts.headers) {
-                return Err(format!(
-                    "the upstream sent a {coding}-encoded body although asked for identity; \
-                     it cannot be checked for secret values, so it is not passed on"
-                ));
-            }
-            // A placeholder is not as long as its value: the length is no longer known.
-            parts.headers.remove(header::CONTENT_LENGTH);
-            let redacted = RedactedBody::new(body, self.set.clone());
-            return Ok(Response::from_parts(parts, BodyExt::boxed(redacted)));
+        if empty {
+            return Ok(Response::from_parts(parts, body));
         }
-        Ok(Response::from_parts(parts, body))
+        if !self.binds() {
+            let cut = RedactedBody::new(body, self.set.clone(), Mode::Cut);
+            return Ok(Response::from_parts(parts, BodyExt::boxed(cut)));
+        }
+        // A body in any coding but identity could not be searched for echoed secrets.
+        if let Some(coding) = content_coding(&parts.headers) {
+            return Err(format!(
+                "the upstream sent a {coding}-encoded body although asked for identity; \
+                 it cannot be checked for secret values, so it is not passed on"
+            ));
+        }
+        // A placeholder is not as long as its value: the length is no longer known.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let redacted = RedactedBody::new(body, self.set.clone(), Mode::Replace);
+        Ok(Response::from_parts(parts, BodyExt::boxed(redacted)))
     }
 
     /// Why the body guard refused the request body, if it did.

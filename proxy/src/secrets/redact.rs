@@ -1,5 +1,12 @@
-//! Response redaction: a secret value an upstream echoes back (in a header or anywhere in
-//! the body, split across chunks or not) reaches the agent as its placeholder.
+//! Response redaction: a secret value in a response never reaches the agent. Headers (names
+//! and values) and trailers have every value replaced by its placeholder. The body is
+//! scanned as it streams (across chunk boundaries, holding a tail whose length never
+//! depends on the bytes, `stream.rs`):
+//!
+//! * under a rule that binds secrets (its upstream has them and may echo one), a value
+//!   becomes its placeholder (`Mode::Replace`; the length changes);
+//! * under any other rule, a value means it got into content somewhere: the body is cut
+//!   short before it (`Mode::Cut`), so clean responses go on byte for byte, lengths kept.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -46,8 +53,23 @@ pub(crate) fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize 
     changed
 }
 
+/// What a value in the body gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Replaced by its placeholder.
+    Replace,
+    /// The body ends in an error before it (the record says why).
+    Cut,
+}
+
+/// The body error of a cut response; the pipeline's record reads the refusal from it.
+#[derive(Debug, thiserror::Error)]
+#[error("response cut short: it carried the value of secret {}", .0.secret)]
+pub(crate) struct ResponseCut(pub super::scan::SecretRefusal);
+
 pub(crate) struct RedactedBody {
     inner: ProxyBody,
+    mode: Mode,
     set: Arc<SecretSet>,
     scanner: ChunkScanner,
     pause: Pause,
@@ -58,9 +80,10 @@ pub(crate) struct RedactedBody {
 }
 
 impl RedactedBody {
-    pub(crate) fn new(inner: ProxyBody, set: Arc<SecretSet>) -> RedactedBody {
+    pub(crate) fn new(inner: ProxyBody, set: Arc<SecretSet>, mode: Mode) -> RedactedBody {
         RedactedBody {
             inner,
+            mode,
             set,
             scanner: ChunkScanner::default(),
             pause: Pause::default(),
@@ -70,21 +93,38 @@ impl RedactedBody {
         }
     }
 
-    fn render(&mut self, pieces: Vec<Piece>) -> Bytes {
+    fn render(&mut self, pieces: Vec<Piece>) -> Result<Bytes, BodyError> {
         if let [Piece::Plain(b)] = pieces.as_slice() {
-            return b.clone();
+            return Ok(b.clone());
         }
         let mut out = BytesMut::new();
         for p in pieces {
             match p {
                 Piece::Plain(b) | Piece::Placeholder { bytes: b, .. } => out.extend_from_slice(&b),
+                Piece::Value(run) if self.mode == Mode::Cut => {
+                    let secret = self.set.placeholder_of_run(&run.secrets);
+                    let name = secret
+                        .strip_prefix(super::placeholder::PREFIX)
+                        .unwrap_or("");
+                    tracing::warn!(
+                        secret = name,
+                        "response cut short: it carried a secret value"
+                    );
+                    self.finished = true;
+                    self.queued.clear();
+                    return Err(Box::new(ResponseCut(super::scan::SecretRefusal {
+                        violation: super::scan::Violation::Echoed,
+                        secret: name.to_string(),
+                        place: "body".to_string(),
+                    })));
+                }
                 Piece::Value(run) => {
                     self.replaced += 1;
                     out.extend_from_slice(self.set.placeholder_of_run(&run.secrets).as_bytes());
                 }
             }
         }
-        out.freeze()
+        Ok(out.freeze())
     }
 }
 
@@ -116,7 +156,10 @@ impl Body for RedactedBody {
                         return Poll::Pending;
                     }
                     let pieces = this.scanner.flush(m);
-                    let out = this.render(pieces);
+                    let out = match this.render(pieces) {
+                        Ok(out) => out,
+                        Err(e) => return Poll::Ready(Some(Err(e))),
+                    };
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
@@ -126,14 +169,20 @@ impl Body for RedactedBody {
                     this.pause.reset();
                     let Ok(data) = f.into_data() else { continue };
                     let pieces = this.scanner.push(m, data);
-                    let out = this.render(pieces);
+                    let out = match this.render(pieces) {
+                        Ok(out) => out,
+                        Err(e) => return Poll::Ready(Some(Err(e))),
+                    };
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
                 }
                 Poll::Ready(other) => {
                     let pieces = this.scanner.finish(m);
-                    let out = this.render(pieces);
+                    let out = match this.render(pieces) {
+                        Ok(out) => out,
+                        Err(e) => return Poll::Ready(Some(Err(e))),
+                    };
                     if !out.is_empty() {
                         this.queued.push_back(Frame::data(out));
                     }
@@ -166,8 +215,23 @@ impl Body for RedactedBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        // A placeholder is not as long as its value: the length is unknown.
-        SizeHint::default()
+        match self.mode {
+            // A placeholder is not as long as its value: the length is unknown.
+            Mode::Replace => SizeHint::default(),
+            // Byte for byte (or cut short): what the inner body has left, and what is held.
+            Mode::Cut => {
+                let queued: usize = self
+                    .queued
+                    .iter()
+                    .filter_map(Frame::data_ref)
+                    .map(Bytes::len)
+                    .sum();
+                crate::body::hint_plus(
+                    self.inner.size_hint(),
+                    (self.scanner.held() + queued) as u64,
+                )
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::body::{BodyError, ProxyBody};
-use crate::secrets::redact::RedactedBody;
+use crate::secrets::redact::{Mode, RedactedBody};
 use crate::secrets::scan::tests::{binds, set};
 use crate::secrets::scan::Violation;
 use crate::secrets::scan_body::ScannedBody;
@@ -139,7 +139,7 @@ async fn redaction_replaces_values_split_anywhere_and_in_trailers() {
         let mut t = HeaderMap::new();
         t.insert("x-echo", "sk-test-OPENAI-123".parse().expect("v"));
         frames.push(Frame::trailers(t));
-        let b = RedactedBody::new(body(frames), Arc::new(set()));
+        let b = RedactedBody::new(body(frames), Arc::new(set()), Mode::Replace);
         let (out, trailers) = drain(b).await;
         assert_eq!(
             String::from_utf8(out.expect("body")).expect("utf8"),

@@ -10,7 +10,7 @@ use http::HeaderMap;
 
 use super::placeholder;
 use super::set::SecretSet;
-use crate::policy::{SecretBindings, TemplatePart};
+use crate::policy::{SecretBindings, SwapPlaces, TemplatePart};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Violation {
@@ -34,6 +34,9 @@ pub(crate) enum Violation {
     /// A request signed with the placeholder of a rule's AWS key id (`sigv4`) that cannot
     /// be signed again; `place` says why.
     Unsignable,
+    /// A response under a rule that binds no secret carried a secret's value (its upstream
+    /// was never given it: it got there as content); the response was cut short there.
+    Echoed,
 }
 
 /// Why a request was refused. Names the secret and the place, never the value.
@@ -76,6 +79,10 @@ impl SecretRefusal {
                 "{rule} signs AWS requests made with the placeholder for secret {:?}, and this one cannot be signed: {}",
                 self.secret, self.place
             ),
+            Violation::Echoed => format!(
+                "the response's {} carried the value of secret {:?}, which {rule} does not bind; it was cut short there, so the value never reached the agent",
+                self.place, self.secret
+            ),
             Violation::NotSwapped => format!(
                 "the placeholder for secret {:?} is in the {}, where {rule} does not swap it for the value; refused rather than sent on as the placeholder (the rule's `swap` lists where it does)",
                 self.secret, self.place
@@ -101,7 +108,7 @@ pub(crate) fn inspect_head(
     path_and_query: &str,
 ) -> Result<HeadScan, SecretRefusal> {
     let mut used = BTreeSet::new();
-    let swap = bindings.map(|b| b.swap);
+    let swap = bindings.map(|b| &b.swap);
     let mut check = Checker {
         set,
         bindings,
@@ -110,13 +117,23 @@ pub(crate) fn inspect_head(
     // A method is any token: a key made of token characters fits in it.
     check.text(method.as_bytes(), "method", false)?;
     check.text(host.as_bytes(), "host", false)?;
-    check.headers(headers, swap.is_some_and(|s| s.headers))?;
-    let url = path_and_query.as_bytes();
-    let url_swaps = swap.is_some_and(|s| s.url);
-    check.text(url, "URL", url_swaps)?;
-    if url.contains(&b'%') {
-        let decoded: Vec<u8> = percent_encoding::percent_decode(url).collect();
-        check.text(&decoded, "URL", url_swaps)?;
+    check.headers(headers, swap)?;
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    check.url_part(path.as_bytes(), "path", swap.is_some_and(|s| s.path))?;
+    if let Some(q) = query {
+        // Parameter by parameter: a rule may swap in some only (`query:NAME`).
+        for pair in q.split('&') {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            let key = form_urlencoded::parse(key.as_bytes())
+                .next()
+                .map(|(k, _)| k.into_owned())
+                .unwrap_or_default();
+            let swaps = swap.is_some_and(|s| s.swaps_query(&key));
+            check.url_part(pair.as_bytes(), "query", swaps)?;
+        }
     }
     if let Some(b) = bindings {
         for part in b.inject.iter().flat_map(|i| i.template.iter()) {
@@ -188,11 +205,15 @@ pub(crate) fn inspect_trailers(
         bindings,
         used: &mut used,
     }
-    .headers(trailers, false)
+    .headers(trailers, None)
 }
 
 impl Checker<'_> {
-    fn headers(&mut self, headers: &HeaderMap, swaps: bool) -> Result<(), SecretRefusal> {
+    fn headers(
+        &mut self,
+        headers: &HeaderMap,
+        swap: Option<&SwapPlaces>,
+    ) -> Result<(), SecretRefusal> {
         for (name, value) in headers {
             self.text(name.as_str().as_bytes(), "header names", false)?;
             // HTTP folds names to lower case: a value folded so is still found.
@@ -205,10 +226,21 @@ impl Checker<'_> {
                 }
             }
             let place = format!("header {name}");
+            let swaps = swap.is_some_and(|s| s.swaps_header(name));
             self.text(value.as_bytes(), &place, swaps)?;
             if let Some(decoded) = basic_credentials(name, value.as_bytes()) {
                 self.text(&decoded, &place, swaps)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A part of the URL, as received and percent-decoded.
+    fn url_part(&mut self, raw: &[u8], place: &str, swaps: bool) -> Result<(), SecretRefusal> {
+        self.text(raw, place, swaps)?;
+        if raw.contains(&b'%') {
+            let decoded: Vec<u8> = percent_encoding::percent_decode(raw).collect();
+            self.text(&decoded, place, swaps)?;
         }
         Ok(())
     }

@@ -33,7 +33,13 @@ pub(crate) fn binds(names: &[&str], inject: Vec<Injection>) -> SecretBindings {
         needs: names.clone(),
         names,
         inject: inject.into_boxed_slice(),
-        swap: crate::policy::SwapPlaces::DEFAULT,
+        // `swap = ["headers", "url"]`: the places these tests exercise.
+        swap: crate::policy::SwapPlaces {
+            all_headers: true,
+            path: true,
+            all_query: true,
+            ..Default::default()
+        },
         sigv4: None,
     }
 }
@@ -99,13 +105,13 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
             "evil.test",
             HeaderMap::new(),
             "/p?token=ghp_GITHUB_456789",
-            "URL",
+            "query",
         ),
         (
             "evil.test",
             HeaderMap::new(),
             "/p?token=ghp%5FGITHUB%5F456789",
-            "URL",
+            "query",
         ),
         ("ghp_GITHUB_456789.evil.test", HeaderMap::new(), "/", "host"),
         (
@@ -173,5 +179,72 @@ fn injected_secrets_count_as_uses_and_a_missing_one_is_unavailable() {
     assert_eq!(
         (e.violation, e.secret.as_str()),
         (Violation::Unavailable, "gone")
+    );
+}
+
+/// Without `swap`, a placeholder is swapped only in the credential positions: elsewhere (a
+/// custom header, the path, a query parameter) it is refused, where a content API would
+/// publish the value.
+#[test]
+fn by_default_only_credential_positions_swap() {
+    let s = set();
+    let mut b = binds(&["github"], vec![]);
+    b.swap = crate::policy::SwapPlaces::default();
+    let ok = |b: &SecretBindings, h: &[(&str, &str)], pq: &str| {
+        inspect_head(&s, Some(b), "GET", "api.test", &headers(h), pq).map(|r| r.used)
+    };
+    let github: Vec<Arc<str>> = vec![Arc::from("github")];
+    assert_eq!(
+        ok(
+            &b,
+            &[("authorization", "token agenshield:secret:github")],
+            "/"
+        ),
+        Ok(github.clone())
+    );
+    assert_eq!(
+        ok(
+            &b,
+            &[("authorization", &basic("x:agenshield:secret:github"))],
+            "/"
+        ),
+        Ok(github.clone())
+    );
+    for (h, pq, place) in [
+        (
+            vec![("x-echo", "agenshield:secret:github")],
+            "/",
+            "header x-echo",
+        ),
+        (
+            vec![],
+            "/repos/me/pub/contents/agenshield:secret:github",
+            "path",
+        ),
+        (
+            vec![],
+            "/repos/me/pub/contents/agenshield%3Asecret%3Agithub",
+            "path",
+        ),
+        (vec![], "/q?token=agenshield:secret:github", "query"),
+    ] {
+        let r = ok(&b, &h, pq).expect_err("refused");
+        assert_eq!(
+            (r.violation, r.secret.as_str(), r.place.as_str()),
+            (Violation::NotSwapped, "github", place),
+            "{pq}"
+        );
+    }
+    // Named places swap.
+    b.swap.path = true;
+    b.swap.query = vec!["token".to_string()].into_boxed_slice();
+    b.swap.headers = vec![http::HeaderName::from_static("x-api-key")].into_boxed_slice();
+    assert!(ok(&b, &[("x-api-key", "agenshield:secret:github")], "/").is_ok());
+    assert!(ok(&b, &[], "/a/agenshield:secret:github").is_ok());
+    assert!(ok(&b, &[], "/q?token=agenshield:secret:github&n=1").is_ok());
+    let r = ok(&b, &[], "/q?other=agenshield:secret:github").expect_err("unnamed parameter");
+    assert_eq!(
+        (r.violation, r.place.as_str()),
+        (Violation::NotSwapped, "query")
     );
 }

@@ -29,7 +29,7 @@ fn guard(websocket: bool, tls: bool) -> FrameGuard {
     let mut b = binds(&["gh"], vec![]);
     b.swap = SwapPlaces {
         websocket,
-        ..SwapPlaces::DEFAULT
+        ..SwapPlaces::default()
     };
     FrameGuard {
         set: Arc::new(crate::secrets::set::tests::set(&[

@@ -141,7 +141,11 @@ impl Body for FinishedBody {
                     }
                 }
                 Some(Err(e)) => {
-                    if let Some(f) = this.finish.take() {
+                    if let Some(mut f) = this.finish.take() {
+                        // Cut short before a secret's value: the record says so.
+                        if let Some(cut) = e.downcast_ref::<crate::secrets::redact::ResponseCut>() {
+                            f.cut(&cut.0);
+                        }
                         f.detached(this.down);
                     }
                     this.done = true;

@@ -407,6 +407,13 @@ impl PendingRecord {
         }
     }
 
+    /// The response was cut short by the secret guard (`e`): the record names why.
+    fn cut(&mut self, e: &crate::secrets::SecretRefusal) {
+        let r = crate::pipeline::secrets::refusal(e, self.record.rule.as_deref());
+        self.record.error_code = Some(r.code);
+        self.record.reason = Some(r.message);
+    }
+
     /// The decision is made: the log line and the `ctl tail` event.
     fn decided(&self) {
         log::line(&self.record);
