@@ -346,3 +346,40 @@ async fn the_guard_covers_the_proxys_own_address() {
     assert!(corp.seen().is_empty(), "nothing reached the proxy");
     assert!(up.requests().is_empty());
 }
+
+/// TRACE through the operator's proxy would come back with the request as the proxy got it:
+/// our `Proxy-Authorization` for it included. Refused before anything is sent, unless a rule
+/// names the method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_never_reaches_the_proxy_or_the_origin() {
+    let w = world(("corp", PASSWORD)).await;
+    let port = w.up.addr.port();
+    let ca = w.daemon.ca_path.to_str().expect("path");
+    let before = (w.corp.seen().len(), w.up.requests().len());
+    for method in ["TRACE", "TRACK"] {
+        for url in [
+            format!("http://api.test:{port}/echo"),
+            format!("https://api.test:{port}/echo"),
+        ] {
+            let args = ["--proxy", &explicit(&w), "--cacert", ca, "-X", method, &url];
+            let out = curl(&args, false).await;
+            assert_eq!(out.status, 403, "{method} {url}: {out:?}");
+            let v = out.json();
+            assert_eq!(v["error_code"], "policy_denied", "{v}");
+            assert!(
+                v["message"].as_str().unwrap_or("").contains("not allowed"),
+                "{v}"
+            );
+            assert!(!out.text().contains(PASSWORD), "{}", out.text());
+        }
+    }
+    // CONNECTs for the HTTPS attempts reached the proxy; no request did.
+    assert_eq!(w.up.requests().len(), before.1, "the origin saw no TRACE");
+    assert!(
+        w.corp.seen()[before.0..]
+            .iter()
+            .all(|s| s.method == "CONNECT"),
+        "{:?}",
+        w.corp.seen()
+    );
+}

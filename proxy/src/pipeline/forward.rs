@@ -29,6 +29,8 @@ pub(super) async fn send(
         Some(q) => format!("{path}?{q}"),
         None => path.to_string(),
     };
+    let mut req = req;
+    strip_overrides(&ctx.policy, &target.host, req.headers_mut());
     // A request signed with the placeholder of the rule's AWS key id is signed again, last,
     // over exactly what goes upstream.
     let signs = ctx.secrets.as_ref().is_some_and(|p| p.signs());
@@ -103,6 +105,32 @@ pub(super) async fn send(
         Some(permit) => resp.map(|b| body::guarded(b, permit)),
         None => resp,
     })
+}
+
+/// Headers some servers and frameworks take as the method or the path instead of the request
+/// line's (Rails, Symfony, IIS, many API gateways).
+const OVERRIDES: [&str; 5] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// Removes `Max-Forwards` (a proxy chain would answer it itself, with what it added), and,
+/// where a rule for the host constrains methods or paths, the headers that would make the
+/// upstream take another method or path than the one decided.
+fn strip_overrides(policy: &crate::policy::Policy, host: &str, headers: &mut http::HeaderMap) {
+    headers.remove(http::header::MAX_FORWARDS);
+    if OVERRIDES.iter().any(|h| headers.contains_key(*h)) && policy.constrains_request(host) {
+        for h in OVERRIDES {
+            headers.remove(h);
+        }
+        tracing::info!(
+            host,
+            "removed method/path override headers: the policy decides by the request line"
+        );
+    }
 }
 
 /// Signs the request again with the rule's AWS keys, over exactly what goes upstream (`uri`:

@@ -29,13 +29,34 @@ impl Policy {
         };
         let path = path.as_deref();
 
+        // TRACE and TRACK send the request back as the body: with it, whatever credentials
+        // the proxy added on the way (an injected key, a corporate proxy's
+        // `Proxy-Authorization`). Only a rule that names the method allows or asks for one.
+        let echoes = req.method.is_some_and(is_echo_method);
         let found = self.first(&host, |rule| {
             rule.matches(&host, req.scheme, req.port, req.method, path, req.agent)
+                && !(echoes && rule.action != Action::Deny && rule.methods.is_none())
         });
         match found {
             Some(rule) => self.verdict(rule.action, Some(rule), req, &host, path),
+            None if echoes && self.default != Action::Deny => invalid(format!(
+                "{} echoes the request back, credentials added on the way included: refused \
+                 unless a rule names it in `methods`",
+                req.method.unwrap_or("TRACE").to_ascii_uppercase()
+            )),
             None => self.verdict(self.default, None, req, &host, path),
         }
+    }
+
+    /// Whether a rule for canonical-or-not `host` constrains methods or paths: then headers
+    /// that make an upstream take another method or path than the one decided
+    /// (`X-HTTP-Method-Override`, `X-Original-URL`, …) must not reach it.
+    pub fn constrains_request(&self, host: &str) -> bool {
+        let Ok(host) = normalize_host_cow(host) else {
+            return true;
+        };
+        self.first(&host, |r| r.methods.is_some() || r.paths.is_some())
+            .is_some()
     }
 
     /// Whether some rule for HTTP or HTTPS (allow, ask or deny), or the default, could apply to
@@ -184,6 +205,11 @@ impl Policy {
             secrets,
         }
     }
+}
+
+/// TRACE and TRACK (IIS's), which echo the request.
+fn is_echo_method(m: &str) -> bool {
+    m.eq_ignore_ascii_case("TRACE") || m.eq_ignore_ascii_case("TRACK")
 }
 
 pub(super) fn invalid(explanation: String) -> Decision {

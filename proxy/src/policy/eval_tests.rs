@@ -311,3 +311,87 @@ fn http_rules_that_may_match_a_connection_are_found_before_it_speaks() {
     let report = policy(&TABLE_POLICY.replace("\"enforce\"", "\"report\""));
     assert!(report.http_rule_may_match(Some("nothing.test"), 443));
 }
+
+/// TRACE and TRACK echo the request back with whatever was added on the way (an injected key,
+/// a corporate proxy's credentials): only a rule that names the method allows one, whatever
+/// other rules and the default say.
+#[test]
+fn trace_is_refused_unless_a_rule_names_it() {
+    let p = policy(
+        r#"
+version = 1
+default = "allow"
+
+[[rule]]
+id = "any"
+hosts = ["api.test"]
+action = "allow"
+
+[[rule]]
+id = "diag"
+hosts = ["diag.test"]
+methods = ["GET", "TRACE"]
+action = "allow"
+"#,
+    );
+    for m in ["TRACE", "trace", "TRACK"] {
+        let d = p.decide(&http(m, "api.test", 443, "/"));
+        assert_eq!(d.action, Action::Deny, "{m} under an any-method rule");
+        assert!(
+            d.explanation.contains("echoes the request"),
+            "{}",
+            d.explanation
+        );
+        let d = p.decide(&http(m, "elsewhere.test", 443, "/"));
+        assert_eq!(d.action, Action::Deny, "{m} under default allow");
+    }
+    assert_eq!(
+        p.decide(&http("GET", "api.test", 443, "/")).action,
+        Action::Allow
+    );
+    let d = p.decide(&http("TRACE", "diag.test", 443, "/"));
+    assert_eq!(
+        (d.action, d.rule_id.as_deref()),
+        (Action::Allow, Some("diag"))
+    );
+    assert_eq!(
+        p.decide(&http("TRACK", "diag.test", 443, "/")).action,
+        Action::Deny
+    );
+}
+
+#[test]
+fn a_rule_with_methods_or_paths_constrains_its_hosts() {
+    let p = policy(
+        r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "open"
+hosts = ["open.test"]
+action = "allow"
+
+[[rule]]
+id = "ro"
+hosts = ["*.ro.test"]
+methods = ["GET"]
+action = "allow"
+
+[[rule]]
+id = "no-admin"
+hosts = ["mixed.test"]
+paths = ["/admin/**"]
+action = "deny"
+
+[[rule]]
+id = "mixed"
+hosts = ["mixed.test"]
+action = "allow"
+"#,
+    );
+    assert!(!p.constrains_request("open.test"));
+    assert!(p.constrains_request("api.ro.test"));
+    assert!(p.constrains_request("MIXED.test."));
+    assert!(!p.constrains_request("unknown.test"));
+}
