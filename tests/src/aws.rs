@@ -42,6 +42,10 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+/// The secret key and session token STS hands out for `GetSessionToken`.
+pub const FRESH_SECRET: &str = "FRESHsecretKEY0123456789abcdefghijklmnop";
+pub const FRESH_TOKEN: &str = "FRESHsessionTOKEN0123456789abcdefghijklmnopqrstuvwxyz==";
+
 impl AwsAccount {
     /// Serves a request that carries an AWS signature; `host` as received (Host or
     /// :authority).
@@ -59,7 +63,7 @@ impl AwsAccount {
                     "{method} {} {mode}",
                     path_and_query.split('?').next().unwrap_or("")
                 ));
-                self.act(method, path_and_query, object)
+                self.act(method, path_and_query, headers, object)
             }
             Err(why) => {
                 self.refused.lock().expect("lock").push(why.clone());
@@ -214,7 +218,13 @@ impl AwsAccount {
         Ok((object, mode))
     }
 
-    fn act(&self, method: &Method, path_and_query: &str, object: Vec<u8>) -> Answer {
+    fn act(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        object: Vec<u8>,
+    ) -> Answer {
         let path = path_and_query.split('?').next().unwrap_or("/");
         let xml = |status, body: String| Answer {
             status,
@@ -231,7 +241,33 @@ impl AwsAccount {
                 self.access_key_id
             ));
         }
+        if *method == Method::POST
+            && form.get("Action").map(String::as_str) == Some("GetSessionToken")
+        {
+            // Fresh credentials, as STS hands them out.
+            return xml(StatusCode::OK, format!(
+                "<GetSessionTokenResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><GetSessionTokenResult><Credentials><AccessKeyId>ASIAFRESHKEY0000001</AccessKeyId><SecretAccessKey>{FRESH_SECRET}</SecretAccessKey><SessionToken>{FRESH_TOKEN}</SessionToken><Expiration>2026-11-28T00:00:00Z</Expiration></Credentials></GetSessionTokenResult><ResponseMetadata><RequestId>r-2</RequestId></ResponseMetadata></GetSessionTokenResponse>"
+            ));
+        }
         let mut objects = self.objects.lock().expect("lock");
+        if let (&Method::PUT, Some(source)) = (method, headers.get("x-amz-copy-source")) {
+            // CopyObject: `/bucket/key` or `bucket/key`, percent-encoded.
+            let source = percent_encoding::percent_decode(source.as_bytes()).decode_utf8_lossy();
+            let source = format!("/{}", source.trim_start_matches('/'));
+            return match objects.get(&source).cloned() {
+                Some(o) => {
+                    objects.insert(path.to_string(), o);
+                    xml(
+                        StatusCode::OK,
+                        "<CopyObjectResult><ETag>\"x\"</ETag></CopyObjectResult>".into(),
+                    )
+                }
+                None => xml(
+                    StatusCode::NOT_FOUND,
+                    "<Error><Code>NoSuchKey</Code></Error>".into(),
+                ),
+            };
+        }
         match *method {
             Method::PUT => {
                                 let etag = format!("\"{}\"", &hex(&Sha256::digest(&object))[..32]);

@@ -41,10 +41,16 @@ version = 1
 id = "aws"
 hosts = ["s3.test", "sts.test"]
 action = "allow"
-sigv4 = { access_key_id = "aws_key", secret_access_key = "aws_secret" }
+sigv4 = { access_key_id = "aws_key", secret_access_key = "aws_secret", services = ["s3", "sts"], regions = ["us-east-1"], actions = ["GetCallerIdentity"], copy_sources = ["agent-bucket/*"] }
+
+[[rule]]
+id = "mint"
+hosts = ["mint.test"]
+action = "allow"
+sigv4 = { access_key_id = "aws_key", secret_access_key = "aws_secret", services = ["sts"], regions = ["us-east-1"], actions = ["GetSessionToken"] }
 "#;
 
-const HOSTS: [&str; 3] = ["s3.test", "sts.test", "other.test"];
+const HOSTS: [&str; 4] = ["s3.test", "sts.test", "other.test", "mint.test"];
 
 struct World {
     api: ApiUpstream,
@@ -397,5 +403,107 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
     assert_no_key(
         "what the daemon wrote",
         &w.daemon.everything_written().await,
+    );
+}
+
+/// The agent writes the credential scope and the action; the real keys sign only what the
+/// rule's `sigv4` says: no other bucket through `copy-object`, no other service or region,
+/// no fresh keys from STS unless the rule names the action, and then the fresh keys never
+/// reach the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_keys_sign_only_what_the_rule_says() {
+    let Some(cli) = aws_cli() else {
+        let why = "the AWS CLI is not installed (.ci/run installs Debian's awscli)";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{why}; CI must run this test"
+        );
+        return eprintln!("skipped: {why}");
+    };
+    let w = World::new().await;
+    {
+        let mut objects = w.account.objects.lock().expect("lock");
+        objects.insert("/agent-bucket/a.txt".into(), b"mine".to_vec());
+        objects.insert("/other-bucket/secret.txt".into(), b"not yours".to_vec());
+    }
+    let copy = |source: &str, key: &str| {
+        w.aws(
+            &cli,
+            "s3.test",
+            &[
+                "s3api",
+                "copy-object",
+                "--bucket",
+                "agent-bucket",
+                "--key",
+                key,
+                "--copy-source",
+                source,
+            ],
+        )
+    };
+    // Within the bucket the rule names: signed, and done.
+    let (code, _, err) = copy("agent-bucket/a.txt", "b.txt");
+    assert_eq!(code, 0, "{err}");
+    // From another bucket the keys can read: refused before anything is sent.
+    let before = w.api.up.requests().len();
+    let (code, _, err) = copy("other-bucket/secret.txt", "stolen.txt");
+    assert_ne!(code, 0, "refused");
+    assert!(err.contains("403") || err.contains("Forbidden"), "{err}");
+    assert_eq!(w.api.up.requests().len(), before, "nothing reached S3");
+    assert!(!w
+        .account
+        .objects
+        .lock()
+        .expect("lock")
+        .contains_key("/agent-bucket/stolen.txt"));
+
+    // Another region than the rule's: refused.
+    let (code, _, err) = w.aws(
+        &cli,
+        "sts.test",
+        &["sts", "get-caller-identity", "--region", "eu-west-1"],
+    );
+    assert_ne!(code, 0, "{err}");
+    // STS handing out fresh keys, under the rule that does not name the action: refused.
+    let (code, out, _) = w.aws(&cli, "sts.test", &["sts", "get-session-token"]);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(w.api.up.requests().len(), before, "nothing reached STS");
+    // Under the rule that names it exactly: signed, and the fresh keys are redacted.
+    let (code, out, err) = w.aws(
+        &cli,
+        "mint.test",
+        &["sts", "get-session-token", "--output", "json"],
+    );
+    assert_eq!(
+        code,
+        0,
+        "{err}\nupstream refused: {:?}",
+        w.account.refused.lock().expect("lock")
+    );
+    let creds: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        creds["Credentials"]["SecretAccessKey"], "[redacted]",
+        "{out}"
+    );
+    assert_eq!(creds["Credentials"]["SessionToken"], "[redacted]", "{out}");
+    assert_eq!(
+        creds["Credentials"]["AccessKeyId"], "ASIAFRESHKEY0000001",
+        "{out}"
+    );
+    for fresh in [
+        agenshield_e2e::aws::FRESH_SECRET,
+        agenshield_e2e::aws::FRESH_TOKEN,
+    ] {
+        assert!(!out.contains(fresh) && !err.contains(fresh), "{out}{err}");
+    }
+    let recs = audit::lines(&w.daemon.audit_path());
+    let scoped = recs
+        .iter()
+        .filter(|r| r["error_code"] == "secret_scope" && r["rule"] == "aws")
+        .count();
+    assert_eq!(
+        scoped, 3,
+        "the copy, the region and the STS call are recorded refused"
     );
 }

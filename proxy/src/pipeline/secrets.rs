@@ -77,7 +77,9 @@ pub(super) fn refused(ctx: &RequestCtx, e: &SecretRefusal) -> Refusal {
 
 pub(crate) fn refusal(e: &SecretRefusal, rule: Option<&str>) -> Refusal {
     let code = match e.violation {
-        Violation::Scope | Violation::Transport | Violation::NotSwapped => ErrorCode::SecretScope,
+        Violation::Scope | Violation::Transport | Violation::NotSwapped | Violation::OutOfScope => {
+            ErrorCode::SecretScope
+        }
         Violation::Leak | Violation::Echoed => ErrorCode::SecretLeak,
         Violation::Unsignable => ErrorCode::BadRequest,
         Violation::Unavailable | Violation::Unfetched => ErrorCode::SecretUnavailable,

@@ -32,14 +32,19 @@ pub(crate) struct InjectFile {
     pub value: Spanned<String>,
 }
 
-/// `sigv4 = { access_key_id = "…", secret_access_key = "…", session_token = "…" }` as
-/// written: the secrets a rule re-signs AWS requests with.
+/// `sigv4 = { access_key_id = "…", secret_access_key = "…", session_token = "…",
+/// services = [...], regions = [...], actions = [...], copy_sources = [...] }` as written:
+/// the secrets a rule re-signs AWS requests with, and what it may sign.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Sigv4File {
     pub access_key_id: Spanned<String>,
     pub secret_access_key: Spanned<String>,
     pub session_token: Option<Spanned<String>>,
+    pub services: Option<Spanned<Vec<Spanned<String>>>>,
+    pub regions: Option<Spanned<Vec<Spanned<String>>>>,
+    pub actions: Option<Spanned<Vec<Spanned<String>>>>,
+    pub copy_sources: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[secrets.NAME]` as written.
@@ -72,6 +77,8 @@ pub struct Sigv4Keys {
     pub access_key_id: Arc<str>,
     pub secret_access_key: Arc<str>,
     pub session_token: Option<Arc<str>>,
+    /// What the rule may sign with them.
+    pub scope: Arc<super::Sigv4Scope>,
 }
 
 impl Sigv4Keys {
@@ -309,7 +316,7 @@ pub(crate) fn compile_bindings(
         }
     }
     let sigv4 = match sigv4 {
-        Some(s) => Some(compile_sigv4(s.get_ref(), &names, err, uses)?),
+        Some(s) => Some(compile_sigv4(s, &names, err, uses)?),
         None => None,
     };
     if names.is_empty() && injections.is_empty() && sigv4.is_none() {
@@ -358,11 +365,20 @@ pub(crate) fn compile_bindings(
 /// Checks `sigv4`: three distinct secret names, none also bound by `secrets` or `inject`
 /// (a signing key swapped into a header would send it upstream).
 fn compile_sigv4(
-    file: &Sigv4File,
+    spanned: &Spanned<Sigv4File>,
     bound: &BTreeSet<String>,
     err: &ErrFn<'_>,
     uses: &mut Vec<SecretUse>,
 ) -> Result<Sigv4Keys, PolicyError> {
+    let file = spanned.get_ref();
+    let scope = super::Sigv4Scope::compile(
+        file.services.as_ref(),
+        file.regions.as_ref(),
+        file.actions.as_ref(),
+        file.copy_sources.as_ref(),
+        spanned.span(),
+    )
+    .map_err(|(span, msg)| err(span, msg))?;
     let mut seen = BTreeSet::new();
     let fields = [
         Some(&file.access_key_id),
@@ -398,6 +414,7 @@ fn compile_sigv4(
             .session_token
             .as_ref()
             .map(|t| Arc::from(t.get_ref().as_str())),
+        scope: Arc::new(scope),
     })
 }
 

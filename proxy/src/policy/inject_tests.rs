@@ -244,7 +244,7 @@ fn per_secret_rates_are_validated_and_checked_against_bindings() {
 #[test]
 fn sigv4_binds_its_keys_for_signing_only() {
     let p = policy(&rule(
-        "sigv4 = { access_key_id = \"aws_key\", secret_access_key = \"aws_secret\", session_token = \"aws_token\" }",
+        "sigv4 = { access_key_id = \"aws_key\", secret_access_key = \"aws_secret\", session_token = \"aws_token\", services = [\"s3\"], regions = [\"eu-west-1\"] }",
     ))
     .expect("valid");
     let b = get(&p, "api.test").secrets.expect("bindings");
@@ -263,11 +263,11 @@ fn sigv4_binds_its_keys_for_signing_only() {
 
     for (extra, says) in [
         (
-            "sigv4 = { access_key_id = \"k\", secret_access_key = \"k\" }",
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"k\", services = [\"*\"], regions = [\"*\"] }",
             "names secret \"k\" twice",
         ),
         (
-            "secrets = [\"k\"]\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\" }",
+            "secrets = [\"k\"]\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\", services = [\"*\"], regions = [\"*\"] }",
             "may not also be swapped or injected",
         ),
         (
@@ -279,15 +279,31 @@ fn sigv4_binds_its_keys_for_signing_only() {
             "unknown field `region`",
         ),
         (
-            "sigv4 = { access_key_id = \"bad name\", secret_access_key = \"s\" }",
+            "sigv4 = { access_key_id = \"bad name\", secret_access_key = \"s\", services = [\"*\"], regions = [\"*\"] }",
             "bad name",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"s\", regions = [\"*\"] }",
+            "`sigv4` must say which services it signs for: services = [",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"s\", services = [\"s3\"] }",
+            "`sigv4` must say which regions it signs for",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"s\", services = [\"s 3\"], regions = [\"*\"] }",
+            "invalid `sigv4` services entry",
+        ),
+        (
+            "sigv4 = { access_key_id = \"k\", secret_access_key = \"s\", services = [\"*\"], regions = [\"*\"], actions = [] }",
+            "must not be empty",
         ),
     ] {
         let e = policy(&rule(extra)).expect_err(extra);
         assert!(e.contains(says), "{extra}: {e}");
         assert!(e.starts_with("/p/s.toml:"), "{e}");
     }
-    let deny = "version = 1\n[[rule]]\nid = \"d\"\nhosts = [\"a.test\"]\naction = \"deny\"\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\" }\n";
+    let deny = "version = 1\n[[rule]]\nid = \"d\"\nhosts = [\"a.test\"]\naction = \"deny\"\nsigv4 = { access_key_id = \"k\", secret_access_key = \"s\", services = [\"*\"], regions = [\"*\"] }\n";
     let e = policy(deny).expect_err("deny rule");
     assert!(e.contains("only to \"allow\" and \"ask\" rules"), "{e}");
 }

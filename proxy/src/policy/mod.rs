@@ -27,6 +27,14 @@ mod path;
 mod pattern;
 mod rate;
 mod rule;
+mod sigv4_scope;
+pub use sigv4_scope::{NameGlobs, OutOfScope, Sigv4Scope, ISSUES_CREDENTIALS};
+
+/// Name patterns for a `sigv4` scope built in code.
+#[cfg(test)]
+pub(crate) fn sigv4_scope_globs(p: &[&str]) -> Result<NameGlobs, String> {
+    NameGlobs::from_patterns(p)
+}
 mod toml_file;
 
 use std::fmt;

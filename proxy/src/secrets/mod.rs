@@ -7,6 +7,7 @@
 //!   texts and across body chunks.
 
 pub(crate) mod aws_chunked;
+pub(crate) mod aws_fields;
 pub(crate) mod command;
 pub(crate) mod file_store;
 pub(crate) mod inject;

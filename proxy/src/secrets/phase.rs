@@ -68,7 +68,7 @@ impl SecretPhase {
         }
         let keys = bindings.as_ref().and_then(|b| b.sigv4.as_ref());
         let resign = match keys {
-            Some(k) => sigv4::plan(&set, k, head.headers)?,
+            Some(k) => sigv4::plan(&set, k, head.headers, head.path_and_query)?,
             None => None,
         };
         // The signature the proxy replaces is not checked as a header: its placeholder is
@@ -218,7 +218,7 @@ impl SecretPhase {
         let (parts, body) = req.into_parts();
         let body = if r.hashes_body() {
             let verdict = self.body_verdict.clone();
-            sigv4::Body::Whole(sigv4::read_whole(body, r.keys().clone(), verdict).await?)
+            sigv4::Body::Whole(sigv4::read_whole(body, r.keys().clone(), r.form(), verdict).await?)
         } else {
             sigv4::Body::Streaming(body)
         };
@@ -322,8 +322,13 @@ impl SecretPhase {
         }
         // A placeholder is not as long as its value: the length is no longer known.
         parts.headers.remove(header::CONTENT_LENGTH);
-        let redacted = RedactedBody::new(body, self.set.clone(), Mode::Replace);
-        Ok(Response::from_parts(parts, BodyExt::boxed(redacted)))
+        let redacted = BodyExt::boxed(RedactedBody::new(body, self.set.clone(), Mode::Replace));
+        // Under a `sigv4` rule, credentials an AWS API hands out never reach the agent.
+        if self.bindings.as_ref().is_some_and(|b| b.sigv4.is_some()) {
+            let fields = super::aws_fields::FieldsRedacted::new(redacted);
+            return Ok(Response::from_parts(parts, BodyExt::boxed(fields)));
+        }
+        Ok(Response::from_parts(parts, redacted))
     }
 
     /// Why the body guard refused the request body, if it did.

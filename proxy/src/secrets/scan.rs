@@ -34,6 +34,8 @@ pub(crate) enum Violation {
     /// A request signed with the placeholder of a rule's AWS key id (`sigv4`) that cannot
     /// be signed again; `place` says why.
     Unsignable,
+    /// An AWS request outside what the rule's `sigv4` may sign; `place` says how.
+    OutOfScope,
     /// A response under a rule that binds no secret carried a secret's value (its upstream
     /// was never given it: it got there as content); the response was cut short there.
     Echoed,
@@ -77,6 +79,10 @@ impl SecretRefusal {
             ),
             Violation::Unsignable => format!(
                 "{rule} signs AWS requests made with the placeholder for secret {:?}, and this one cannot be signed: {}",
+                self.secret, self.place
+            ),
+            Violation::OutOfScope => format!(
+                "{rule} signs AWS requests with secret {:?}, and this one {}; refused",
                 self.secret, self.place
             ),
             Violation::Echoed => format!(

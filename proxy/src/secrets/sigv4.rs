@@ -24,7 +24,7 @@ use super::placeholder::PREFIX;
 use super::scan::{SecretRefusal, Violation};
 use super::set::SecretSet;
 use crate::body::ProxyBody;
-use crate::policy::Sigv4Keys;
+use crate::policy::{OutOfScope, Sigv4Keys};
 
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 const CONTENT_SHA256: &str = "x-amz-content-sha256";
@@ -61,6 +61,8 @@ pub(crate) struct Resign {
     /// The headers the agent signed, but for those the signer sets itself.
     signed: Vec<HeaderName>,
     payload: Payload,
+    /// The body is a form (a query API's `Action=` may be in it): checked when read whole.
+    form: bool,
 }
 
 /// A refusal about the signature itself: names the key id's secret and what was wrong.
@@ -79,6 +81,7 @@ pub(crate) fn plan(
     set: &SecretSet,
     keys: &Sigv4Keys,
     headers: &HeaderMap,
+    path_and_query: &str,
 ) -> Result<Option<Resign>, SecretRefusal> {
     let mut auths = headers.get_all(header::AUTHORIZATION).iter();
     let (Some(auth), None) = (auths.next(), auths.next()) else {
@@ -128,6 +131,26 @@ pub(crate) fn plan(
             "an AWS signature with an unreadable region or service",
         ));
     }
+    // What the agent asks to have signed must be within what the rule may sign.
+    let scope = &keys.scope;
+    let out = |o: OutOfScope| out_of_scope(keys, &o);
+    scope.check_scope(service, region).map_err(out)?;
+    for target in headers.get_all(AMZ_TARGET) {
+        // `DynamoDB_20120810.GetItem`: the operation is after the last dot.
+        let t = String::from_utf8_lossy(target.as_bytes());
+        let action = t.rsplit('.').next().unwrap_or(&t).trim();
+        scope.check_action(action).map_err(out)?;
+    }
+    if let Some((_, query)) = path_and_query.split_once('?') {
+        for action in actions_in(query.as_bytes()) {
+            scope.check_action(&action).map_err(out)?;
+        }
+    }
+    for source in headers.get_all(COPY_SOURCE) {
+        scope
+            .check_copy_source(&copy_source(source.as_bytes()))
+            .map_err(out)?;
+    }
     for name in keys.names() {
         if set.get(name).is_none() {
             return Err(SecretRefusal {
@@ -153,13 +176,61 @@ pub(crate) fn plan(
             "an x-amz-content-sha256 that is neither a SHA-256 nor a payload mode this proxy signs",
         )),
     };
+    // An `Action` in a form body is read when the body is read whole (its hash is signed);
+    // one whose hash the agent states would go unread.
+    let form = is_form(headers);
+    if form && payload != Payload::Hashed {
+        return Err(unsignable(
+            keys,
+            "a form body whose x-amz-content-sha256 is stated: its Action could not be checked",
+        ));
+    }
     Ok(Some(Resign {
+        form,
         keys: keys.clone(),
         region: region.to_string(),
         service: service.to_string(),
         signed,
         payload,
     }))
+}
+
+const AMZ_TARGET: &str = "x-amz-target";
+const COPY_SOURCE: &str = "x-amz-copy-source";
+
+/// The refusal of a request outside what the rule may sign.
+fn out_of_scope(keys: &Sigv4Keys, o: &OutOfScope) -> SecretRefusal {
+    SecretRefusal {
+        violation: Violation::OutOfScope,
+        secret: keys.access_key_id.to_string(),
+        place: o.describe(&keys.scope),
+    }
+}
+
+/// Every `Action` parameter of a query string or a form body, decoded.
+fn actions_in(form: &[u8]) -> Vec<String> {
+    form_urlencoded::parse(form)
+        .filter(|(k, _)| k.eq_ignore_ascii_case("action"))
+        .map(|(_, v)| v.into_owned())
+        .collect()
+}
+
+/// `x-amz-copy-source` as `bucket/key`: percent-decoded, no leading `/`, no `?versionId=`.
+fn copy_source(raw: &[u8]) -> String {
+    let raw = raw.split(|b| *b == b'?').next().unwrap_or(raw);
+    let decoded = percent_encoding::percent_decode(raw).decode_utf8_lossy();
+    decoded.trim_start_matches('/').to_string()
+}
+
+fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| {
+            v.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
 }
 
 /// Headers the signer writes itself (or hyper does, from the URL).
@@ -190,6 +261,11 @@ impl Resign {
 
     pub(crate) fn secrets(&self) -> impl Iterator<Item = &std::sync::Arc<str>> {
         self.keys.names()
+    }
+
+    /// Whether the body is a form whose `Action` is checked when read whole.
+    pub(crate) fn form(&self) -> bool {
+        self.form
     }
 
     /// Whether the body must be read whole before signing (`read_whole`): its hash is in
@@ -361,6 +437,7 @@ impl Body {
 pub(crate) async fn read_whole(
     mut body: ProxyBody,
     keys: Sigv4Keys,
+    form: bool,
     verdict: std::sync::Arc<std::sync::OnceLock<SecretRefusal>>,
 ) -> Result<bytes::Bytes, SecretRefusal> {
     let mut whole = bytes::BytesMut::new();
@@ -384,6 +461,13 @@ pub(crate) async fn read_whole(
             )));
         }
         whole.extend_from_slice(&data);
+    }
+    if form {
+        for action in actions_in(&whole) {
+            keys.scope
+                .check_action(&action)
+                .map_err(|o| out_of_scope(&keys, &o))?;
+        }
     }
     Ok(whole.freeze())
 }

@@ -37,6 +37,27 @@ fn keys() -> Sigv4Keys {
         access_key_id: Arc::from("aws_key"),
         secret_access_key: Arc::from("aws_secret"),
         session_token: None,
+        scope: Arc::new(crate::policy::Sigv4Scope {
+            services: vec!["*".to_string()].into_boxed_slice(),
+            regions: vec!["*".to_string()].into_boxed_slice(),
+            actions: Some(
+                crate::policy::sigv4_scope_globs(&["GetCallerIdentity", "Get*"]).expect("globs"),
+            ),
+            copy_sources: None,
+        }),
+    }
+}
+
+/// Keys whose rule signs S3 in eu-west-1 only, copying from `my-bucket` only, with no actions.
+fn s3_keys() -> Sigv4Keys {
+    Sigv4Keys {
+        scope: Arc::new(crate::policy::Sigv4Scope {
+            services: vec!["s3".to_string()].into_boxed_slice(),
+            regions: vec!["eu-west-1".to_string()].into_boxed_slice(),
+            actions: None,
+            copy_sources: Some(crate::policy::sigv4_scope_globs(&["my-bucket/*"]).expect("globs")),
+        }),
+        ..keys()
     }
 }
 
@@ -94,7 +115,9 @@ async fn the_chunked_put_example_is_signed_as_aws_signs_it() {
         ("user-agent", "not signed"),
     ]);
     let set = set();
-    let plan = sigv4::plan(&set, &keys(), &h).expect("ok").expect("ours");
+    let plan = sigv4::plan(&set, &keys(), &h, "/")
+        .expect("ok")
+        .expect("ours");
     assert!(!plan.hashes_body());
     let body = chunked_body([BOGUS; 3]);
     assert_eq!(body.len(), 66824);
@@ -141,7 +164,9 @@ fn the_get_example_is_signed_as_aws_signs_it() {
         ("x-amz-date", "20130524T000000Z"),
     ]);
     let set = set();
-    let plan = sigv4::plan(&set, &keys(), &h).expect("ok").expect("ours");
+    let plan = sigv4::plan(&set, &keys(), &h, "/")
+        .expect("ok")
+        .expect("ours");
     let mut req = Request::builder()
         .uri("/test.txt")
         .body(crate::body::empty())
@@ -267,14 +292,16 @@ fn only_a_signature_made_with_the_placeholder_is_taken() {
         "AWS4-HMAC-SHA256",
     ] {
         let h = headers(&[("authorization", auth)]);
-        assert_eq!(sigv4::plan(&set, &keys(), &h), Ok(None), "{auth}");
+        assert_eq!(sigv4::plan(&set, &keys(), &h, "/"), Ok(None), "{auth}");
     }
     let other_name = agent_auth(scope, signed).replace("secret:aws_key/", "secret:aws_other/");
     let h = headers(&[("authorization", &other_name)]);
-    assert_eq!(sigv4::plan(&set, &keys(), &h), Ok(None));
+    assert_eq!(sigv4::plan(&set, &keys(), &h, "/"), Ok(None));
     // Ours: no payload header means the body's hash is signed.
     let h = headers(&[("authorization", &agent_auth(scope, signed))]);
-    let plan = sigv4::plan(&set, &keys(), &h).expect("ok").expect("ours");
+    let plan = sigv4::plan(&set, &keys(), &h, "/")
+        .expect("ok")
+        .expect("ours");
     assert!(plan.hashes_body());
     // Ours but unusable: refused, saying why.
     let bad: [(&[(&str, &str)], &str); 3] = [
@@ -283,7 +310,7 @@ fn only_a_signature_made_with_the_placeholder_is_taken() {
         (&[("authorization", &agent_auth(scope, signed)), ("x-amz-content-sha256", "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD")], "payload mode"),
     ];
     for (pairs, why) in bad {
-        let e = sigv4::plan(&set, &keys(), &headers(pairs)).expect_err(why);
+        let e = sigv4::plan(&set, &keys(), &headers(pairs), "/").expect_err(why);
         assert_eq!(e.violation, Violation::Unsignable);
         assert!(e.place.contains(why), "{:?} should say {why}", e.place);
     }
@@ -292,7 +319,7 @@ fn only_a_signature_made_with_the_placeholder_is_taken() {
         session_token: Some(Arc::from("aws_token")),
         ..keys()
     };
-    let e = sigv4::plan(&set, &lost, &h).expect_err("no token in the store");
+    let e = sigv4::plan(&set, &lost, &h, "/").expect_err("no token in the store");
     assert_eq!(
         (e.violation, e.secret.as_str()),
         (Violation::Unavailable, "aws_token")
@@ -304,14 +331,120 @@ async fn a_hashed_body_is_signed_with_its_hash_and_a_large_one_is_refused() {
     let body = crate::body::full(Bytes::from_static(
         b"Action=GetCallerIdentity&Version=2011-06-15",
     ));
-    let got = sigv4::read_whole(body, keys(), Arc::default())
+    let got = sigv4::read_whole(body, keys(), true, Arc::default())
         .await
         .expect("read");
     assert_eq!(&got[..], b"Action=GetCallerIdentity&Version=2011-06-15");
     let big = Bytes::from(vec![b'x'; sigv4::MAX_HASHED_BODY + 1]);
-    let e = sigv4::read_whole(crate::body::full(big), keys(), Arc::default())
+    let e = sigv4::read_whole(crate::body::full(big), keys(), false, Arc::default())
         .await
         .expect_err("too large");
     assert_eq!(e.violation, Violation::Unsignable);
     assert!(e.place.contains("over 16 MiB"), "{}", e.place);
+}
+
+/// The agent writes the credential scope and the action: only what the rule's `sigv4` says
+/// it may sign is signed (no other bucket through `copy-object`, no fresh keys from STS).
+#[tokio::test]
+async fn only_what_the_rule_may_sign_is_signed() {
+    let set = set();
+    let auth = |scope: &str| agent_auth(scope, "host;x-amz-date");
+    let plan = |keys: &Sigv4Keys, pairs: &[(&str, &str)], pq: &str| {
+        sigv4::plan(&set, keys, &headers(pairs), pq)
+    };
+    let s3 = s3_keys();
+    let ok = auth("20261124/eu-west-1/s3/aws4_request");
+    assert!(plan(&s3, &[("authorization", &ok)], "/k")
+        .expect("in scope")
+        .is_some());
+    let cases: Vec<(Vec<(&str, String)>, &str, &str)> = vec![
+        (
+            vec![("authorization", auth("20261124/eu-west-1/sts/aws4_request"))],
+            "/",
+            "service \"sts\"",
+        ),
+        (
+            vec![("authorization", auth("20261124/us-east-1/s3/aws4_request"))],
+            "/",
+            "region \"us-east-1\"",
+        ),
+        (
+            vec![
+                ("authorization", ok.clone()),
+                (
+                    "x-amz-copy-source",
+                    "/other-bucket/secret%2Etxt?versionId=1".into(),
+                ),
+            ],
+            "/my-bucket/copy",
+            "copies from \"other-bucket/secret.txt\"",
+        ),
+        (
+            vec![("authorization", ok.clone())],
+            "/?Action=ListBuckets",
+            "calls action \"ListBuckets\"; the rule lists no `actions`",
+        ),
+        (
+            vec![
+                ("authorization", ok.clone()),
+                ("x-amz-target", "DynamoDB_20120810.GetItem".into()),
+            ],
+            "/",
+            "calls action \"GetItem\"",
+        ),
+    ];
+    for (pairs, pq, says) in cases {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let e = plan(&s3, &pairs, pq).expect_err(says);
+        assert_eq!(e.violation, Violation::OutOfScope, "{says}");
+        assert!(e.place.contains(says), "{:?} should say {says}", e.place);
+    }
+    let copy = [
+        ("authorization", ok.as_str()),
+        ("x-amz-copy-source", "my-bucket/a/b.txt"),
+    ];
+    assert!(plan(&s3, &copy, "/my-bucket/c")
+        .expect("own bucket")
+        .is_some());
+    // Credentials are issued only where the action is named exactly: `Get*` does not do.
+    let any = keys();
+    let sts = auth("20261124/us-east-1/sts/aws4_request");
+    let e = plan(
+        &any,
+        &[("authorization", &sts)],
+        "/?Action=GetSessionToken&Version=2011-06-15",
+    )
+    .expect_err("issues credentials");
+    assert!(e.place.contains("issues credentials"), "{}", e.place);
+    assert!(plan(
+        &any,
+        &[("authorization", &sts)],
+        "/?Action=GetCallerIdentity"
+    )
+    .is_ok());
+    // In a form body, read whole (its hash is signed), as the CLI sends STS calls.
+    let form = [
+        ("authorization", sts.as_str()),
+        (
+            "content-type",
+            "application/x-www-form-urlencoded; charset=utf-8",
+        ),
+    ];
+    let r = plan(&any, &form, "/").expect("head is fine").expect("ours");
+    assert!(r.form() && r.hashes_body());
+    let body = crate::body::full(Bytes::from_static(
+        b"Action=AssumeRole&RoleArn=x&Version=2011-06-15",
+    ));
+    let e = sigv4::read_whole(body, any.clone(), true, Arc::default())
+        .await
+        .expect_err("AssumeRole is not named");
+    assert_eq!(e.violation, Violation::OutOfScope);
+    // A form body whose hash is stated could not be read: refused.
+    let stated = [
+        ("authorization", sts.as_str()),
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+    ];
+    let e = plan(&any, &stated, "/").expect_err("form with a stated hash");
+    assert_eq!(e.violation, Violation::Unsignable);
 }
