@@ -72,11 +72,24 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
     let policy = proxy.policy();
     let dial = ctx.dest.host.to_string();
     let names = match ctx.dest.host {
-        DestHost::Ip(ip) => proxy.dns.names.names(ctx.agent_uid, ip),
+        DestHost::Ip(ip) => {
+            let mut names = proxy.dns.names.names(ctx.agent_uid, ip);
+            // A synthetic address still in use past its answer's TTL.
+            if names.is_empty() {
+                names.extend(proxy.dns.synthetic.name(ctx.agent_uid, ip));
+            }
+            names
+        }
         DestHost::Name(_) => Vec::new(),
     };
     let (host, by_name, decision) =
         choose(proxy, &policy, &names, &dial, ctx.dest.port, ctx.agent_uid);
+    // A synthetic address (a name only an `ask` rule covers) stands for its name: the name
+    // is dialed, resolved by our own resolver; the address never is.
+    let dial = match ctx.dest.host {
+        DestHost::Ip(ip) if by_name && crate::dns::synthetic::is_synthetic(ip) => host.clone(),
+        _ => dial,
+    };
     TcpDecision {
         policy,
         host,

@@ -87,9 +87,10 @@ pub(crate) fn check(
 }
 
 /// A DNS question for `name`: `allow` when the stub would answer it (with what our resolver
-/// says), `deny` when it answers NXDOMAIN without asking anyone.
+/// says), `ask` when it answers with a synthetic address without asking anyone (the
+/// connection waits for an operator), `deny` when it answers NXDOMAIN without asking anyone.
 fn check_name(policy: &Policy, name: &str) -> CheckResult {
-    let d = policy.decide_name(name);
+    let d = policy.decide_name(name, None);
     CheckResult {
         method: "DNS".into(),
         scheme: "dns",
@@ -98,7 +99,8 @@ fn check_name(policy: &Policy, name: &str) -> CheckResult {
         path: String::new(),
         decision: match d.action {
             Action::Deny => "deny",
-            _ => "allow",
+            Action::Ask => "ask",
+            Action::Allow => "allow",
         },
         reported_deny: d.reported_deny,
         rule_id: d.rule_id.as_deref().map(str::to_string),

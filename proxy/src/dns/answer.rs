@@ -69,8 +69,13 @@ impl Outcome {
     }
 }
 
-/// Decides and answers `query`.
-pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Outcome {
+/// Decides and answers `query`, asked by `agent`.
+pub(crate) async fn answer(
+    proxy: &Proxy,
+    policy: &Policy,
+    query: &Query,
+    agent: Option<u32>,
+) -> Outcome {
     let asked = query.name().to_ascii();
     let asked = asked.strip_suffix('.').unwrap_or(&asked).to_string();
     if let Some(r) = secret_in(proxy, &asked) {
@@ -83,7 +88,7 @@ pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Out
         );
         return Outcome::refused(asked, ResponseCode::Refused, r);
     }
-    let decision = policy.decide_name(&asked);
+    let decision = policy.decide_name(&asked, agent);
     let host = crate::policy::normalize_host(&asked).unwrap_or(asked);
     if decision.action == Action::Deny {
         let r = Refusal {
@@ -108,6 +113,9 @@ pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Out
             decision: Some(decision),
             ..Outcome::refused(host, ResponseCode::Refused, r)
         };
+    }
+    if decision.action == Action::Ask {
+        return synthetic(proxy, agent, host, rtype, decision);
     }
     // Our resolver asks on the agent's behalf: only while the audit log can record it.
     if let Err(r) = record::ready(proxy) {
@@ -154,6 +162,63 @@ pub(crate) async fn answer(proxy: &Proxy, policy: &Policy, query: &Query) -> Out
         ttl,
         decision: Some(decision),
         refusal: None,
+    }
+}
+
+/// A name only an `ask` rule covers, answered without asking anyone: an A question gets the
+/// synthetic address standing for the name (the connection to it comes back to the proxy,
+/// which asks the operator then); any other type an empty answer (clients go on with A).
+fn synthetic(
+    proxy: &Proxy,
+    agent: Option<u32>,
+    host: String,
+    rtype: RecordType,
+    decision: Decision,
+) -> Outcome {
+    let none = Outcome {
+        host: host.clone(),
+        rcode: ResponseCode::NoError,
+        answers: Vec::new(),
+        addrs: Vec::new(),
+        ttl: 0,
+        decision: None,
+        refusal: None,
+    };
+    if rtype != RecordType::A {
+        return Outcome {
+            decision: Some(decision),
+            ..none
+        };
+    }
+    let Some(ip) = proxy.dns.synthetic.address(agent, &host) else {
+        let r = Refusal::new(
+            ErrorCode::Busy,
+            format!("no synthetic address is free for {host} (this agent holds them all)"),
+        );
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::ServFail, r)
+        };
+    };
+    let Ok(name) = hickory_resolver::proto::rr::Name::from_ascii(format!("{host}.")) else {
+        let r = Refusal::new(ErrorCode::BadRequest, format!("{host:?} is no DNS name"));
+        return Outcome {
+            decision: Some(decision),
+            ..Outcome::refused(host, ResponseCode::FormErr, r)
+        };
+    };
+    let ttl = super::synthetic::TTL;
+    let record = Record::from_rdata(
+        name,
+        ttl,
+        RData::A(hickory_resolver::proto::rr::rdata::A(ip)),
+    );
+    Outcome {
+        answers: vec![record],
+        addrs: vec![IpAddr::V4(ip)],
+        ttl,
+        decision: Some(decision),
+        ..none
     }
 }
 

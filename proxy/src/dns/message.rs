@@ -70,7 +70,7 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
     }
     let query = request.queries.first();
     let outcome = match (request.metadata.op_code, request.queries.len(), query) {
-        (OpCode::Query, 1, Some(q)) => answer(proxy, &asked.policy, q).await,
+        (OpCode::Query, 1, Some(q)) => answer(proxy, &asked.policy, q, asker.uid).await,
         (OpCode::Query, n, _) => Outcome::refused(
             name_of(query),
             ResponseCode::FormErr,

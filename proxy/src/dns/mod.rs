@@ -10,13 +10,16 @@
 //! - `answer.rs`: the decision and the answer for one question;
 //! - `record.rs`: the decision's record (every refusal; an allowed name once per TTL);
 //! - `names.rs`: which names each agent was given which addresses for, so that a raw TCP
-//!   connection to one is decided by name.
+//!   connection to one is decided by name;
+//! - `synthetic.rs`: the addresses answered for names only an `ask` rule covers, which no
+//!   resolver is asked about.
 
 mod answer;
 mod message;
 mod names;
 mod record;
 mod serve;
+pub(crate) mod synthetic;
 
 use std::sync::Arc;
 
@@ -30,6 +33,8 @@ pub(crate) const MAX_IN_FLIGHT: usize = 1024;
 /// The stub's state, shared by its loops and by the raw TCP path.
 pub(crate) struct DnsState {
     pub names: NameMemory,
+    /// The addresses standing for names only an `ask` rule covers.
+    pub synthetic: synthetic::Synthetic,
     /// Allowed answers recorded lately: (uid, name, type, rcode) → until when.
     recorded: moka::sync::Cache<(Option<u32>, Arc<str>, u16, u16), std::time::Instant>,
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -39,6 +44,7 @@ impl Default for DnsState {
     fn default() -> Self {
         DnsState {
             names: NameMemory::default(),
+            synthetic: synthetic::Synthetic::default(),
             recorded: moka::sync::Cache::builder()
                 .max_capacity(65_536)
                 .time_to_live(names::MAX_TTL)
