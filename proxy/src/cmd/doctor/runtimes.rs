@@ -245,6 +245,12 @@ fn fix(rt: Runtime, o: &Outcome, agent: &Agent, inst: &Installed) -> String {
             reinstall(path)
         }
         Source::JavaOption { path, .. } if *path == inst.truststore => reinstall(path),
+        Source::Var { name, path, .. } if matches!(o.holds, Holds::NotAFile(_)) => format!(
+            "{name} = {} in the agent's {} is not a file: remove what sets it (ours names \
+             {bundle})",
+            path.display(),
+            o.ctx.kind.short(),
+        ),
         Source::Var { name, path, .. } => format!(
             "{name} = {} in the agent's {} is not ours: remove what sets it (ours names \
              {bundle}), or add the CA ({ca}) to {}",
