@@ -213,3 +213,88 @@ fn doctor_runs_nothing_of_the_agents_as_root_and_opens_no_fifo_or_device() {
 fn libc_o_nonblock() -> i32 {
     nix::fcntl::OFlag::O_NONBLOCK.bits()
 }
+
+/// `sudo agenshield proxy exec` (macOS's sudo keeps the caller's HOME): the CA bundle is not
+/// written through a cache directory another user controls, nor taken from one.
+#[test]
+fn exec_as_root_keeps_its_bundle_out_of_another_users_home() {
+    let Some(_guard) = root_or_skip("exec_as_root_keeps_its_bundle_out_of_another_users_home")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let agent = AgentUser::create_named("ashdoctorx", 378);
+    // The agent's home, whose ~/.cache leads into a directory only root may write.
+    let home = d.join("home");
+    std::fs::create_dir(&home).expect("home");
+    let root_only = d.join("root-only");
+    std::fs::create_dir(&root_only).expect("mkdir");
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::os::unix::fs::symlink(&root_only, home.join(".cache")).expect("symlink");
+    sh(&[
+        "chown",
+        "-h",
+        "-R",
+        &format!("{}:{}", agent.uid, agent.uid),
+        home.to_str().expect("utf-8"),
+    ]);
+    let certs = d.join("certs");
+    std::fs::create_dir(&certs).expect("mkdir");
+    TestCa::new("exec-root-test CA")
+        .write_pem(&certs.join("ca.pem"))
+        .expect("ca");
+    let config = d.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nexplicit = \"127.0.0.1:15999\"\nadmin = {:?}\n\n[paths]\npolicies = {:?}\n\
+             certs = {:?}\nvault = {:?}\naudit = {:?}\n",
+            d.join("proxy.sock"),
+            d.join("policies"),
+            certs,
+            d.join("vault"),
+            d.join("audit.jsonl"),
+        ),
+    )
+    .expect("config");
+    let out = Command::new(binary())
+        .args(["proxy", "exec", "--config"])
+        .arg(&config)
+        .args(["--", "/bin/sh", "-c", "printf %s \"$CURL_CA_BUNDLE\""])
+        .env("HOME", &home)
+        .env_remove("XDG_CACHE_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .expect("exec");
+    let bundle = String::from_utf8_lossy(&out.stdout).into_owned();
+    let written: Vec<String> = std::fs::read_dir(&root_only)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    // What this test made in root's cache goes again (named after this run's CA).
+    if let Some(p) = Path::new(&bundle).parent() {
+        if p == Path::new("/var/cache/agenshield") {
+            let _ = std::fs::remove_file(&bundle);
+            let _ = std::fs::remove_file(
+                bundle
+                    .replace("/ca-bundle-", "/truststore-")
+                    .replace(".pem", ".p12"),
+            );
+        }
+    }
+    assert!(
+        out.status.success(),
+        "exec as root: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        written.is_empty(),
+        "root wrote through the agent's ~/.cache: {written:?}"
+    );
+    assert!(
+        bundle.starts_with("/var/cache/agenshield/ca-bundle-"),
+        "the bundle is not in root's cache: {bundle}"
+    );
+}
