@@ -16,6 +16,8 @@ pub mod privsep;
 mod redirect;
 pub mod run_as;
 pub mod sandbox;
+#[cfg(target_os = "linux")]
+pub mod socket_acl;
 
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
 #[cfg(target_os = "macos")]

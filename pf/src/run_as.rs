@@ -98,6 +98,68 @@ impl RunAs {
             cmd.pre_exec(hook);
         }
     }
+
+    /// Whether this user may connect to the Unix stream socket at `path`: `Ok` if it can,
+    /// the error `connect(2)` gave it otherwise (`EACCES` when its permissions refuse it).
+    /// The connect is made in a child that has become the user (and then runs `/bin/true`,
+    /// as the user); needs root.
+    pub fn can_connect(&self, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        // The address is made before the fork: the child only copies nothing and calls.
+        #[allow(unsafe_code)]
+        // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a Unix socket path",
+            ));
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+        let program = ["/bin/true", "/usr/bin/true"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no /bin/true"))?;
+        let mut cmd = Command::new(program);
+        cmd.env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        self.apply_to(&mut cmd);
+        let connect = move || -> io::Result<()> {
+            #[allow(unsafe_code)]
+            // SAFETY: socket, connect and close are async-signal-safe; `addr` is a valid
+            // sockaddr_un of `len` bytes owned by this closure.
+            unsafe {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let rc = libc::connect(fd, std::ptr::addr_of!(addr).cast(), len);
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                if rc != 0 {
+                    return Err(err);
+                }
+            }
+            Ok(())
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: runs after the drop hook, in the child, making only the calls above.
+        unsafe {
+            cmd.pre_exec(connect);
+        }
+        // A refused connect fails the spawn with the child's error.
+        let mut child = cmd.spawn()?;
+        child.wait()?;
+        Ok(())
+    }
 }
 
 /// Makes `cmd` start in a session of its own (no controlling terminal), as whatever user it
