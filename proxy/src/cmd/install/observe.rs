@@ -66,6 +66,8 @@ pub struct Observed {
     pub configured_bundles: Vec<crate::cmd::trust::bundle::Configured>,
     /// Linux: Debian's `pam-auth-update` is there, and our profile is in the session stack.
     pub pam_auth_update: bool,
+    /// Linux: dbus-daemon's local policy directory exists (`resolvers::DBUS_POLICY_DIR`).
+    pub dbus_policy_dir: bool,
     pub pam_enabled: bool,
     /// The machine's trust store (Linux: by its directories; macOS: the System keychain).
     pub system_store: Option<crate::cmd::trust::system_store::SystemStore>,
@@ -237,6 +239,7 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
     match layout.platform {
         Platform::Linux => {
             o.pam_auth_update = Path::new(crate::cmd::trust::files::PAM_AUTH_UPDATE).exists();
+            o.dbus_policy_dir = Path::new(super::resolvers::DBUS_POLICY_DIR).is_dir();
             o.pam_enabled = crate::cmd::trust::files::pam_applies(&layout.env_file);
             o.system_store = SystemStore::linux(Path::exists);
         }
