@@ -148,6 +148,14 @@ impl Access {
         cmd
     }
 
+    /// Whether the agent can connect to the Unix stream socket at `path` (tried as the agent).
+    pub fn can_connect(&self, path: &Path) -> std::io::Result<()> {
+        match &self.who {
+            Who::Agent { run_as, .. } => run_as.can_connect(path),
+            Who::Ours => std::os::unix::net::UnixStream::connect(path).map(drop),
+        }
+    }
+
     /// Runs a command made by [`Access::command`], bounded.
     pub fn run(&self, cmd: Command, limit: Duration) -> Result<Ran, RunError> {
         bounded::output(cmd, limit)

@@ -18,6 +18,8 @@ pub mod finding;
 pub mod holds;
 pub mod installed;
 pub mod rejected;
+#[cfg(target_os = "linux")]
+pub mod resolvers;
 pub mod runtimes;
 pub mod service;
 pub mod sources;
@@ -104,6 +106,14 @@ fn diagnose(cfg: &Config, since: Duration) -> Report {
     // How the agent's programs and files are reached: as the agent (or, if that cannot be,
     // not at all).
     let access = agent.as_ref().map(Access::for_agent);
+    #[cfg(target_os = "linux")]
+    if let (Some(a), Some(Ok(access))) = (&agent, &access) {
+        out.extend(resolvers::findings(
+            access,
+            a,
+            &crate::cmd::install::resolvers::socket_paths(),
+        ));
+    }
     let contexts = match (&agent, &access) {
         (Some(a), Some(Ok(access))) => agent_contexts(a, &inst, access, &mut out),
         (Some(a), Some(Err(why))) if nix::unistd::geteuid().is_root() => {
