@@ -298,3 +298,73 @@ fn exec_as_root_keeps_its_bundle_out_of_another_users_home() {
         "the bundle is not in root's cache: {bundle}"
     );
 }
+
+/// `agenshield proxy firewall resolvers --socket PATH`: a resolver-style socket (mode 0666)
+/// is closed to the agent user and to no one else, and `--open` takes that back. Tried with a
+/// real connect (curl over the Unix socket): refused at once for a denied user (exit 7), let
+/// in (then timing out on a server that never answers, exit 28) for another.
+#[test]
+fn a_resolver_socket_is_closed_to_the_agent_only() {
+    let Some(_guard) = root_or_skip("a_resolver_socket_is_closed_to_the_agent_only") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let agent = AgentUser::create_named("ashdoctorr", 379);
+    let other = AgentUser::create_named("ashdoctoro", 380);
+    let sock = d.join("io.systemd.Resolve");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let config = d.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!("[redirect]\nagent_users = [{:?}]\n", agent.name),
+    )
+    .expect("config");
+    let resolvers = |extra: &[&str]| {
+        let out = Command::new(binary())
+            .args(["proxy", "firewall", "resolvers", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(&sock)
+            .args(extra)
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "firewall resolvers {extra:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let connect = |who: &AgentUser| {
+        let mut argv = who.as_agent();
+        argv.extend(
+            [
+                "curl",
+                "-sS",
+                "--max-time",
+                "1",
+                "--unix-socket",
+                sock.to_str().expect("utf-8"),
+                "http://resolver/",
+            ]
+            .map(String::from),
+        );
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .output()
+            .expect("curl")
+            .status
+            .code()
+    };
+    assert_eq!(connect(&agent), Some(28), "open to start with");
+    resolvers(&[]);
+    assert_eq!(connect(&agent), Some(7), "the agent is refused");
+    assert_eq!(connect(&other), Some(28), "another user is not");
+    resolvers(&[]);
+    assert_eq!(connect(&agent), Some(7), "idempotent");
+    resolvers(&["--open"]);
+    assert_eq!(connect(&agent), Some(28), "reopened");
+}
