@@ -65,6 +65,9 @@ impl std::fmt::Display for ReadError {
     }
 }
 
+/// What one read gave.
+type Read = Result<Vec<u8>, ReadError>;
+
 /// A file, or a directory whose regular files are read one after the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Want {
@@ -87,7 +90,7 @@ enum Who {
 /// How doctor reaches what the agent names.
 pub struct Access {
     who: Who,
-    cache: RefCell<HashMap<(PathBuf, Want), Result<Vec<u8>, ReadError>>>,
+    cache: RefCell<HashMap<(PathBuf, Want), Read>>,
     budget: Instant,
 }
 
