@@ -4,7 +4,7 @@
 //! tables. The proxy sees it through a few seams: [`OrigDst`] (given an accepted socket, where
 //! was the client really going?), [`Redirector`] (put the agent users' traffic into the proxy,
 //! or take it out), [`peer_uid::socket_uid`] (which local user opened a connection), the
-//! sandboxes and the privilege split.
+//! sandboxes, the privilege split and [`run_as`] (a command run as another user).
 //! Tests swap in [`FixedOrigDst`] so the whole proxy runs on loopback without a firewall.
 
 mod command;
@@ -14,7 +14,10 @@ pub mod peer_uid;
 pub mod pf;
 pub mod privsep;
 mod redirect;
+pub mod run_as;
 pub mod sandbox;
+#[cfg(target_os = "linux")]
+pub mod socket_acl;
 
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
 #[cfg(target_os = "macos")]

@@ -452,7 +452,7 @@ pub struct FirewallArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Clone, Copy, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum FirewallAction {
     /// Install (or atomically replace) the rules for the configured agent users
     #[command(after_help = "Example:\n  sudo agenshield proxy firewall up")]
@@ -466,6 +466,20 @@ pub enum FirewallAction {
         after_help = "Examples:\n  sudo agenshield proxy firewall status\n  sudo agenshield proxy firewall status --json"
     )]
     Status,
+    /// Close the local resolvers' sockets (systemd-resolved's varlink socket, nscd's) to the
+    /// agent users, so their lookups go to the DNS stub (Linux; a POSIX ACL entry on each
+    /// socket; install's systemd drop-ins run this whenever those services start)
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy firewall resolvers\n  sudo agenshield proxy firewall resolvers --open"
+    )]
+    Resolvers {
+        /// Reopen them to the agent users instead
+        #[arg(long)]
+        open: bool,
+        /// These sockets instead of the known ones (repeatable)
+        #[arg(long = "socket", value_name = "PATH")]
+        sockets: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, clap::Args)]

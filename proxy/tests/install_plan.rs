@@ -51,6 +51,7 @@ fn clean(systemd: bool) -> Observed {
     let mut o = Observed::clean(Path::new(EXE));
     o.service.manager_running = systemd;
     o.pam_auth_update = true;
+    o.dbus_policy_dir = true;
     o
 }
 
@@ -500,4 +501,33 @@ fn the_system_store_and_pam_variants_of_the_plan() {
         "{text}"
     );
     assert!(!text.contains("pam-auth-update --package"), "{text}");
+}
+
+/// The files that close the local resolvers to the agent: the D-Bus policy and the drop-in
+/// each resolver service gets.
+#[test]
+fn the_resolver_files_install_writes_are_the_golden_ones() {
+    use agenshield_proxy::cmd::install::resolvers::{dbus_policy, dropin, DBUS_POLICY_PATH};
+    let l = layout(Platform::Linux);
+    golden(
+        "install-dbus-resolver.conf",
+        &dbus_policy(&[l.agent.name.as_str()]),
+    );
+    golden(
+        "install-resolver-dropin.conf",
+        &dropin(Path::new(BIN_PATH), &l.config_file),
+    );
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    let written = plan.steps.iter().find_map(|s| match &s.action {
+        Action::Write {
+            path,
+            content: Content::Text(t),
+            ..
+        } if path == Path::new(DBUS_POLICY_PATH) => Some(t.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        written.as_deref(),
+        Some(dbus_policy(&[l.agent.name.as_str()]).as_str())
+    );
 }

@@ -1,4 +1,6 @@
-//! `agenshield proxy firewall up|down|status`: the redirect rules by hand, outside the daemon.
+//! `agenshield proxy firewall up|down|status`: the redirect rules by hand, outside the daemon;
+//! `firewall resolvers`: the local resolvers' sockets closed to the agent users
+//! ([`crate::cmd::install::resolvers`]).
 
 use crate::cli::FirewallAction;
 use crate::config::Config;
@@ -32,6 +34,7 @@ pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> 
                 )
             })
         }
+        FirewallAction::Resolvers { open, sockets } => return resolvers(cfg, open, sockets, json),
         FirewallAction::Status => {
             let Ok(spec) = spec() else { return 2 };
             match backend.status(&spec) {
@@ -66,4 +69,44 @@ fn finish(outcome: Result<String, agenshield_pf::RedirectError>, json: bool) -> 
             1
         }
     }
+}
+
+/// `firewall resolvers [--open] [--socket PATH]…`: one line per socket; exit 1 if any could not
+/// be set.
+fn resolvers(cfg: &Config, open: bool, sockets: Vec<std::path::PathBuf>, json: bool) -> u8 {
+    use crate::cmd::install::resolvers::{apply, socket_paths, Outcome};
+    let uids = match crate::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("agenshield: firewall resolvers: {e}");
+            return 2;
+        }
+    };
+    let paths = if sockets.is_empty() {
+        socket_paths()
+    } else {
+        sockets
+    };
+    let verb = if open { "reopened" } else { "closed" };
+    let mut failed = false;
+    let mut rows = Vec::new();
+    for (path, outcome) in apply(&paths, &uids, open) {
+        let said = match &outcome {
+            Outcome::Absent => "not there (its service is not running)".to_string(),
+            Outcome::Changed => format!("{verb} to uids {uids:?}"),
+            Outcome::Already => format!("already {verb} to uids {uids:?}"),
+            Outcome::Failed(e) => {
+                failed = true;
+                format!("FAILED: {e}")
+            }
+        };
+        rows.push(serde_json::json!({ "socket": path, "result": said }));
+        if !json {
+            println!("{}: {said}", path.display());
+        }
+    }
+    if json {
+        println!("{}", serde_json::json!({ "ok": !failed, "sockets": rows }));
+    }
+    u8::from(failed)
 }

@@ -3,6 +3,7 @@
 //! PAM reads (what install writes).
 
 use super::agent::Agent;
+use super::agent_access::Access;
 use super::finding::{Area, Finding};
 use super::holds::{holds, Format, Holds};
 use super::installed::Installed;
@@ -34,7 +35,8 @@ pub fn check(inst: &Installed, agent: &Agent) -> (Option<Vec<u8>>, Vec<Finding>)
         ),
     ] {
         let subject = path.display().to_string();
-        out.push(match holds(path, format, der, agent) {
+        // Root's own files (the config names them): read here, then judged for the agent.
+        out.push(match holds(path, format, der, agent, &Access::ours()) {
             Holds::Yes => Finding::ok(
                 Area::CaFiles,
                 subject,

@@ -3,12 +3,18 @@
 //! any login (`su -s /bin/sh` from an empty environment: only PAM's session environment
 //! reaches it, as with `sudo -u`, cron and systemd units that use PAM). When doctor runs as
 //! the agent itself, its own environment is the context.
+//!
+//! `su` is root's own (a fixed, root-owned path, [`system_tool`]), started in a session of its
+//! own with stdin closed: the agent's start-up files run without a controlling terminal, so
+//! they cannot reach the terminal doctor was started from (no `TIOCSTI` into root's shell),
+//! and what they print is bounded in time and size.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
 use super::bounded::{self, RunError};
+use super::system_tool;
 
 /// The line the capturing shell prints before `env`, so that whatever a start-up file
 /// prints is not taken for variables.
@@ -77,14 +83,22 @@ impl Context {
 
 /// The agent's login-shell environment.
 pub fn login(agent: &str) -> Result<Context, String> {
-    let mut cmd = Command::new("su");
+    let mut cmd = su()?;
     cmd.args(["-l", agent, "-c", &script()]);
     capture(ContextKind::Login, cmd)
 }
 
+/// Root's `su`, detached from any terminal.
+fn su() -> Result<Command, String> {
+    let path = system_tool::find(system_tool::SU).map_err(|e| format!("no root-owned su: {e}"))?;
+    let mut cmd = Command::new(path);
+    agenshield_pf::run_as::detach(&mut cmd);
+    Ok(cmd)
+}
+
 /// The agent's environment outside a login shell (Linux; PAM's session environment only).
 pub fn non_login(agent: &str) -> Result<Context, String> {
-    let mut cmd = Command::new("su");
+    let mut cmd = su()?;
     cmd.args([agent, "-s", "/bin/sh", "-c", &script()])
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -103,6 +117,11 @@ fn capture(kind: ContextKind, cmd: Command) -> Result<Context, String> {
             "the agent's {} did not finish within {}s (a start-up file waits or loops?)",
             kind.name(),
             t.as_secs()
+        ),
+        RunError::TooLarge => format!(
+            "the agent's {} printed more than {} MiB",
+            kind.name(),
+            bounded::MAX_OUTPUT >> 20
         ),
     })?;
     let out = String::from_utf8_lossy(&ran.stdout);

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::agent::Agent;
+use super::agent_access::Access;
 use super::contexts::Context;
 use super::finding::{Area, Finding};
 use super::installed::Installed;
@@ -112,14 +113,15 @@ pub fn pam(enabled: bool, agent: &Agent, env_file: &Path) -> Finding {
 }
 
 /// macOS: the LaunchAgent that runs `launchctl setenv` for each variable in the agent's
-/// launchd domain (apps and launchd jobs read no shell file).
-pub fn launch_agent(agent: &Agent, inst: &Installed) -> Finding {
+/// launchd domain (apps and launchd jobs read no shell file). It is in the agent's home, so
+/// it is read as the agent.
+pub fn launch_agent(agent: &Agent, inst: &Installed, access: &Access) -> Finding {
     let path = agent
         .home
         .join(format!("Library/LaunchAgents/{LAUNCHD_ENV_LABEL}.plist"));
     let want = files::launchd_env_plist(LAUNCHD_ENV_LABEL, &inst.trust());
     let subject = "launchd (apps, launchd jobs)";
-    match std::fs::read_to_string(&path) {
+    match access.read_text(&path) {
         Ok(text) if text == want => Finding::ok(
             Area::Environment,
             subject,

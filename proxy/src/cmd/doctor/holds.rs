@@ -1,9 +1,11 @@
 //! Whether a trust source a tool reads holds our CA where the agent can read it: a PEM
-//! bundle, a directory of PEM files (`SSL_CERT_DIR`), or a PKCS12 trust store.
+//! bundle, a directory of PEM files (`SSL_CERT_DIR`), or a PKCS12 trust store. A source the
+//! agent named is read, and its `keytool` run, as the agent ([`Access`]).
 
 use std::path::Path;
 
 use super::agent::Agent;
+use super::agent_access::{Access, ReadError, Want};
 use crate::cmd::trust::{bundle, truststore};
 
 /// What a trust source turned out to be.
@@ -16,8 +18,10 @@ pub enum Holds {
     Missing,
     /// Root could not read it either.
     Unreadable(String),
-    /// It holds the CA, but the agent cannot read it.
+    /// The agent cannot read it (read as root: it holds the CA, but the agent cannot read it).
     AgentCannotRead(String),
+    /// Not a regular file (a FIFO, a device; a file where a directory is wanted): not opened.
+    NotAFile(&'static str),
     /// Not a PEM bundle (or no key store this password opens).
     NotCertificates,
     /// Roots compiled into (or shipped inside) the tool: our CA cannot be among them.
@@ -36,9 +40,8 @@ impl Holds {
             Holds::NoCa => "does not hold the AgenShield CA".into(),
             Holds::Missing => "does not exist".into(),
             Holds::Unreadable(e) => format!("cannot be read ({e})"),
-            Holds::AgentCannotRead(why) => {
-                format!("holds the CA but the agent cannot read it ({why})")
-            }
+            Holds::AgentCannotRead(why) => format!("the agent cannot read ({why})"),
+            Holds::NotAFile(kind) => format!("is {kind}, not a file: not opened"),
             Holds::NotCertificates => "holds no certificate".into(),
             Holds::Builtin => "cannot hold the AgenShield CA".into(),
         }
@@ -59,15 +62,18 @@ pub enum Format<'a> {
     },
 }
 
-/// Whether `path`, read as `format`, holds `ca` (DER) where `agent` can read it.
-pub fn holds(path: &Path, format: Format, ca: &[u8], agent: &Agent) -> Holds {
+/// Whether `path`, read as `format` through `access`, holds `ca` (DER) where `agent` can
+/// read it.
+pub fn holds(path: &Path, format: Format, ca: &[u8], agent: &Agent, access: &Access) -> Holds {
     let found = match format {
-        Format::Pem => pem_file(path, ca),
-        Format::PemDir => pem_dir(path, ca),
-        Format::KeyStore { password, keytool } => key_store(path, password, keytool, ca),
+        Format::Pem => pem(path, Want::File, ca, access),
+        Format::PemDir => pem(path, Want::Dir, ca, access),
+        Format::KeyStore { password, keytool } => key_store(path, password, keytool, ca, access),
     };
     match found {
-        Ok(file) => match agent.cannot_read(&file) {
+        // Read by the agent itself: it can read it.
+        Ok(()) if access.reads_as_agent() => Holds::Yes,
+        Ok(()) => match agent.cannot_read(path) {
             None => Holds::Yes,
             Some(why) => Holds::AgentCannotRead(why),
         },
@@ -75,20 +81,23 @@ pub fn holds(path: &Path, format: Format, ca: &[u8], agent: &Agent) -> Holds {
     }
 }
 
-fn io_holds(e: std::io::Error) -> Holds {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Holds::Missing,
-        _ => Holds::Unreadable(e.to_string()),
+fn read_holds(e: ReadError) -> Holds {
+    match e {
+        ReadError::Missing => Holds::Missing,
+        ReadError::NotAFile(kind) => Holds::NotAFile(kind),
+        ReadError::Denied(why) => Holds::AgentCannotRead(why),
+        e => Holds::Unreadable(e.to_string()),
     }
 }
 
-fn pem_file(path: &Path, ca: &[u8]) -> Result<std::path::PathBuf, Holds> {
-    let text = std::fs::read(path).map_err(io_holds)?;
+/// A PEM bundle, or a directory of them (read as one text: any file may hold the CA).
+fn pem(path: &Path, want: Want, ca: &[u8], access: &Access) -> Result<(), Holds> {
+    let text = access.read(path, want).map_err(read_holds)?;
     let certs = bundle::certs_of(&String::from_utf8_lossy(&text));
     if certs.is_empty() {
         Err(Holds::NotCertificates)
     } else if certs.iter().any(|c| c.as_ref() == ca) {
-        Ok(path.to_path_buf())
+        Ok(())
     } else {
         Err(Holds::NoCa)
     }
@@ -99,17 +108,20 @@ fn key_store(
     password: &str,
     keytool: Option<&Path>,
     ca: &[u8],
-) -> Result<std::path::PathBuf, Holds> {
-    let bytes = std::fs::read(path).map_err(io_holds)?;
+    access: &Access,
+) -> Result<(), Holds> {
+    let bytes = access.read(path, Want::File).map_err(read_holds)?;
     let certs = match truststore::certs_in_store(&bytes, password) {
         Some(certs) => certs,
         None => match keytool {
-            Some(tool) => keytool_certs(tool, path, password).ok_or(Holds::NotCertificates)?,
+            Some(tool) => {
+                keytool_certs(tool, path, password, access).ok_or(Holds::NotCertificates)?
+            }
             None => return Err(Holds::NotCertificates),
         },
     };
     if certs.contains(ca) {
-        Ok(path.to_path_buf())
+        Ok(())
     } else if certs.is_empty() {
         Err(Holds::NotCertificates)
     } else {
@@ -118,38 +130,23 @@ fn key_store(
 }
 
 /// The certificates of a key store of any type the JDK reads, as `keytool -list -rfc`
-/// prints them.
+/// prints them; the JDK's keytool is found through the agent's PATH, so it runs as the agent.
 fn keytool_certs(
     keytool: &Path,
     store: &Path,
     password: &str,
+    access: &Access,
 ) -> Option<std::collections::BTreeSet<Vec<u8>>> {
-    let mut cmd = std::process::Command::new(keytool);
+    let mut cmd = access.command(keytool);
     cmd.args(["-list", "-rfc", "-storepass", password, "-keystore"])
         .arg(store);
-    let out = super::bounded::output(cmd, std::time::Duration::from_secs(30))
+    let out = access
+        .run(cmd, std::time::Duration::from_secs(30))
         .ok()
         .filter(|o| o.status.success())?;
     Some(truststore::certs_of_bundle(&String::from_utf8_lossy(
         &out.stdout,
     )))
-}
-
-fn pem_dir(dir: &Path, ca: &[u8]) -> Result<std::path::PathBuf, Holds> {
-    let entries = std::fs::read_dir(dir).map_err(io_holds)?;
-    let mut any = false;
-    for e in entries.flatten() {
-        match pem_file(&e.path(), ca) {
-            Ok(p) => return Ok(p),
-            Err(Holds::NoCa) => any = true,
-            Err(_) => {}
-        }
-    }
-    Err(if any {
-        Holds::NoCa
-    } else {
-        Holds::NotCertificates
-    })
 }
 
 #[cfg(test)]
@@ -191,22 +188,26 @@ mod tests {
             p
         };
         let a = agent();
+        let o = Access::ours();
         let both = w("both.pem", &format!("{other}{ours}"), 0o644);
-        assert_eq!(holds(&both, Format::Pem, &ca, &a), Holds::Yes);
+        assert_eq!(holds(&both, Format::Pem, &ca, &a, &o), Holds::Yes);
         let theirs = w("theirs.pem", &other, 0o644);
-        assert_eq!(holds(&theirs, Format::Pem, &ca, &a), Holds::NoCa);
+        assert_eq!(holds(&theirs, Format::Pem, &ca, &a, &o), Holds::NoCa);
         let junk = w("junk.pem", "hello", 0o644);
-        assert_eq!(holds(&junk, Format::Pem, &ca, &a), Holds::NotCertificates);
+        assert_eq!(
+            holds(&junk, Format::Pem, &ca, &a, &o),
+            Holds::NotCertificates
+        );
         let private = w("private.pem", &ours, 0o600);
         assert!(matches!(
-            holds(&private, Format::Pem, &ca, &a),
+            holds(&private, Format::Pem, &ca, &a, &o),
             Holds::AgentCannotRead(_)
         ));
         let gone = dir.path().join("gone.pem");
-        assert_eq!(holds(&gone, Format::Pem, &ca, &a), Holds::Missing);
+        assert_eq!(holds(&gone, Format::Pem, &ca, &a, &o), Holds::Missing);
         // A directory: any file may hold it (the unreadable one does not count for the agent).
         assert!(matches!(
-            holds(dir.path(), Format::PemDir, &ca, &a),
+            holds(dir.path(), Format::PemDir, &ca, &a, &o),
             Holds::Yes | Holds::AgentCannotRead(_)
         ));
         let p12 = truststore::from_bundle(&format!("{other}{ours}")).expect("p12");
@@ -217,11 +218,11 @@ mod tests {
             password: truststore::PASSWORD,
             keytool: None,
         };
-        assert_eq!(holds(&store, right, &ca, &a), Holds::Yes);
+        assert_eq!(holds(&store, right, &ca, &a, &o), Holds::Yes);
         let wrong = Format::KeyStore {
             password: "nope",
             keytool: None,
         };
-        assert_eq!(holds(&store, wrong, &ca, &a), Holds::NotCertificates);
+        assert_eq!(holds(&store, wrong, &ca, &a, &o), Holds::NotCertificates);
     }
 }

@@ -3,8 +3,13 @@
 //! login shell and outside one; for every runtime found, whether it will trust our CA, by
 //! what it reads; and the hosts where clients recently refused our leaf. Each failure comes
 //! with its fix. Exit 0 when nothing failed, 1 otherwise.
+//!
+//! Run as root, doctor never executes or opens, with root's rights, anything the agent can
+//! place or name: its programs run, and its files are read, as the agent
+//! ([`agent_access`]); root's own helpers come from fixed root-owned paths ([`system_tool`]).
 
 pub mod agent;
+pub mod agent_access;
 pub mod bounded;
 pub mod ca_files;
 pub mod contexts;
@@ -13,9 +18,12 @@ pub mod finding;
 pub mod holds;
 pub mod installed;
 pub mod rejected;
+#[cfg(target_os = "linux")]
+pub mod resolvers;
 pub mod runtimes;
 pub mod service;
 pub mod sources;
+pub mod system_tool;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -24,6 +32,7 @@ use crate::cli::DoctorArgs;
 use crate::cmd::install::layout::{AGENT_ENV_FILE, BUNDLE_FILE, TRUSTSTORE_FILE};
 use crate::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
 use agent::Agent;
+use agent_access::Access;
 use contexts::{Context, ContextKind};
 use finding::{Area, Finding, Report};
 use installed::Installed;
@@ -94,13 +103,34 @@ fn diagnose(cfg: &Config, since: Duration) -> Report {
     let (ca, found) = ca_files::check(&inst, &reader);
     out.extend(found);
 
-    let contexts = match &agent {
-        Some(a) => agent_contexts(a, &inst, &mut out),
-        None => Vec::new(),
+    // How the agent's programs and files are reached: as the agent (or, if that cannot be,
+    // not at all).
+    let access = agent.as_ref().map(Access::for_agent);
+    #[cfg(target_os = "linux")]
+    if let (Some(a), Some(Ok(access))) = (&agent, &access) {
+        out.extend(resolvers::findings(
+            access,
+            a,
+            &crate::cmd::install::resolvers::socket_paths(),
+        ));
+    }
+    let contexts = match (&agent, &access) {
+        (Some(a), Some(Ok(access))) => agent_contexts(a, &inst, access, &mut out),
+        (Some(a), Some(Err(why))) if nix::unistd::geteuid().is_root() => {
+            out.push(Finding::fail(
+                Area::Environment,
+                &a.name,
+                format!("doctor cannot act as the agent: {why}"),
+                "check the agent's account (`id` and `getent passwd` for it)",
+            ));
+            Vec::new()
+        }
+        (Some(a), _) => agent_contexts(a, &inst, &Access::ours(), &mut out),
+        (None, _) => Vec::new(),
     };
-    match (&ca, &agent, contexts.is_empty()) {
-        (Some(ca), Some(agent), false) => {
-            out.extend(runtime_findings(&contexts, agent, ca, &inst));
+    match (&ca, &agent, &access, contexts.is_empty()) {
+        (Some(ca), Some(agent), Some(Ok(access)), false) => {
+            out.extend(runtime_findings(&contexts, agent, ca, &inst, access));
         }
         _ => out.push(Finding::skipped(
             Area::Runtime,
@@ -161,7 +191,12 @@ fn the_agent(cfg: &Config, out: &mut Vec<Finding>) -> Option<Agent> {
 
 /// The agent's environments this user may look at, and a finding for each (root: a login
 /// shell and, on Linux, a session outside one; the agent itself: this process).
-fn agent_contexts(agent: &Agent, inst: &Installed, out: &mut Vec<Finding>) -> Vec<Context> {
+fn agent_contexts(
+    agent: &Agent,
+    inst: &Installed,
+    access: &Access,
+    out: &mut Vec<Finding>,
+) -> Vec<Context> {
     let me = nix::unistd::geteuid();
     let captured: Vec<(ContextKind, Result<Context, String>)> = if me.is_root() {
         let mut v = vec![(ContextKind::Login, contexts::login(&agent.name))];
@@ -200,7 +235,7 @@ fn agent_contexts(agent: &Agent, inst: &Installed, out: &mut Vec<Finding>) -> Ve
     if me.is_root() {
         match inst.pam_enabled {
             Some(enabled) => out.push(environment::pam(enabled, agent, &inst.env_file)),
-            None => out.push(environment::launch_agent(agent, inst)),
+            None => out.push(environment::launch_agent(agent, inst, access)),
         }
     }
     got
@@ -211,6 +246,7 @@ fn runtime_findings(
     agent: &Agent,
     ca: &[u8],
     inst: &Installed,
+    access: &Access,
 ) -> Vec<Finding> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let standard = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -228,7 +264,7 @@ fn runtime_findings(
     }
     let mut machine = sources::Machine::here();
     let (python, certifi) = match runtimes::which("python3", &dirs) {
-        Some(py) => runtimes::probe_python(&py),
+        Some(py) => runtimes::probe_python(&py, access),
         None => Default::default(),
     };
     machine.certifi = certifi;
@@ -245,6 +281,6 @@ fn runtime_findings(
     }
     found
         .iter()
-        .map(|f| runtimes::check(f, contexts, agent, &machine, ca, inst))
+        .map(|f| runtimes::check(f, contexts, agent, &machine, ca, inst, access))
         .collect()
 }

@@ -1,12 +1,12 @@
 //! For each runtime found on the machine: will it trust our CA in each of the agent's
-//! contexts, by what it reads there, and if not, the fix.
+//! contexts, by what it reads there, and if not, the fix. The runtimes are found through the
+//! agent's PATH: what doctor runs of them (python3, keytool) runs as the agent ([`Access`]).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use super::agent::Agent;
-use super::bounded;
+use super::agent_access::Access;
 use super::contexts::{Context, ContextKind};
 use super::finding::{Area, Finding};
 use super::holds::{holds, Holds};
@@ -27,12 +27,13 @@ try:\n    import certifi; r['where'] = certifi.where()\n\
 except Exception:\n    r['where'] = None\n\
 print(json.dumps(r))\n";
 
-/// Asks `python3` (isolated: no user site, no environment) which packages it has and where
-/// certifi's bundle is.
-pub fn probe_python(python: &Path) -> (Python, Option<PathBuf>) {
-    let mut cmd = Command::new(python);
-    cmd.args(["-I", "-c", PROBE]).env_clear();
-    let Some(v) = bounded::output(cmd, Duration::from_secs(15))
+/// Asks `python3` (isolated: no user site, no environment), as the agent, which packages it
+/// has and where certifi's bundle is.
+pub fn probe_python(python: &Path, access: &Access) -> (Python, Option<PathBuf>) {
+    let mut cmd = access.command(python);
+    cmd.args(["-I", "-c", PROBE]);
+    let Some(v) = access
+        .run(cmd, Duration::from_secs(15))
         .ok()
         .filter(|o| o.status.success())
         .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
@@ -130,6 +131,7 @@ pub fn check(
     machine: &Machine,
     ca: &[u8],
     inst: &Installed,
+    access: &Access,
 ) -> Finding {
     let rt = found.runtime;
     let outcomes: Vec<Outcome> = contexts
@@ -141,11 +143,11 @@ pub fn check(
                 }
                 _ => agent.home.clone(),
             };
-            let all = sources(rt, ctx, &home, machine);
+            let all = sources(rt, ctx, &home, machine, access);
             let verdicts: Vec<Holds> = all
                 .iter()
                 .map(|s| match s.file() {
-                    Some((path, format)) => holds(path, format, ca, agent),
+                    Some((path, format)) => holds(path, format, ca, agent, access),
                     None => Holds::Builtin,
                 })
                 .collect();
@@ -243,6 +245,12 @@ fn fix(rt: Runtime, o: &Outcome, agent: &Agent, inst: &Installed) -> String {
             reinstall(path)
         }
         Source::JavaOption { path, .. } if *path == inst.truststore => reinstall(path),
+        Source::Var { name, path, .. } if matches!(o.holds, Holds::NotAFile(_)) => format!(
+            "{name} = {} in the agent's {} is not a file: remove what sets it (ours names \
+             {bundle})",
+            path.display(),
+            o.ctx.kind.short(),
+        ),
         Source::Var { name, path, .. } => format!(
             "{name} = {} in the agent's {} is not ours: remove what sets it (ours names \
              {bundle}), or add the CA ({ca}) to {}",
@@ -372,7 +380,15 @@ mod tests {
                 runtime: rt,
                 at: "/usr/bin/x".into(),
             };
-            check(&found, &contexts, &agent, &machine, &ca, &inst)
+            check(
+                &found,
+                &contexts,
+                &agent,
+                &machine,
+                &ca,
+                &inst,
+                &Access::ours(),
+            )
         };
         // curl: ours in the login shell; nothing outside it, where PAM is not enabled.
         let f = check_rt(Runtime::Curl);

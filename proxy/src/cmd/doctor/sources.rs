@@ -1,10 +1,12 @@
 //! Where each runtime takes its trusted roots from, in a given environment: the variables
 //! and configuration files it reads, in its own order of precedence, down to its default
 //! (the machine's bundle, certifi's, or roots compiled in). Pure but for reading the
-//! configuration files; whether a source holds our CA is [`super::holds`]'s question.
+//! configuration files, which the agent names and so are read as the agent
+//! ([`Access`]); whether a source holds our CA is [`super::holds`]'s question.
 
 use std::path::{Path, PathBuf};
 
+use super::agent_access::Access;
 use super::contexts::Context;
 use super::holds::Format;
 use crate::cmd::trust::settings::last_setting;
@@ -255,7 +257,14 @@ impl Machine {
 /// The sources `rt` uses in `ctx`, the one that decides first: a runtime that adds several
 /// together (node's extra certificates to its own, OpenSSL's file and directory) lists each;
 /// it trusts our CA if any of them holds it.
-pub fn sources(rt: Runtime, ctx: &Context, home: &Path, m: &Machine) -> Vec<Source> {
+pub fn sources(
+    rt: Runtime,
+    ctx: &Context,
+    home: &Path,
+    m: &Machine,
+    access: &Access,
+) -> Vec<Source> {
+    let setting = |file: &Path, key: &'static str, home: &Path| setting(file, key, home, access);
     let var = |name: &'static str| {
         ctx.get(name).map(|p| Source::Var {
             name,
@@ -439,8 +448,8 @@ fn node(ctx: &Context, m: &Machine) -> Vec<Source> {
 
 /// `key`'s value in `file` as a source: `~/` is the agent's home, and a relative path is
 /// taken from the file's directory (as git and pip do).
-fn setting(file: &Path, key: &'static str, home: &Path) -> Option<Source> {
-    let text = std::fs::read_to_string(file).ok()?;
+fn setting(file: &Path, key: &'static str, home: &Path, access: &Access) -> Option<Source> {
+    let text = access.read_text(file).ok()?;
     let value = last_setting(&text, &[key])?;
     let path = match (value.strip_prefix("~/"), file.parent()) {
         (Some(rest), _) => home.join(rest),
@@ -521,7 +530,7 @@ mod tests {
     fn each_runtime_falls_back_to_its_own_default() {
         let w = world();
         let none = ctx(&[]);
-        let first = |rt| sources(rt, &none, &w.home, &w.m)[0].clone();
+        let first = |rt| sources(rt, &none, &w.home, &w.m, &Access::ours())[0].clone();
         let sys = Source::SystemStore {
             path: "/sys.pem".into(),
         };
@@ -563,7 +572,7 @@ mod tests {
         let env: Vec<(&str, &str)> = all.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let c = ctx(&env);
         for rt in Runtime::ALL {
-            let s = &sources(rt, &c, &w.home, &w.m)[0];
+            let s = &sources(rt, &c, &w.home, &w.m, &Access::ours())[0];
             match rt.ours() {
                 Ours::Var(name) if name == crate::cmd::trust::vars::JAVA_VAR => assert_eq!(
                     *s,
@@ -596,7 +605,7 @@ mod tests {
         // curl: ~/.curlrc's cacert beats CURL_CA_BUNDLE.
         write(w.home.join(".curlrc"), "cacert = \"/rc.pem\"\n");
         assert_eq!(
-            sources(Runtime::Curl, &env, &w.home, &w.m),
+            sources(Runtime::Curl, &env, &w.home, &w.m, &Access::ours()),
             vec![Source::Setting {
                 file: w.home.join(".curlrc"),
                 key: "cacert",
@@ -609,12 +618,13 @@ mod tests {
             "[http]\n\tsslCAInfo = /git.pem\n",
         );
         assert_eq!(
-            sources(Runtime::Git, &env, &w.home, &w.m),
+            sources(Runtime::Git, &env, &w.home, &w.m, &Access::ours()),
             vec![var("GIT_SSL_CAINFO", "/env.pem")]
         );
         // wget: the user's file, then the system's.
         write(w.m.etc.join("wgetrc"), "ca_certificate = /etc-w.pem\n");
-        let wget = |c: &Context| sources(Runtime::Wget, c, &w.home, &w.m)[0].clone();
+        let wget =
+            |c: &Context| sources(Runtime::Wget, c, &w.home, &w.m, &Access::ours())[0].clone();
         assert!(
             matches!(wget(&env), Source::Setting { path, .. } if path == Path::new("/etc-w.pem"))
         );
@@ -625,16 +635,16 @@ mod tests {
         // npm: a cafile in ~/.npmrc replaces node's roots; the variable (any case) beats it.
         write(w.home.join(".npmrc"), "cafile=/npm.pem\n");
         assert!(matches!(
-            &sources(Runtime::Npm, &env, &w.home, &w.m)[..],
+            &sources(Runtime::Npm, &env, &w.home, &w.m, &Access::ours())[..],
             [Source::Setting { key: "cafile", .. }]
         ));
         let lower = ctx(&[("npm_config_cafile", "/lower.pem")]);
         assert_eq!(
-            sources(Runtime::Npm, &lower, &w.home, &w.m),
+            sources(Runtime::Npm, &lower, &w.home, &w.m, &Access::ours()),
             vec![var("NPM_CONFIG_CAFILE", "/lower.pem")]
         );
         // node adds its extra certificates to its bundled roots.
-        let node = sources(Runtime::Node, &env, &w.home, &w.m);
+        let node = sources(Runtime::Node, &env, &w.home, &w.m, &Access::ours());
         assert_eq!(node[0], var("NODE_EXTRA_CA_CERTS", "/extra.pem"));
         assert!(matches!(node.last(), Some(Source::Builtin { .. })));
         // Java: JDK_JAVA_OPTIONS over JAVA_TOOL_OPTIONS, with its password.
@@ -646,7 +656,7 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            sources(Runtime::Java, &java, &w.home, &w.m),
+            sources(Runtime::Java, &java, &w.home, &w.m, &Access::ours()),
             vec![Source::JavaOption {
                 var: "JDK_JAVA_OPTIONS",
                 path: "/b.p12".into(),
@@ -657,7 +667,7 @@ mod tests {
         // pip: a relative cert in a config file is taken from its directory.
         write(w.m.etc.join("pip.conf"), "[global]\ncert = certs/pip.pem\n");
         assert_eq!(
-            sources(Runtime::Pip, &ctx(&[]), &w.home, &w.m),
+            sources(Runtime::Pip, &ctx(&[]), &w.home, &w.m, &Access::ours()),
             vec![Source::Setting {
                 file: w.m.etc.join("pip.conf"),
                 key: "cert",
@@ -666,6 +676,9 @@ mod tests {
         );
         // OpenSSL's file and directory add up.
         let both = ctx(&[("SSL_CERT_FILE", "/f.pem"), ("SSL_CERT_DIR", "/d")]);
-        assert_eq!(sources(Runtime::Go, &both, &w.home, &w.m).len(), 2);
+        assert_eq!(
+            sources(Runtime::Go, &both, &w.home, &w.m, &Access::ours()).len(),
+            2
+        );
     }
 }

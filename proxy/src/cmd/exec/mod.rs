@@ -12,7 +12,8 @@
 //! - every CA variable of [`crate::cmd::trust::CA_FILE_VARS`] pointing at a bundle of the
 //!   system roots plus the daemon's CA, kept in the user's cache directory
 //!   (`$XDG_CACHE_HOME/agenshield`, else `~/.cache/agenshield`, `~/Library/Caches/agenshield`
-//!   on macOS), one file per CA, rewritten when a day old;
+//!   on macOS; as root, only if no other user can write there, else `/var/cache/agenshield`),
+//!   one file per CA, rewritten when a day old;
 //! - the sandbox, which is what actually holds: a program that ignores the variables (say
 //!   `curl --noproxy '*'`) fails to connect. Linux: Landlock (TCP connect to the proxy's port
 //!   only, no TCP bind) and a seccomp filter (no UDP or other non-TCP inet sockets, so no DNS;
@@ -166,15 +167,42 @@ pub fn child_env(proxy: SocketAddr, bundle: &Path) -> Vec<(&'static str, OsStrin
     env
 }
 
-/// `$XDG_CACHE_HOME/agenshield`, else the platform's per-user cache directory.
+/// Where the bundle is kept: `$XDG_CACHE_HOME/agenshield`, else the platform's per-user
+/// cache directory. As root, only where no other user can write (a root `exec` from `sudo`
+/// keeps the caller's HOME on macOS, and a bundle another user planted, or a directory link
+/// into somewhere else, would be root's to trust or write through): the per-user directory if
+/// root owns everything above it, else [`ROOT_CACHE`].
 fn cache_dir() -> Result<PathBuf, String> {
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from) {
+    let user = user_cache_dir(
+        std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+    );
+    if !nix::unistd::geteuid().is_root() {
+        return user;
+    }
+    if let Ok(dir) = user.as_ref() {
+        if only_root_writes(dir).is_ok() {
+            return Ok(dir.clone());
+        }
+    }
+    let dir = PathBuf::from(ROOT_CACHE);
+    only_root_writes(&dir).map_err(|e| format!("the CA bundle's directory for root: {e}"))?;
+    Ok(dir)
+}
+
+/// Root's own cache, for `exec` run as root.
+#[cfg(target_os = "macos")]
+pub const ROOT_CACHE: &str = "/var/root/Library/Caches/agenshield";
+#[cfg(not(target_os = "macos"))]
+pub const ROOT_CACHE: &str = "/var/cache/agenshield";
+
+fn user_cache_dir(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(x) = xdg {
         if x.is_absolute() {
             return Ok(x.join("agenshield"));
         }
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
+    let home = home
         .filter(|h| h.is_absolute())
         .ok_or("neither XDG_CACHE_HOME nor HOME is set: no place for the CA bundle")?;
     let base = if cfg!(target_os = "macos") {
@@ -183,6 +211,48 @@ fn cache_dir() -> Result<PathBuf, String> {
         home.join(".cache")
     };
     Ok(base.join("agenshield"))
+}
+
+/// `Ok` when every existing part of `dir`, as written and with its symlinks resolved, belongs
+/// to root and none is writable by group or others, except a sticky directory above the
+/// deepest existing part (others cannot move root's entries out of it); what is missing,
+/// root then creates where only it can.
+pub fn only_root_writes(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if !dir.is_absolute() {
+        return Err(format!("{} is not an absolute path", dir.display()));
+    }
+    let check = |p: &Path, m: &std::fs::Metadata, deepest: bool| {
+        let sticky = !deepest && m.mode() & 0o1000 != 0;
+        if m.uid() != 0 || (m.mode() & 0o022 != 0 && !sticky && !m.file_type().is_symlink()) {
+            return Err(format!(
+                "{} (owner uid {}, mode {:o}) is not root's alone",
+                p.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+        Ok(())
+    };
+    // As written: a link another user made (or could replace) is refused, not followed.
+    let existing: Vec<&Path> = dir
+        .ancestors()
+        .filter(|p| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    for (i, p) in existing.iter().enumerate() {
+        let m = std::fs::symlink_metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        check(p, &m, i == 0)?;
+    }
+    // Where the links lead.
+    let deepest = existing
+        .first()
+        .ok_or_else(|| format!("{}: no part of it exists", dir.display()))?;
+    let real = std::fs::canonicalize(deepest).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for (i, p) in real.ancestors().enumerate() {
+        let m = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        check(p, &m, i == 0)?;
+    }
+    Ok(())
 }
 
 /// The bundle (system roots + the CA at `ca`) in `dir`, named after the CA so commands run
@@ -357,6 +427,50 @@ mod tests {
             resolve_program(bin.join("nope").as_os_str(), Some(&path)),
             None
         );
+    }
+
+    #[test]
+    fn as_root_the_cache_is_only_where_root_alone_writes() {
+        let home = Some(PathBuf::from("/home/bob"));
+        assert_eq!(
+            user_cache_dir(None, home.clone()),
+            Ok(PathBuf::from(if cfg!(target_os = "macos") {
+                "/home/bob/Library/Caches/agenshield"
+            } else {
+                "/home/bob/.cache/agenshield"
+            }))
+        );
+        assert_eq!(
+            user_cache_dir(Some("/x".into()), home),
+            Ok(PathBuf::from("/x/agenshield"))
+        );
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Root's private directory under sticky /tmp: fine, also where it does not exist yet.
+        assert_eq!(
+            only_root_writes(&dir.path().join("cache/agenshield")),
+            Ok(())
+        );
+        // Another user's directory, or a link to somewhere root owns from one: not.
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        std::os::unix::fs::chown(&theirs, Some(65_534), None).expect("chown");
+        assert!(only_root_writes(&theirs.join(".cache/agenshield")).is_err());
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert!(only_root_writes(&open.join("agenshield")).is_err());
+        assert!(only_root_writes(Path::new("/tmp/agenshield")).is_err());
+        // A link of another user's, even to a directory of root's.
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).expect("mkdir");
+        let link = theirs.join(".cache");
+        std::os::unix::fs::symlink(&private, &link).expect("symlink");
+        assert!(only_root_writes(&private.join("agenshield")).is_ok());
+        assert!(only_root_writes(&link.join("agenshield")).is_err());
     }
 
     #[test]

@@ -309,12 +309,10 @@ fn set_meta(path: &Path, meta: &Meta) -> Result<(), ApplyError> {
         .map_err(io(format!("chmod {}", path.display())))
 }
 
+/// Removes a file install made; its directory is reached without following another user's
+/// links (some are in the agent's home).
 fn remove_file(path: &Path) -> Result<(), ApplyError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io(format!("rm {}", path.display()))(e)),
-    }
+    super::userfile::remove(path).map_err(io(format!("rm {}", path.display())))
 }
 
 fn tmp_path(path: &Path) -> PathBuf {

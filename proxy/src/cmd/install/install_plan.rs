@@ -164,6 +164,9 @@ pub fn plan_install(
         agent_profile_steps(&mut b)?;
     }
     firewall_step(&mut b);
+    if l.platform == Platform::Linux {
+        resolver_steps(&mut b)?;
+    }
     service_steps(&mut b, daemon_inputs_changed);
     let add_member = match l.platform {
         Platform::Linux => format!("usermod -aG {ADMIN_GROUP} NAME"),
@@ -425,6 +428,81 @@ fn firewall_step(b: &mut Builder) {
         },
         state,
     );
+}
+
+/// Linux: the local resolvers that answer around the DNS stub closed to the agent
+/// ([`super::resolvers`]): the D-Bus policy, a drop-in per service that makes a resolver
+/// socket (it applies the ACL again whenever the service starts), and the ACL now.
+fn resolver_steps(b: &mut Builder) -> Result<(), PlanError> {
+    use super::resolvers::{self, DBUS_POLICY_PATH, DROPIN_NAME, SOCKETS};
+    let l = b.layout;
+    let rg = l.root_group;
+    let before = b.steps.len();
+    if b.seen.dbus_policy_dir {
+        b.file(
+            "the D-Bus policy that keeps the agent from systemd-resolved",
+            Path::new(DBUS_POLICY_PATH),
+            meta(0o644, "root", rg),
+            Content::Text(resolvers::dbus_policy(&[l.agent.name.as_str()])),
+            true,
+        );
+    }
+    let systemd = b.seen.service.manager_running;
+    if systemd {
+        for unit in SOCKETS.iter().map(|s| s.unit) {
+            let dir = resolvers::dropin_dir(unit);
+            b.dir(
+                &format!("{unit}'s drop-in directory"),
+                &dir,
+                meta(0o755, "root", rg),
+                false,
+            )?;
+            b.file(
+                &format!("the drop-in that closes {unit}'s socket to the agent as it starts"),
+                &dir.join(DROPIN_NAME),
+                meta(0o644, "root", rg),
+                Content::Text(resolvers::dropin(Path::new(BIN_PATH), &l.config_file)),
+                true,
+            );
+        }
+    }
+    let changed = b.steps[before..].iter().any(|s| s.state == State::Todo);
+    let resolvers_cmd = |open: bool| {
+        let mut v: Vec<String> = [BIN_PATH, "proxy", "firewall", "resolvers"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if open {
+            v.push("--open".into());
+        }
+        v.extend(["--config".to_string(), l.config_file.display().to_string()]);
+        v
+    };
+    let mut commands = Vec::new();
+    if systemd && changed {
+        commands.extend(linux::service_reload_units());
+    }
+    commands.push(resolvers_cmd(false));
+    let done = !changed
+        && b.manifest
+            .created
+            .iter()
+            .any(|c| matches!(c, Created::Registered { what, .. } if what == "resolvers"));
+    b.registered(
+        format!(
+            "close systemd-resolved's and nscd's sockets to {} (their lookups go around the DNS stub)",
+            l.agent.name
+        ),
+        commands,
+        done,
+        false,
+        Created::Registered {
+            what: "resolvers".into(),
+            marker: BIN_PATH.into(),
+            undo: vec![resolvers_cmd(true)],
+        },
+    );
+    Ok(())
 }
 
 fn service_steps(b: &mut Builder, daemon_inputs_changed: bool) {

@@ -18,6 +18,7 @@ pub mod macos;
 pub mod manifest;
 pub mod observe;
 pub mod plan;
+pub mod resolvers;
 mod steps;
 mod uninstall_plan;
 pub mod userfile;

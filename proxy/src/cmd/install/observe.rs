@@ -66,6 +66,8 @@ pub struct Observed {
     pub configured_bundles: Vec<crate::cmd::trust::bundle::Configured>,
     /// Linux: Debian's `pam-auth-update` is there, and our profile is in the session stack.
     pub pam_auth_update: bool,
+    /// Linux: dbus-daemon's local policy directory exists (`resolvers::DBUS_POLICY_DIR`).
+    pub dbus_policy_dir: bool,
     pub pam_enabled: bool,
     /// The machine's trust store (Linux: by its directories; macOS: the System keychain).
     pub system_store: Option<crate::cmd::trust::system_store::SystemStore>,
@@ -122,8 +124,8 @@ fn group_name(gid: u32) -> String {
 
 pub fn path_state(p: &Path) -> Option<PathState> {
     let meta = std::fs::symlink_metadata(p).ok()?;
-    let sha256 = (meta.is_file() && meta.len() <= 1 << 20)
-        .then(|| std::fs::read(p).ok().map(|b| sha256_hex(&b)))
+    let sha256 = (meta.is_file() && meta.len() <= MAX_HASHED)
+        .then(|| regular_file_bytes(p).map(|b| sha256_hex(&b)))
         .flatten();
     Some(PathState {
         dir: meta.is_dir(),
@@ -132,6 +134,33 @@ pub fn path_state(p: &Path) -> Option<PathState> {
         group: group_name(meta.gid()),
         sha256,
     })
+}
+
+/// Files larger than this are not hashed (install writes none so large but the binary).
+const MAX_HASHED: u64 = 1 << 20;
+
+/// The bytes of `p` if it still is a regular file, not a link (some paths are in the agent's
+/// home, where it may swap one in after the look): opened without following a final link or
+/// waiting on a FIFO, checked again, read up to the limit.
+fn regular_file_bytes(p: &Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            (nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_NONBLOCK
+                | nix::fcntl::OFlag::O_NOCTTY)
+                .bits(),
+        )
+        .open(p)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut b = Vec::new();
+    f.take(MAX_HASHED + 1).read_to_end(&mut b).ok()?;
+    (b.len() as u64 <= MAX_HASHED).then_some(b)
 }
 
 /// Exit status of a quiet command: `None` when it cannot run at all.
@@ -210,6 +239,7 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
     match layout.platform {
         Platform::Linux => {
             o.pam_auth_update = Path::new(crate::cmd::trust::files::PAM_AUTH_UPDATE).exists();
+            o.dbus_policy_dir = Path::new(super::resolvers::DBUS_POLICY_DIR).is_dir();
             o.pam_enabled = crate::cmd::trust::files::pam_applies(&layout.env_file);
             o.system_store = SystemStore::linux(Path::exists);
         }

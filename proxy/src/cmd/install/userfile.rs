@@ -186,6 +186,25 @@ pub fn write(path: &Path, bytes: &[u8], mode: u32, uid: u32, gid: u32) -> io::Re
     result
 }
 
+/// Removes the file `path` (gone already is fine), reaching its directory without following
+/// links another user made: a link swapped in for `~/.config` cannot make root delete a
+/// file of that name elsewhere.
+pub fn remove(path: &Path) -> io::Result<()> {
+    let (dir, name) = split(path)?;
+    let dirfd = match open_dir(dir) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    match unlinkat(&dirfd, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(io::Error::new(
+            io::Error::from(e).kind(),
+            format!("{}: {e}", path.display()),
+        )),
+    }
+}
+
 fn refused(path: &Path, why: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::PermissionDenied,
@@ -284,5 +303,11 @@ mod tests {
         assert!(read(&home.join(".profile")).is_err());
         assert!(write(&home.join(".profile"), b"x", 0o644, 0, 0).is_err());
         assert!(!real.join(".profile").exists());
+        std::fs::write(real.join(".profile"), "x").expect("write");
+        assert!(remove(&home.join(".profile")).is_err());
+        assert!(real.join(".profile").exists(), "removed through the link");
+        remove(&real.join(".profile")).expect("remove");
+        assert!(!real.join(".profile").exists());
+        remove(&real.join(".profile")).expect("gone already");
     }
 }
