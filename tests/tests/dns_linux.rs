@@ -45,6 +45,7 @@ struct Lab {
     daemon: Daemon,
     net: Internet,
     user: AgentUser,
+    other: Option<AgentUser>,
     resolver: Resolver,
     /// What the agent's ssh said to the netns server on git.test:22.
     banners: Arc<Mutex<Vec<String>>>,
@@ -71,10 +72,19 @@ impl Drop for Resolver {
     }
 }
 
+/// A second agent (a user of its own, its DNS redirected too) and the policy text for both,
+/// given both uids.
+type Second = fn(u32, u32) -> String;
+
 impl Lab {
     fn new() -> Lab {
+        Lab::with(None)
+    }
+
+    fn with(second: Option<Second>) -> Lab {
         let tag = std::process::id() % 97 + 3;
         let user = AgentUser::create(tag);
+        let other = second.map(|_| AgentUser::create(tag + 100));
         let net = Internet::create();
         let share = tempfile::tempdir().expect("tempdir");
         std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o755))
@@ -103,6 +113,8 @@ impl Lab {
             .arg(format!("--host-record=other.test,{},{}", net.b4, net.b6))
             .arg(format!("--host-record=git.test,{}", net.a4))
             .arg("--host-record=internal.test,192.168.77.7")
+            .arg(format!("--host-record=bonly.test,{}", net.a4))
+            .arg(format!("--host-record=held.test,{}", net.a4))
             .arg("--txt-record=allowed.test,\"v=test\"")
             .spawn()
             .expect("dnsmasq (apt-get install dnsmasq-base)");
@@ -125,19 +137,26 @@ impl Lab {
             }
         });
 
+        let policy = match (second, &other) {
+            (Some(text), Some(o)) => text(user.uid, o.uid),
+            _ => POLICY.to_string(),
+        };
         let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
+            policies: vec![("main.toml".into(), policy)],
             nameservers: vec![format!("{}:53", net.a4)],
             allow_private: vec![net.net4.clone(), net.net6.clone()],
             secrets: vec![("GH_TOKEN".into(), SECRET.into())],
             ipv6: true,
             redirect_uid: Some(user.uid),
+            agent_uids: other.iter().map(|o| o.uid).collect(),
+            approvals_timeout: Some("1s".into()),
             ..Default::default()
         });
         let lab = Lab {
             daemon,
             net,
             user,
+            other,
             resolver,
             banners,
             share,
@@ -152,8 +171,13 @@ impl Lab {
 
     /// Runs `script` as the agent, with /etc/resolv.conf replaced by ours.
     fn agent(&self, script: &str) -> Output {
+        self.agent_as(&self.user, script)
+    }
+
+    /// Runs `script` as `user`, with /etc/resolv.conf replaced by ours.
+    fn agent_as(&self, user: &AgentUser, script: &str) -> Output {
         let resolv = self.share.path().join("resolv.conf");
-        let prefix = self.user.as_agent().join(" ");
+        let prefix = user.as_agent().join(" ");
         let inner = format!(
             "mount --bind {} /etc/resolv.conf && exec {prefix} bash -c {}",
             resolv.display(),
@@ -166,7 +190,11 @@ impl Lab {
     }
 
     fn dig(&self, args: &str) -> (String, String) {
-        let out = self.agent(&format!("dig +time=3 +tries=1 {args}"));
+        self.dig_as(&self.user, args)
+    }
+
+    fn dig_as(&self, user: &AgentUser, args: &str) -> (String, String) {
+        let out = self.agent_as(user, &format!("dig +time=3 +tries=1 {args}"));
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let status = text
             .split("status: ")
@@ -360,6 +388,108 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
         metrics
             .contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NXDOMAIN\"}"),
         "{metrics}"
+    );
+}
+
+/// Names are decided for the agent that asks: another agent's rule resolves nothing for it,
+/// and a name only an `ask` rule covers is answered with a synthetic address that no
+/// resolver hears of; the connection to it comes back to the proxy, which asks the
+/// operator (and with no answer, refuses with the rule named).
+#[test]
+fn names_are_decided_for_the_asking_agent_and_ask_names_reach_no_resolver() {
+    let Some(_serial) = root_or_skip("dns_per_agent") else {
+        return;
+    };
+    fn policy(_a: u32, b: u32) -> String {
+        format!(
+            r#"version = 1
+default = "deny"
+
+[[rule]]
+id = "b-only"
+hosts = ["bonly.test"]
+agents = [{b}]
+action = "allow"
+
+[[rule]]
+id = "held"
+hosts = ["held.test", "*.held.test"]
+action = "ask"
+"#
+        )
+    }
+    let lab = Lab::with(Some(policy));
+    let b = lab.other.as_ref().expect("second agent");
+    let b4 = lab.net.b4;
+    lab.net.assert_route(b4);
+
+    // Agent A asks for a name only B's rule allows: NXDOMAIN, and the resolver never hears.
+    let (status, out) = lab.dig(&format!("@{b4} bonly.test A"));
+    assert_eq!(status, "NXDOMAIN", "{out}");
+    assert!(
+        !lab.resolver.queries().contains("bonly.test"),
+        "{}",
+        lab.resolver.queries()
+    );
+    // B gets it, from the resolver.
+    let (status, out) = lab.dig_as(b, &format!("@{b4} bonly.test A"));
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(out.contains(&lab.net.a4.to_string()), "{out}");
+
+    // A name under the ask rule, carrying data: a synthetic address, answered here.
+    let (status, out) = lab.dig(&format!("@{b4} +short c2VjcmV0.held.test A"));
+    assert_eq!(
+        status, "(no answer)",
+        "+short prints only the address: {out}"
+    );
+    let synthetic = out.trim().to_string();
+    assert!(
+        synthetic.starts_with("198.18.") || synthetic.starts_with("198.19."),
+        "{out}"
+    );
+    let (status, out) = lab.dig(&format!("@{b4} held.test AAAA"));
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(!out.contains("AAAA\t"), "no IPv6 answer: {out}");
+    // The agent connects by name: the connection to the synthetic address comes back to
+    // the proxy, which asks an operator; none answers within the timeout: refused, naming
+    // the rule.
+    let ca = lab.share.path().join("agenshield-ca.pem");
+    std::fs::copy(&lab.daemon.ca_path, &ca).expect("copy CA");
+    std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = lab.agent(&format!(
+        "curl -s --max-time 20 --cacert {} https://held.test/",
+        ca.display()
+    ));
+    let body = String::from_utf8_lossy(&out.stdout).to_string();
+    let v: Value =
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("JSON 403: {}", text(&out)));
+    assert_eq!(v["rule_id"], "held", "{v}");
+    // No resolver ever heard of a name under the ask rule.
+    let queries = lab.resolver.queries();
+    assert!(!queries.contains("held.test"), "{queries}");
+
+    let audit = lines(&lab.daemon.audit_path());
+    assert_matches_schema(&audit);
+    let dns = lab.dns_records();
+    let q = dns
+        .iter()
+        .find(|v| v["host"] == "c2vjcmv0.held.test" || v["host"] == "c2VjcmV0.held.test")
+        .unwrap_or_else(|| panic!("{dns:#?}"));
+    assert_eq!(q["rule"], "held", "{q}");
+    assert_eq!(q["dns"]["answers"][0], synthetic, "{q}");
+    let req = audit
+        .iter()
+        .find(|v| v["kind"] == "request" && v["host"] == "held.test")
+        .unwrap_or_else(|| panic!("{audit:#?}"));
+    assert_eq!(req["decision"], "ask_timeout", "{req}");
+    assert_eq!(req["agent_uid"], lab.user.uid, "{req}");
+    // The address the agent connected to is the synthetic one the stub gave for held.test.
+    let dst = req["dst"].as_str().unwrap_or("");
+    assert!(dst.starts_with("198.18."), "{req}");
+    assert_ne!(
+        dst,
+        format!("{synthetic}:443"),
+        "one address per name: {req}"
     );
 }
 
