@@ -175,7 +175,10 @@ impl Inner {
         let mut map = write(&self.shards[slot.shard]);
         let last = Arc::strong_count(&slot) == 2 && slot.in_flight.load(Ordering::Acquire) == 0;
         if let Some(hosts) = map.get_mut(&slot.agent).filter(|_| last) {
-            if hosts.get(&*slot.host).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            if hosts
+                .get(&*slot.host)
+                .is_some_and(|s| Arc::ptr_eq(s, &slot))
+            {
                 hosts.remove(&*slot.host);
             }
             if hosts.is_empty() {

@@ -34,11 +34,15 @@ fn each_agent_has_its_own_cap_on_a_host() {
     // Agent A fills the cap on `h`; agent B (and an agent of unknown uid) still get slots.
     let caps = ConcurrencyCaps::new();
     let b = AgentKey::Uid(5201);
-    let held: Vec<_> = (0..2).map(|_| caps.acquire(A, "h", 2).expect("slot")).collect();
+    let held: Vec<_> = (0..2)
+        .map(|_| caps.acquire(A, "h", 2).expect("slot"))
+        .collect();
     assert!(caps.acquire(A, "h", 2).is_err());
     let pb = caps.acquire(b, "h", 2).expect("B is not starved by A");
     assert_eq!((pb.agent(), pb.host()), (Some(b), "h"));
-    let pu = caps.acquire(AgentKey::Unknown, "h", 2).expect("unknown agent");
+    let pu = caps
+        .acquire(AgentKey::Unknown, "h", 2)
+        .expect("unknown agent");
     assert_eq!((caps.in_flight(A, "h"), caps.in_flight(b, "h")), (2, 1));
     assert_eq!(caps.len(), 3);
     drop((held, pb, pu));
