@@ -300,7 +300,7 @@ async fn an_agent_that_fills_a_rule_concurrency_cap_leaves_another_served() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while lab.up.requests().len() < 2 {
         assert!(Instant::now() < deadline, "{}", lab.daemon.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::thread::sleep(Duration::from_millis(50));
     }
     // …so its third is refused, while B is served at once.
     assert_eq!(lab.status(&lab.a, "capped.test", "/a", &[]), "429");
