@@ -212,11 +212,30 @@ impl Lab {
         }
     }
 
-    /// The one pending request of `uid` for `method path`, once it waits.
-    fn held(&self, uid: u32, method: &str, path: &str) -> Value {
-        let is = |p: &Value| p["agent_uid"] == uid && p["method"] == method && p["path"] == path;
-        let list = self.wait_pending(&format!("{uid} {method} {path}"), |l| l.iter().any(is));
-        list.into_iter().find(is).expect("listed")
+    /// The pending request of the background command `i` (`method path`, by `uid`), once it
+    /// waits; fails if the command ends first (its request was not held). Whose request it
+    /// says it is, the caller checks.
+    fn held(&mut self, i: usize, uid: u32, method: &str, path: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let list = self.pending();
+            if let Some(p) = list
+                .into_iter()
+                .find(|p| p["method"] == method && p["path"] == path)
+            {
+                return p;
+            }
+            if self.running[i].try_wait().expect("wait").is_some() {
+                let got = self.finish(i, Duration::ZERO);
+                panic!("{uid} {method} {path} was not held for approval: it got {got} at once");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{uid} {method} {path} never waited\n{}",
+                self.daemon.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn answer(&self, id: &str, verb: &str, remember: bool) -> String {
@@ -337,7 +356,11 @@ async fn an_agent_that_fills_the_approval_queue_leaves_another_room_to_ask() {
         ],
     );
     lab.start_with(flood, Stdio::null());
-    let a_waiting = |l: &[Value]| l.iter().filter(|p| p["agent_uid"] == a_uid).count();
+    let a_waiting = |l: &[Value]| {
+        l.iter()
+            .filter(|p| p["path"].as_str().is_some_and(|p| p.starts_with("/a/")))
+            .count()
+    };
     lab.wait_pending("A at its quota", |l| a_waiting(l) >= 256);
     let deadline = Instant::now() + Duration::from_secs(30);
     let refused_a = || {
@@ -350,14 +373,25 @@ async fn an_agent_that_fills_the_approval_queue_leaves_another_room_to_ask() {
         assert!(Instant::now() < deadline, "A's excess was not refused");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(a_waiting(&lab.pending()), 256);
+    let waiting = lab.pending();
+    assert_eq!(a_waiting(&waiting), 256);
 
-    // B can still ask, and its request is listed as B's, with its method and path.
+    // B can still ask, and an operator can let it through.
     let b_ask = lab.curl(&lab.b, "asked.test", "/b/one", &[]);
     let i = lab.start(b_ask);
-    let p = lab.held(lab.b.uid, "GET", "/b/one");
+    let b_uid = lab.b.uid;
+    let p = lab.held(i, b_uid, "GET", "/b/one");
     let (code, out, err) = lab.daemon.ctl(&[], &["pending", "list"]);
     assert_eq!(code, 0, "{err}");
+    lab.answer(p["id"].as_str().expect("id"), "approve", false);
+    assert_eq!(lab.finish(i, Duration::from_secs(20)), "200");
+
+    // The list said whose each request was, with its method and path.
+    assert!(
+        waiting.iter().all(|p| p["agent_uid"] == a_uid),
+        "{waiting:?}"
+    );
+    assert_eq!(p["agent_uid"], b_uid, "{p}");
     let row = out
         .lines()
         .find(|l| l.starts_with(p["id"].as_str().expect("id")))
@@ -365,16 +399,10 @@ async fn an_agent_that_fills_the_approval_queue_leaves_another_room_to_ask() {
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
         (cols[2], cols[3], cols[4]),
-        (
-            lab.b.uid.to_string().as_str(),
-            "GET",
-            "asked.test:443/b/one"
-        ),
+        (b_uid.to_string().as_str(), "GET", "asked.test:443/b/one"),
         "{out}"
     );
     assert!(out.lines().next().unwrap_or("").contains("AGENT"), "{out}");
-    lab.answer(p["id"].as_str().expect("id"), "approve", false);
-    assert_eq!(lab.finish(i, Duration::from_secs(20)), "200");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,10 +414,10 @@ async fn remember_covers_the_approving_agent_method_and_path_only() {
     let b_uid = lab.b.uid;
     let first = lab.curl(&lab.b, "asked.test", "/repos/x", &[]);
     let i = lab.start(first);
-    let p = lab.held(b_uid, "GET", "/repos/x");
+    let p = lab.held(i, b_uid, "GET", "/repos/x");
     let said = lab.answer(p["id"].as_str().expect("id"), "approve", true);
-    assert!(said.contains(&format!("agent {b_uid}")), "{said}");
     assert_eq!(lab.finish(i, Duration::from_secs(20)), "200");
+    let mut listed = vec![(p, b_uid)];
     // The same agent, method and path again: through at once.
     assert_eq!(lab.status(&lab.b, "asked.test", "/repos/x", &[]), "200");
     // Anything else is asked again: another method, another path, another agent.
@@ -402,30 +430,36 @@ async fn remember_covers_the_approving_agent_method_and_path_only() {
         let uid = user.uid;
         let ask = lab.curl(user, "asked.test", path, &["-X", method]);
         let i = lab.start(ask);
-        let p = lab.held(uid, method, path);
+        let p = lab.held(i, uid, method, path);
         lab.answer(p["id"].as_str().expect("id"), "deny", false);
         assert_eq!(
             lab.finish(i, Duration::from_secs(20)),
             "403",
             "{uid} {method} {path}"
         );
+        listed.push((p, uid));
     }
     assert!(lab.pending().is_empty());
+    // Each waiting request was listed as its agent's; the operator was told whose it was.
+    for (p, uid) in listed {
+        assert_eq!(p["agent_uid"], uid, "{p}");
+    }
+    assert!(said.contains(&format!("agent {b_uid}")), "{said}");
 }
 
-/// Sends `n` A questions for distinct names under slow.test to 53/udp at `server` (the
-/// redirect takes them to the stub), paced, then keeps its socket open.
+/// Sends A questions for distinct names under slow.test to 53/udp at `server` (the redirect
+/// takes them to the stub), 300 a second for `n`, then keeps its socket open.
 const FLOOD: &str = r#"
 import socket, struct, sys, time
 server, n = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.connect((server, 53))
+print("started", flush=True)
 for i in range(n):
     name = b"".join(bytes([len(l)]) + l for l in (b"q%d" % i, b"slow", b"test")) + b"\0"
-    s.send(struct.pack(">6H", i, 0x0100, 1, 0, 0, 0) + name + struct.pack(">2H", 1, 1))
-    if i % 50 == 49:
-        time.sleep(0.02)
-print("sent", flush=True)
+    s.send(struct.pack(">6H", i & 0xffff, 0x0100, 1, 0, 0, 0) + name + struct.pack(">2H", 1, 1))
+    if i % 3 == 2:
+        time.sleep(0.01)
 time.sleep(30)
 "#;
 
@@ -437,25 +471,28 @@ async fn an_agent_that_floods_the_dns_stub_leaves_another_answered() {
     let mut lab = Lab::new(339);
     let b4 = lab.net.b4;
     lab.net.assert_route(b4);
-    // A asks 2000 questions the resolver never answers: each stays in hand for its timeout
-    // (6 s), far more than any budget, so the stub drops what it cannot take.
+    // A asks 300 questions a second for 10 s that the resolver never answers: each stays in
+    // hand for the resolver's timeout (6 s), so A keeps well over 1,024 in hand (any bound
+    // the stub has) and the stub drops what it cannot take.
     let prefix = lab.a.as_agent();
     let mut flood = Command::new(&prefix[0]);
     flood
         .args(&prefix[1..])
         .args(["/usr/bin/python3", "-c", FLOOD])
         .arg(b4.to_string())
-        .arg("2000");
+        .arg("3000");
     let i = lab.start(flood);
     let mut line = String::new();
     let stdout = lab.running[i].stdout.take().expect("stdout");
     BufReader::new(stdout).read_line(&mut line).expect("read");
-    assert_eq!(line.trim(), "sent");
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while lab.metric("agenshield_proxy_dns_dropped_total") < 500.0 {
+    assert_eq!(line.trim(), "started");
+    // Once the stub drops A's questions, A is at its bound (and goes on asking).
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while lab.metric("agenshield_proxy_dns_dropped_total") < 50.0 {
         assert!(
             Instant::now() < deadline,
-            "A's flood never saturated the stub"
+            "A's flood never filled the stub: {} dropped",
+            lab.metric("agenshield_proxy_dns_dropped_total"),
         );
         std::thread::sleep(Duration::from_millis(50));
     }
