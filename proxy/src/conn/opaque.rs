@@ -253,7 +253,7 @@ fn admit(
     record::ready(proxy)?;
     let d = tcp.decision.as_ref().map_err(Clone::clone)?;
     decide::connection_outcome(d, shown, ctx.dest.port)?;
-    limit::connection(proxy, d, &tcp.host)
+    limit::connection(proxy, d, &tcp.host, ctx.agent_uid)
 }
 
 pub(super) async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {

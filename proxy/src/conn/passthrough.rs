@@ -131,11 +131,12 @@ async fn splice<S>(
             shown,
         )
     };
-    let permit =
-        match record::ready(&proxy).and_then(|()| limit::connection(&proxy, &decision, &sni)) {
-            Ok(permit) => permit,
-            Err(r) => return refuse(&proxy, rec, &r, started).await,
-        };
+    let permit = match record::ready(&proxy)
+        .and_then(|()| limit::connection(&proxy, &decision, &sni, ctx.agent_uid))
+    {
+        Ok(permit) => permit,
+        Err(r) => return refuse(&proxy, rec, &r, started).await,
+    };
     let spliced = Splice {
         dial: &sni,
         first: Some(hello),

@@ -1,7 +1,14 @@
 //! `ask` rules: the request waits (bounded) until an operator approves or denies it with
-//! `ctl pending approve|deny ID`; no answer in time is a denial. `approve --remember` lets
-//! later requests the same rule asks about, to the same host and port, through for the
-//! daemon's lifetime.
+//! `ctl pending approve|deny ID`; no answer in time is a denial.
+//!
+//! The queue is shared per agent: each agent (uid; connections of unknown owner count as one)
+//! may have [`MAX_PENDING_PER_AGENT`] requests waiting, so one agent that parks requests
+//! cannot lock the others out of asking. [`MAX_PENDING`] bounds every agent together (what
+//! the daemon holds in memory); reaching it takes 16 agents each at its quota.
+//!
+//! `approve --remember` lets later requests through, for the daemon's lifetime, only when
+//! they are the approved one again: the same agent, rule, method, host, port and path
+//! (the query may differ).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,11 +19,14 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::clock::now_rfc3339;
+use crate::ratelimit::AgentKey;
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct PendingRequest {
     pub id: String,
     pub since: String,
+    /// The local user whose request waits, when the OS could tell.
+    pub agent_uid: Option<u32>,
     pub client: String,
     pub method: String,
     pub host: String,
@@ -25,13 +35,17 @@ pub(crate) struct PendingRequest {
     pub rule_id: String,
 }
 
-/// Requests that may wait at once; more are refused at once (an agent must not be able to
-/// park unbounded work in the daemon).
-pub(crate) const MAX_PENDING: usize = 256;
+/// Requests one agent may have waiting at once; more are refused at once (an agent must not
+/// be able to park unbounded work in the daemon, nor take the others' places).
+pub(crate) const MAX_PENDING_PER_AGENT: usize = 256;
+/// Requests all agents together may have waiting.
+pub(crate) const MAX_PENDING: usize = 16 * MAX_PENDING_PER_AGENT;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AskOutcome {
-    /// Too many requests already wait for an answer.
+    /// This agent already has its quota of requests waiting.
+    AgentFull,
+    /// All agents together have [`MAX_PENDING`] requests waiting.
     Full,
     Approved,
     /// Approved earlier with `--remember`.
@@ -46,13 +60,58 @@ struct Verdict {
     remember: bool,
 }
 
-type SessionKey = (String, String, u16);
+/// What `--remember` covers: this agent's request, exactly as approved (query aside).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RememberKey {
+    agent: AgentKey,
+    rule_id: String,
+    method: String,
+    host: String,
+    port: u16,
+    path: String,
+}
+
+impl RememberKey {
+    fn of(req: &PendingRequest) -> RememberKey {
+        RememberKey {
+            agent: AgentKey::of(req.agent_uid),
+            rule_id: req.rule_id.clone(),
+            method: req.method.clone(),
+            host: req.host.clone(),
+            port: req.port,
+            path: req.path.clone(),
+        }
+    }
+}
+
+/// The requests waiting now, and how many each agent has among them.
+#[derive(Default)]
+struct Waiting {
+    by_id: HashMap<String, (PendingRequest, oneshot::Sender<Verdict>)>,
+    per_agent: HashMap<AgentKey, usize>,
+}
+
+impl Waiting {
+    fn remove(&mut self, id: &str) -> Option<(PendingRequest, oneshot::Sender<Verdict>)> {
+        let entry = self.by_id.remove(id)?;
+        let agent = AgentKey::of(entry.0.agent_uid);
+        if let Some(n) = self.per_agent.get_mut(&agent) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_agent.remove(&agent);
+            }
+        }
+        Some(entry)
+    }
+}
 
 pub(crate) struct Approvals {
     timeout: Duration,
+    per_agent: usize,
+    total: usize,
     next: AtomicU64,
-    waiting: Mutex<HashMap<String, (PendingRequest, oneshot::Sender<Verdict>)>>,
-    remembered: Mutex<HashSet<SessionKey>>,
+    waiting: Mutex<Waiting>,
+    remembered: Mutex<HashSet<RememberKey>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,17 +120,23 @@ pub(crate) struct NotPending(pub String);
 
 impl Approvals {
     pub(crate) fn new(timeout: Duration) -> Approvals {
+        Approvals::with_limits(timeout, MAX_PENDING_PER_AGENT, MAX_PENDING)
+    }
+
+    fn with_limits(timeout: Duration, per_agent: usize, total: usize) -> Approvals {
         Approvals {
             timeout,
+            per_agent,
+            total,
             next: AtomicU64::new(1),
-            waiting: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(Waiting::default()),
             remembered: Mutex::new(HashSet::new()),
         }
     }
 
     /// Holds the caller until a verdict or the timeout. `req.id` is assigned here.
     pub(crate) async fn ask(&self, mut req: PendingRequest) -> AskOutcome {
-        let key = (req.rule_id.clone(), req.host.clone(), req.port);
+        let key = RememberKey::of(&req);
         if self.remembered.lock().is_ok_and(|r| r.contains(&key)) {
             return AskOutcome::Remembered;
         }
@@ -79,18 +144,26 @@ impl Approvals {
         req.since = now_rfc3339();
         let id = req.id.clone();
         let (tx, rx) = oneshot::channel();
-        match self.waiting.lock() {
-            Ok(mut w) if w.len() < MAX_PENDING => {
-                w.insert(id.clone(), (req, tx));
+        {
+            let Ok(mut w) = self.waiting.lock() else {
+                return AskOutcome::Full;
+            };
+            let mine = w.per_agent.get(&key.agent).copied().unwrap_or(0);
+            if mine >= self.per_agent {
+                return AskOutcome::AgentFull;
             }
-            _ => return AskOutcome::Full,
+            if w.by_id.len() >= self.total {
+                return AskOutcome::Full;
+            }
+            w.by_id.insert(id.clone(), (req, tx));
+            *w.per_agent.entry(key.agent).or_default() += 1;
         }
         // Removed however this ends, including when the agent gives up and the future drops.
         let _entry = Entry {
             approvals: self,
             id: &id,
         };
-        tracing::warn!(pending = %id, "request held for approval: agenshield proxy ctl pending approve {id}");
+        tracing::warn!(pending = %id, agent = %key.agent, "request held for approval: agenshield proxy ctl pending approve {id}");
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(v)) if v.approve => {
                 if v.remember {
@@ -107,14 +180,14 @@ impl Approvals {
 
     /// How many requests wait now.
     pub(crate) fn len(&self) -> usize {
-        self.waiting.lock().map(|w| w.len()).unwrap_or(0)
+        self.waiting.lock().map(|w| w.by_id.len()).unwrap_or(0)
     }
 
     pub(crate) fn list(&self) -> Vec<PendingRequest> {
         let mut v: Vec<PendingRequest> = self
             .waiting
             .lock()
-            .map(|w| w.values().map(|(r, _)| r.clone()).collect())
+            .map(|w| w.by_id.values().map(|(r, _)| r.clone()).collect())
             .unwrap_or_default();
         v.sort_by(|a, b| a.since.cmp(&b.since).then(a.id.cmp(&b.id)));
         v
@@ -139,6 +212,16 @@ impl Approvals {
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// What one agent may have waiting at once.
+    pub(crate) fn per_agent(&self) -> usize {
+        self.per_agent
+    }
+
+    /// What all agents together may have waiting at once.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
 }
 
 struct Entry<'a> {
@@ -155,60 +238,5 @@ impl Drop for Entry<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::Arc;
-
-    fn req() -> PendingRequest {
-        PendingRequest {
-            id: String::new(),
-            since: String::new(),
-            client: "127.0.0.1:1".into(),
-            method: "POST".into(),
-            host: "api.test".into(),
-            port: 443,
-            path: "/x".into(),
-            rule_id: "ask-api".into(),
-        }
-    }
-
-    /// Starts a request that asks, and waits until it is listed as pending.
-    async fn held(a: &Arc<Approvals>) -> (tokio::task::JoinHandle<AskOutcome>, String) {
-        let waiter = tokio::spawn({
-            let a = a.clone();
-            async move { a.ask(req()).await }
-        });
-        loop {
-            if let Some(p) = a.list().first() {
-                return (waiter, p.id.clone());
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn unanswered_request_times_out_and_is_forgotten() {
-        let a = Approvals::new(Duration::from_secs(30));
-        let out = a.ask(req()).await;
-        assert_eq!(out, AskOutcome::TimedOut);
-        assert!(a.list().is_empty());
-    }
-
-    #[tokio::test]
-    async fn approval_releases_and_remember_covers_the_next_one() {
-        let a = Arc::new(Approvals::new(Duration::from_secs(30)));
-        let (waiter, id) = held(&a).await;
-        a.decide(&id, true, true).expect("pending");
-        assert_eq!(waiter.await.expect("join"), AskOutcome::Approved);
-        assert_eq!(a.ask(req()).await, AskOutcome::Remembered);
-        assert!(a.decide("p999", true, false).is_err());
-    }
-
-    #[tokio::test]
-    async fn denial_is_a_denial() {
-        let a = Arc::new(Approvals::new(Duration::from_secs(30)));
-        let (waiter, id) = held(&a).await;
-        a.decide(&id, false, false).expect("pending");
-        assert_eq!(waiter.await.expect("join"), AskOutcome::Denied);
-    }
-}
+#[path = "approvals_tests.rs"]
+mod tests;

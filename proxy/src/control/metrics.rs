@@ -82,7 +82,7 @@ pub struct Metrics {
     /// Every DNS query the stub answered, by decision and response code (recorded or not:
     /// the audit log takes an allowed name once per TTL).
     pub dns_queries: IntCounterVec,
-    /// Queries dropped unread because the stub had `dns::MAX_IN_FLIGHT` in hand already.
+    /// Queries dropped unanswered: the asking agent (or the stub) had its most in hand already.
     pub dns_dropped: IntCounter,
 }
 
@@ -368,8 +368,8 @@ impl Metrics {
                 r,
                 IntCounter::with_opts(opts(
                     "dns_dropped_total",
-                    "DNS queries dropped unanswered because the stub was at its bound of \
-                     queries in hand (the client retries)."
+                    "DNS queries dropped unanswered because the asking agent (or the stub) \
+                     was at its bound of queries in hand (the client retries)."
                 ))
             ),
             registry: r,

@@ -1,7 +1,9 @@
 //! The stub's loops. UDP: one datagram is one question, read while fewer than
-//! [`MAX_IN_FLIGHT`] are in hand, each answered by its own task. TCP: connections admitted
-//! like every other (the daemon's slots and the agent's connection budget), framed by
-//! hickory-net, questions answered in order, closed after [`TCP_IDLE`] without one.
+//! [`MAX_UNATTRIBUTED`] wait for their owner to be found, each answered by its own task once
+//! its agent's budget takes it (`DnsState::take`: per agent uid, so one agent's flood
+//! leaves the others served). TCP: connections admitted like every other (the daemon's slots
+//! and the agent's connection budget), framed by hickory-net, questions answered in order
+//! under the same per-agent budget, closed after [`TCP_IDLE`] without one.
 //!
 //! The asker's uid is the socket owner's (`sock_diag`); its original destination is the
 //! connected peer of its UDP socket (glibc and most stub resolvers connect) or the TCP
@@ -24,7 +26,7 @@ use tokio::net::{TcpListener, UdpSocket};
 use tracing::Instrument;
 
 use super::message::{respond, Asker};
-use super::MAX_IN_FLIGHT;
+use super::{Crowded, MAX_UNATTRIBUTED};
 use crate::conn::accept::{admit, agent_uid};
 use crate::conn::{ConnCtx, Dest, ListenerKind};
 use crate::proxy::Proxy;
@@ -54,9 +56,9 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
                 continue;
             }
         };
-        let Ok(permit) = proxy.dns.in_flight.clone().try_acquire_owned() else {
+        let Ok(unattributed) = proxy.dns.unattributed.clone().try_acquire_owned() else {
             proxy.metrics.dns_dropped.inc();
-            tracing::debug!(%client, "DNS stub: {MAX_IN_FLIGHT} questions in hand; dropped");
+            tracing::debug!(%client, "DNS stub: {MAX_UNATTRIBUTED} datagrams wait for their owner; dropped");
             continue;
         };
         let bytes = buf[..n].to_vec();
@@ -65,11 +67,17 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
         tokio::spawn(
             async move {
                 let owner = owners.owner(client);
+                let uid = owner.map(|o| o.uid);
+                let taken = take(&proxy, uid);
+                drop(unattributed);
+                let Some(_in_hand) = taken else {
+                    return;
+                };
                 let asker = Asker {
                     conn_id: id,
                     client,
                     dst: owner.and_then(|o| o.peer).unwrap_or(stub),
-                    uid: owner.map(|o| o.uid),
+                    uid,
                     udp: true,
                 };
                 if let Some(resp) = respond(&proxy, &asker, &bytes).await {
@@ -77,10 +85,31 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
                         tracing::debug!("DNS stub: answering {client}: {e}");
                     }
                 }
-                drop(permit);
             }
             .instrument(tracing::info_span!("dns", id, %client, transport = "udp")),
         );
+    }
+}
+
+/// A question of `uid` taken in hand, or `None` (dropped and counted) when its agent or the
+/// stub has no room.
+fn take(proxy: &Proxy, uid: Option<u32>) -> Option<super::InHand> {
+    match proxy.dns.take(uid) {
+        Ok(in_hand) => Some(in_hand),
+        Err(crowded) => {
+            proxy.metrics.dns_dropped.inc();
+            match crowded {
+                Crowded::Agent(agent) => tracing::debug!(
+                    "DNS stub: {agent} has {} questions in hand; dropped",
+                    super::MAX_IN_FLIGHT_PER_AGENT
+                ),
+                Crowded::All => tracing::debug!(
+                    "DNS stub: {} questions in hand; dropped",
+                    super::MAX_IN_FLIGHT
+                ),
+            }
+            None
+        }
     }
 }
 
@@ -180,7 +209,12 @@ async fn serve_connection(proxy: &Arc<Proxy>, asker: &Asker, sock: tokio::net::T
             }
             Ok(None) | Err(_) => return,
         };
-        let Some(resp) = respond(proxy, asker, message.bytes()).await else {
+        let Some(in_hand) = take(proxy, asker.uid) else {
+            continue;
+        };
+        let resp = respond(proxy, asker, message.bytes()).await;
+        drop(in_hand);
+        let Some(resp) = resp else {
             continue;
         };
         if sender.send(SerialMessage::new(resp, asker.client)).is_err() {

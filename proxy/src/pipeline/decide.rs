@@ -8,7 +8,7 @@ use http::Request;
 use super::record::Verdict;
 use super::refusal::{ErrorCode, Refusal};
 use super::RequestCtx;
-use crate::control::approvals::{AskOutcome, PendingRequest, MAX_PENDING};
+use crate::control::approvals::{AskOutcome, PendingRequest};
 use crate::policy::{Action, Decision, Policy, RequestFacts, Scheme};
 use crate::proxy::Proxy;
 
@@ -54,8 +54,18 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
         Action::Deny => Err(refused(None, Verdict::Deny)),
         Action::Ask => match ask(ctx, req).await {
             AskOutcome::Approved | AskOutcome::Remembered => Ok(Verdict::AskApproved),
+            AskOutcome::AgentFull => {
+                let why = format!(
+                    "{} requests of this agent already wait for an operator",
+                    ctx.proxy.approvals.per_agent()
+                );
+                Err(refused(Some(&why), Verdict::AskDenied))
+            }
             AskOutcome::Full => {
-                let why = format!("{MAX_PENDING} requests already wait for an operator");
+                let why = format!(
+                    "{} requests already wait for an operator",
+                    ctx.proxy.approvals.total()
+                );
                 Err(refused(Some(&why), Verdict::AskDenied))
             }
             AskOutcome::Denied => Err(refused(Some("an operator denied it"), Verdict::AskDenied)),
@@ -139,6 +149,7 @@ async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
         .ask(PendingRequest {
             id: String::new(),
             since: String::new(),
+            agent_uid: ctx.conn.agent_uid,
             client: ctx.conn.client.to_string(),
             method: shown.redact(req.method().as_str()).into_owned(),
             host: shown.redact(&target.host).into_owned(),

@@ -1,11 +1,13 @@
-//! Per-host caps on requests in flight.
+//! Caps on requests in flight, per agent and host: one agent filling a rule's cap on a host
+//! leaves every other agent's cap on it untouched.
 //!
 //! An atomic counter per host rather than a `Semaphore`: `max` comes from policy on every
 //! call, and a counter honours a reloaded `max` at once (lowering it refuses new requests
 //! until enough in-flight ones finish) where a semaphore's permit count is fixed.
 //!
-//! Memory: a host's entry is removed as soon as nobody references it (no permit, no
-//! acquire in progress), so the map only holds hosts with requests in flight.
+//! Memory: an (agent, host) entry is removed as soon as nobody references it (no permit, no
+//! acquire in progress), so the map only holds pairs with requests in flight. The map is
+//! keyed agent first, then host, so a lookup needs no allocation.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,13 +15,13 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
-use super::AtCapacity;
+use super::{AgentKey, AtCapacity};
 
 const SHARDS: usize = 32;
 
-type Shard = RwLock<HashMap<Box<str>, Arc<Slot>>>;
+type Shard = RwLock<HashMap<AgentKey, HashMap<Box<str>, Arc<Slot>>>>;
 
-/// Per-host concurrency caps. Cloning is cheap and shares the state.
+/// Per-agent, per-host concurrency caps. Cloning is cheap and shares the state.
 #[derive(Clone)]
 pub(crate) struct ConcurrencyCaps {
     inner: Arc<Inner>,
@@ -32,12 +34,13 @@ struct Inner {
 }
 
 struct Slot {
+    agent: AgentKey,
     host: Box<str>,
     shard: usize,
     in_flight: AtomicU32,
 }
 
-/// One request in flight to a host; dropping it (including by cancelling the future that
+/// One request of one agent in flight to a host; dropping it (including by cancelling the future that
 /// owns it) frees the slot.
 #[must_use = "the slot is released as soon as the permit is dropped"]
 pub(crate) struct ConcurrencyPermit {
@@ -59,7 +62,7 @@ impl Default for ConcurrencyCaps {
 impl fmt::Debug for ConcurrencyCaps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyCaps")
-            .field("hosts", &self.len())
+            .field("entries", &self.len())
             .field("refused", &self.refusals())
             .finish()
     }
@@ -76,10 +79,15 @@ impl ConcurrencyCaps {
         }
     }
 
-    /// Take a slot for `host` without waiting; refuses if `max` are already in flight
-    /// (`max == 0` refuses everything).
-    pub(crate) fn acquire(&self, host: &str, max: u32) -> Result<ConcurrencyPermit, AtCapacity> {
-        let slot = self.inner.slot(host);
+    /// Take a slot for `agent` on `host` without waiting; refuses if that agent already has
+    /// `max` in flight there (`max == 0` refuses everything).
+    pub(crate) fn acquire(
+        &self,
+        agent: AgentKey,
+        host: &str,
+        max: u32,
+    ) -> Result<ConcurrencyPermit, AtCapacity> {
+        let slot = self.inner.slot(agent, host);
         let admitted = slot
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -95,23 +103,28 @@ impl ConcurrencyCaps {
         self.inner.refused.fetch_add(1, Ordering::Relaxed);
         self.inner.release(slot);
         Err(AtCapacity {
+            agent,
             host: host.to_owned(),
             max,
         })
     }
 
-    /// Requests currently in flight to `host`.
+    /// Requests `agent` has in flight to `host` now.
     #[cfg(test)]
-    pub(crate) fn in_flight(&self, host: &str) -> u32 {
-        let shard = &self.inner.shards[self.inner.shard_of(host)];
+    pub(crate) fn in_flight(&self, agent: AgentKey, host: &str) -> u32 {
+        let shard = &self.inner.shards[self.inner.shard_of(agent, host)];
         let map = shard.read().unwrap_or_else(PoisonError::into_inner);
-        map.get(host)
+        map.get(&agent)
+            .and_then(|hosts| hosts.get(host))
             .map_or(0, |s| s.in_flight.load(Ordering::Acquire))
     }
 
-    /// Hosts with an entry (requests in flight or an acquire in progress).
+    /// (agent, host) pairs with an entry (requests in flight or an acquire in progress).
     pub(crate) fn len(&self) -> usize {
-        let len = |s: &Shard| s.read().unwrap_or_else(PoisonError::into_inner).len();
+        let len = |s: &Shard| {
+            let map = s.read().unwrap_or_else(PoisonError::into_inner);
+            map.values().map(HashMap::len).sum::<usize>()
+        };
         self.inner.shards.iter().map(len).sum()
     }
 
@@ -127,23 +140,26 @@ impl ConcurrencyCaps {
 }
 
 impl Inner {
-    fn shard_of(&self, host: &str) -> usize {
-        self.hasher.hash_one(host) as usize % SHARDS
+    fn shard_of(&self, agent: AgentKey, host: &str) -> usize {
+        self.hasher.hash_one((agent, host)) as usize % SHARDS
     }
 
-    fn slot(&self, host: &str) -> Arc<Slot> {
-        let shard = self.shard_of(host);
+    fn slot(&self, agent: AgentKey, host: &str) -> Arc<Slot> {
+        let shard = self.shard_of(agent, host);
         let lock = &self.shards[shard];
         if let Some(slot) = lock
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(host)
+            .get(&agent)
+            .and_then(|hosts| hosts.get(host))
         {
             return Arc::clone(slot);
         }
         let mut map = write(lock);
-        let slot = map.entry(host.into()).or_insert_with(|| {
+        let hosts = map.entry(agent).or_default();
+        let slot = hosts.entry(host.into()).or_insert_with(|| {
             Arc::new(Slot {
+                agent,
                 host: host.into(),
                 shard,
                 in_flight: AtomicU32::new(0),
@@ -158,8 +174,16 @@ impl Inner {
     fn release(&self, slot: Arc<Slot>) {
         let mut map = write(&self.shards[slot.shard]);
         let last = Arc::strong_count(&slot) == 2 && slot.in_flight.load(Ordering::Acquire) == 0;
-        if last && map.get(&*slot.host).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-            map.remove(&*slot.host);
+        if let Some(hosts) = map.get_mut(&slot.agent).filter(|_| last) {
+            if hosts
+                .get(&*slot.host)
+                .is_some_and(|s| Arc::ptr_eq(s, &slot))
+            {
+                hosts.remove(&*slot.host);
+            }
+            if hosts.is_empty() {
+                map.remove(&slot.agent);
+            }
         }
         drop(slot); // inside the lock, so the next releaser sees an exact count
     }
@@ -169,11 +193,16 @@ impl ConcurrencyPermit {
     pub(crate) fn host(&self) -> &str {
         self.slot.as_deref().map_or("", |s| &s.host)
     }
+
+    pub(crate) fn agent(&self) -> Option<AgentKey> {
+        self.slot.as_deref().map(|s| s.agent)
+    }
 }
 
 impl fmt::Debug for ConcurrencyPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyPermit")
+            .field("agent", &self.agent())
             .field("host", &self.host())
             .finish()
     }

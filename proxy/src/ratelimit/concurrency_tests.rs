@@ -3,38 +3,62 @@ use std::time::Duration;
 
 use super::*;
 
+/// The agent most tests acquire as.
+const A: AgentKey = AgentKey::Uid(5200);
+
 #[test]
 fn third_acquire_refused_and_drop_frees_a_slot() {
     let caps = ConcurrencyCaps::new();
-    let a = caps.acquire("h", 2).expect("first");
-    let b = caps.acquire("h", 2).expect("second");
+    let a = caps.acquire(A, "h", 2).expect("first");
+    let b = caps.acquire(A, "h", 2).expect("second");
     assert_eq!(b.host(), "h");
-    let e = caps.acquire("h", 2).expect_err("third must be refused");
+    let e = caps.acquire(A, "h", 2).expect_err("third must be refused");
     assert_eq!(
         e,
         AtCapacity {
+            agent: A,
             host: "h".into(),
             max: 2
         }
     );
-    assert!(caps.acquire("other", 2).is_ok()); // caps are per host
+    assert!(caps.acquire(A, "other", 2).is_ok()); // caps are per host
     drop(a);
-    assert_eq!(caps.in_flight("h"), 1);
-    let _c = caps.acquire("h", 2).expect("slot freed by drop");
-    assert!(caps.acquire("h", 2).is_err());
+    assert_eq!(caps.in_flight(A, "h"), 1);
+    let _c = caps.acquire(A, "h", 2).expect("slot freed by drop");
+    assert!(caps.acquire(A, "h", 2).is_err());
     assert_eq!(caps.refusals(), 2);
+}
+
+#[test]
+fn each_agent_has_its_own_cap_on_a_host() {
+    // Agent A fills the cap on `h`; agent B (and an agent of unknown uid) still get slots.
+    let caps = ConcurrencyCaps::new();
+    let b = AgentKey::Uid(5201);
+    let held: Vec<_> = (0..2)
+        .map(|_| caps.acquire(A, "h", 2).expect("slot"))
+        .collect();
+    assert!(caps.acquire(A, "h", 2).is_err());
+    let pb = caps.acquire(b, "h", 2).expect("B is not starved by A");
+    assert_eq!((pb.agent(), pb.host()), (Some(b), "h"));
+    let pu = caps
+        .acquire(AgentKey::Unknown, "h", 2)
+        .expect("unknown agent");
+    assert_eq!((caps.in_flight(A, "h"), caps.in_flight(b, "h")), (2, 1));
+    assert_eq!(caps.len(), 3);
+    drop((held, pb, pu));
+    assert!(caps.is_empty());
 }
 
 #[test]
 fn zero_max_refuses_and_lowered_max_applies_to_new_requests() {
     let caps = ConcurrencyCaps::new();
-    assert!(caps.acquire("h", 0).is_err());
+    assert!(caps.acquire(A, "h", 0).is_err());
     let held: Vec<_> = (0..3)
-        .map(|_| caps.acquire("h", 3).expect("slot"))
+        .map(|_| caps.acquire(A, "h", 3).expect("slot"))
         .collect();
-    assert!(caps.acquire("h", 2).is_err()); // policy lowered max to 2
+    assert!(caps.acquire(A, "h", 2).is_err()); // policy lowered max to 2
     drop(held);
-    assert!(caps.acquire("h", 2).is_ok());
+    assert!(caps.acquire(A, "h", 2).is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -43,36 +67,36 @@ async fn cancelled_future_releases_its_permit() {
     // Cancelled by a timeout: the future, and the permit it owns, are dropped.
     let c = caps.clone();
     let timed = tokio::time::timeout(Duration::from_secs(1), async move {
-        let _permit = c.acquire("h", 1).expect("slot");
+        let _permit = c.acquire(A, "h", 1).expect("slot");
         std::future::pending::<()>().await;
     });
     assert!(timed.await.is_err());
-    assert_eq!(caps.in_flight("h"), 0);
+    assert_eq!(caps.in_flight(A, "h"), 0);
 
     // Cancelled by aborting a spawned task that holds the permit.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let c = caps.clone();
     let task = tokio::spawn(async move {
-        let _permit = c.acquire("h", 1).expect("slot");
+        let _permit = c.acquire(A, "h", 1).expect("slot");
         let _ = tx.send(());
         std::future::pending::<()>().await;
     });
     rx.await.expect("task acquired");
-    assert!(caps.acquire("h", 1).is_err());
+    assert!(caps.acquire(A, "h", 1).is_err());
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
-    assert!(caps.acquire("h", 1).is_ok());
+    assert!(caps.acquire(A, "h", 1).is_ok());
     assert!(caps.is_empty());
 }
 
 #[test]
 fn idle_host_entries_are_removed() {
     let caps = ConcurrencyCaps::new();
-    let held = caps.acquire("keep", 1).expect("slot");
+    let held = caps.acquire(A, "keep", 1).expect("slot");
     for i in 0..10_000 {
         let host = format!("h{i}.example");
-        let p = caps.acquire(&host, 1).expect("slot");
-        assert!(caps.acquire(&host, 1).is_err()); // a refused attempt leaves no entry either
+        let p = caps.acquire(A, &host, 1).expect("slot");
+        assert!(caps.acquire(A, &host, 1).is_err()); // a refused attempt leaves no entry either
         drop(p);
     }
     assert_eq!(caps.len(), 1);
@@ -88,7 +112,7 @@ async fn concurrent_acquires_never_exceed_max() {
         .map(|_| {
             let (caps, hold) = (caps.clone(), hold.clone());
             tokio::spawn(async move {
-                let permit = caps.acquire("h", 10);
+                let permit = caps.acquire(A, "h", 10);
                 let ok = permit.is_ok();
                 hold.wait().await; // every permit is still held while all tasks try
                 ok
@@ -114,7 +138,7 @@ async fn concurrent_churn_leaves_no_entries() {
                 for i in 0..2000 {
                     // Few hosts, so acquires and releases of one entry race constantly.
                     let host = format!("h{}", (i + t) % 4);
-                    let p = caps.acquire(&host, 3);
+                    let p = caps.acquire(A, &host, 3);
                     tokio::task::yield_now().await;
                     drop(p);
                 }
@@ -140,7 +164,7 @@ fn simultaneous_releases_remove_the_entry() {
         for _ in 0..THREADS {
             s.spawn(|| {
                 for round in 0..5000 {
-                    let permit = caps.acquire(&format!("h{round}"), THREADS as u32);
+                    let permit = caps.acquire(A, &format!("h{round}"), THREADS as u32);
                     refused.fetch_add(usize::from(permit.is_err()), Ordering::Relaxed);
                     sync.wait();
                     drop(permit);

@@ -1,4 +1,5 @@
-//! The bucket table: a sharded map of `Arc<Mutex<Bucket>>` plus lossless eviction.
+//! The bucket table: a sharded map of `Arc<Mutex<Bucket>>`, one per (agent, key), plus
+//! lossless eviction.
 //!
 //! Locking: shard locks are held only to look up, insert or sweep (never while taking a
 //! bucket lock, except `try_lock` in the sweep, which cannot block). Bucket locks are taken
@@ -14,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::bucket::{debit_all, Bucket};
-use super::{KeyKind, LimitKey, Limited, RateLimit};
+use super::{AgentKey, KeyKind, LimitKey, Limited, RateLimit};
 
 /// Hard cap on live buckets (each is ~200 bytes plus its key, so ~25 MB at most).
 pub(crate) const DEFAULT_MAX_BUCKETS: usize = 100_000;
@@ -30,12 +31,14 @@ const SHARDS: usize = 32;
 const NEVER_SWEPT: u64 = u64::MAX;
 
 type Slot = Arc<Mutex<Bucket>>;
-type Shard = RwLock<HashMap<LimitKey, Slot>>;
+/// A bucket belongs to one agent: every agent has its own bucket for each key.
+type BucketKey = (AgentKey, LimitKey);
+type Shard = RwLock<HashMap<BucketKey, Slot>>;
 
 /// Token-bucket rate limiter. Share it behind an `Arc`; all methods are synchronous.
 pub(crate) struct Limiter {
     shards: Box<[Shard]>,
-    /// Keyed SipHash: host names come from the agent, so shard choice must not be steerable.
+    /// Keyed SipHash, so shard choice is not steerable.
     hasher: RandomState,
     max_buckets: usize,
     idle_ttl: Duration,
@@ -112,10 +115,15 @@ impl Limiter {
         }
     }
 
-    /// Take one token from every listed bucket, or from none. Buckets are created full on
-    /// first use; a changed config is adopted (clamped, no free refill). A key listed twice
-    /// is debited once, with its first listed config.
-    pub(crate) fn check(&self, keys: &[(LimitKey, RateLimit)]) -> Result<(), Limited> {
+    /// Take one token from every listed bucket of `agent`, or from none. Buckets are created
+    /// full on first use; a changed config is adopted (clamped, no free refill). A key listed
+    /// twice is debited once, with its first listed config. Other agents' buckets are never
+    /// touched.
+    pub(crate) fn check(
+        &self,
+        agent: AgentKey,
+        keys: &[(LimitKey, RateLimit)],
+    ) -> Result<(), Limited> {
         // Sorting fixes the global lock order; dedup avoids locking one mutex twice.
         let mut wanted: Vec<&(LimitKey, RateLimit)> = keys.iter().collect();
         wanted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -123,7 +131,7 @@ impl Limiter {
 
         let mut slots = Vec::with_capacity(wanted.len());
         for (key, cfg) in wanted.iter().copied() {
-            match self.slot(key, *cfg) {
+            match self.slot(&(agent, key.clone()), *cfg) {
                 Some(slot) => slots.push(slot),
                 None => return Err(self.refuse(key, TABLE_FULL_RETRY, true)),
             }
@@ -177,13 +185,13 @@ impl Limiter {
         }
     }
 
-    fn shard(&self, key: &LimitKey) -> &Shard {
+    fn shard(&self, key: &BucketKey) -> &Shard {
         let i = self.hasher.hash_one(key) as usize % SHARDS;
         &self.shards[i]
     }
 
     /// The bucket for `key`, created full if missing; `None` if the table is full.
-    fn slot(&self, key: &LimitKey, cfg: RateLimit) -> Option<Slot> {
+    fn slot(&self, key: &BucketKey, cfg: RateLimit) -> Option<Slot> {
         let shard = self.shard(key);
         if let Some(slot) = read(shard).get(key) {
             return Some(Arc::clone(slot));
@@ -268,8 +276,9 @@ impl Limiter {
     }
 
     #[cfg(test)]
-    pub(super) fn tokens(&self, key: &LimitKey) -> Option<f64> {
-        let slot = read(self.shard(key)).get(key).map(Arc::clone)?;
+    pub(super) fn tokens(&self, agent: AgentKey, key: &LimitKey) -> Option<f64> {
+        let key = (agent, key.clone());
+        let slot = read(self.shard(&key)).get(&key).map(Arc::clone)?;
         let mut b = lock(&slot);
         b.refill(Instant::now());
         Some(b.tokens())

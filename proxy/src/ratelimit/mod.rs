@@ -1,12 +1,25 @@
-//! Rate limits (token buckets) and per-host concurrency caps.
+//! Rate limits (token buckets) and per-host concurrency caps, each kept per agent.
+//!
+//! # Per agent
+//! Every bucket and every cap belongs to one [`AgentKey`] (the local uid that opened the
+//! connection), so an agent that drains a rule's bucket or fills its concurrency cap leaves
+//! every other agent's untouched (DESIGN.md: one agent cannot starve another). A rule's
+//! `rate` and `max_concurrent`, and a secret's `rate`, are therefore budgets *per agent*:
+//! with N agents an upstream may see up to N times the rate. There is deliberately no
+//! machine-wide ceiling on top: a shared ceiling is exactly the budget one agent could drain
+//! for all (a fleet-wide count is a job for a shared counter, see DESIGN.md "Beyond one
+//! machine"). Connections whose owner the OS cannot tell all share the one
+//! [`AgentKey::Unknown`] budget, so nobody can mint fresh budgets per address or connection.
+//! Memory stays bounded without it: keys are (agent, rule or secret name from the policy),
+//! agents are local uids, and the table cap below still holds.
 //!
 //! # Token buckets
 //! A bucket holds at most `burst` tokens, starts full, and refills continuously at
 //! `requests / per`. Arithmetic is exact integer fixed point (see `bucket.rs`), so refill
 //! never drifts and a `retry_after` is never a nanosecond too early.
 //!
-//! [`Limiter::check`] debits one token from every listed bucket or from none: the buckets
-//! are locked in ascending [`LimitKey`] order (a total order, so no deadlock), decided on,
+//! [`Limiter::check`] debits one token from every listed bucket of one agent or from none:
+//! the buckets are locked in ascending [`LimitKey`] order (a total order, so no deadlock), decided on,
 //! and released. No lock is held across an `.await` (everything here is synchronous).
 //!
 //! # Memory bound (why not moka)
@@ -21,8 +34,8 @@
 //!   (at most once a second, so a flood of new hosts cannot make each call O(n)); if the
 //!   table is still full, requests needing a *new* bucket are refused (fail closed).
 //!
-//! Concurrency caps need no sweep: a host's entry is removed as soon as its last in-flight
-//! permit (or failed attempt) goes away, so memory is O(hosts with requests in flight).
+//! Concurrency caps need no sweep: an (agent, host) entry is removed as soon as its last
+//! in-flight permit (or failed attempt) goes away, so memory is O(requests in flight).
 
 mod bucket;
 mod concurrency;
@@ -47,7 +60,31 @@ pub(crate) struct RateLimit {
     pub burst: u32,
 }
 
-/// Scope of a bucket. Keys compare byte-exact: callers pass normalised host names.
+/// Whose budget a request spends: the local uid that opened its connection, or, when the OS
+/// could not tell, the one budget every such connection shares (keying those by address or
+/// by connection would let whoever controls them mint fresh budgets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum AgentKey {
+    Uid(u32),
+    Unknown,
+}
+
+impl AgentKey {
+    pub(crate) fn of(uid: Option<u32>) -> AgentKey {
+        uid.map_or(AgentKey::Unknown, AgentKey::Uid)
+    }
+}
+
+impl fmt::Display for AgentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AgentKey::Uid(uid) => write!(f, "uid {uid}"),
+            AgentKey::Unknown => f.write_str("an agent of unknown uid"),
+        }
+    }
+}
+
+/// Scope of a bucket within one agent's budgets. Keys compare byte-exact.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum LimitKey {
     Rule(Arc<str>),
@@ -100,10 +137,11 @@ impl Limited {
     }
 }
 
-/// The host already has `max` requests in flight.
+/// The agent already has `max` requests in flight to the host.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("host {host} already has {max} requests in flight")]
+#[error("{agent} already has {max} requests in flight to {host}")]
 pub(crate) struct AtCapacity {
+    pub agent: AgentKey,
     pub host: String,
     pub max: u32,
 }

@@ -3,6 +3,7 @@
 
 mod ca;
 pub(crate) mod client;
+mod escape;
 mod output;
 mod render;
 mod secrets;
@@ -105,10 +106,17 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
                 "/v1/pending/{id}/approve{}",
                 if remember { "?remember=1" } else { "" }
             );
-            answer(&client, &path, json, "approved").await
+            answer(&client, &path, json, "approved", remember).await
         }
         CtlCommand::Pending(PendingCommand::Deny { id }) => {
-            answer(&client, &format!("/v1/pending/{id}/deny"), json, "denied").await
+            answer(
+                &client,
+                &format!("/v1/pending/{id}/deny"),
+                json,
+                "denied",
+                false,
+            )
+            .await
         }
         CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
         CtlCommand::Ca(cmd) => ca::run(cfg, cmd, json),
@@ -145,7 +153,7 @@ pub(crate) fn print(
     if json {
         output::line(&serde_json::to_string_pretty(v).unwrap_or_default());
     } else {
-        output::line(&human(v));
+        output::line(&escape::render_safely(v, human));
     }
     OK
 }
@@ -162,16 +170,22 @@ async fn get(
     }
 }
 
-async fn answer(client: &Client, path: &str, json: bool, verb: &str) -> u8 {
+async fn answer(client: &Client, path: &str, json: bool, verb: &str, remember: bool) -> u8 {
     match client.json(Method::POST, path, None).await {
         Ok(v) => print(&v, json, |v| {
             format!(
-                "{verb} {}: {} {}:{}{}",
+                "{verb} {}: {} {}:{}{} (agent {}{})",
                 v["id"].as_str().unwrap_or("?"),
                 v["method"].as_str().unwrap_or(""),
                 v["host"].as_str().unwrap_or(""),
                 v["port"],
-                v["path"].as_str().unwrap_or("")
+                v["path"].as_str().unwrap_or(""),
+                render::agent(&v["agent_uid"]),
+                if remember {
+                    "; later requests of this agent with this method and path pass"
+                } else {
+                    ""
+                }
             )
         }),
         Err(e) => fail(e),
@@ -423,7 +437,7 @@ async fn tail(
                 String::from_utf8_lossy(&line).trim_end().to_string()
             } else {
                 serde_json::from_slice(&line)
-                    .map(|v| render::event(&v))
+                    .map(|v| escape::render_safely(&v, render::event))
                     .unwrap_or_default()
             };
             if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {

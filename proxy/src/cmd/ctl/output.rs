@@ -77,10 +77,12 @@ pub(crate) fn error(code: ErrorCode, message: &str) -> u8 {
 /// `error` with the file, line and column it is about.
 pub(crate) fn error_at(code: ErrorCode, message: &str, at: &Place) -> u8 {
     let mut err = std::io::stderr().lock();
+    // What the daemon said may carry terminal controls; the JSON below stays exact.
+    let shown = super::escape::escape_lines(message);
     if message.starts_with('/') || at.file.is_some() {
-        let _ = writeln!(err, "{message}");
+        let _ = writeln!(err, "{shown}");
     } else {
-        let _ = writeln!(err, "agenshield: {message}");
+        let _ = writeln!(err, "agenshield: {shown}");
     }
     if JSON.load(Ordering::Relaxed) {
         let mut e = serde_json::json!({ "code": code.as_str(), "message": message });

@@ -1,4 +1,7 @@
 //! Human output for `ctl`: aligned, one fact per line, nothing the JSON does not also say.
+//! Every renderer here is called through `escape::render_safely` (by `print` and `tail`): it
+//! reads a value whose strings are escaped and what it returns is escaped again, so a path,
+//! a host or an error from the daemon can never drive the operator's terminal.
 
 use serde_json::Value;
 
@@ -233,20 +236,28 @@ pub(super) fn check(v: &Value) -> String {
     out.join("\n")
 }
 
+/// Whose request it was: the agent's uid, or `-` when the OS could not tell.
+pub(super) fn agent(uid: &Value) -> String {
+    uid.as_u64().map_or_else(|| "-".into(), |u| u.to_string())
+}
+
+/// The requests `ask` rules hold: who asks (agent uid), what (method, host, port, path) and
+/// under which rule, so the operator approves knowing all that `--remember` would cover.
 pub(super) fn pending(v: &Value) -> String {
     let Some(items) = v.as_array().filter(|a| !a.is_empty()) else {
         return "no requests are waiting for approval".into();
     };
     let mut out = vec![format!(
-        "{:<6} {:<20} {:<7} {:<40} {}",
-        "ID", "SINCE", "METHOD", "DESTINATION", "RULE"
+        "{:<6} {:<20} {:<7} {:<7} {:<40} {}",
+        "ID", "SINCE", "AGENT", "METHOD", "DESTINATION", "RULE"
     )];
     for p in items {
         let since = s(&p["since"]);
         out.push(format!(
-            "{:<6} {:<20} {:<7} {:<40} {}",
+            "{:<6} {:<20} {:<7} {:<7} {:<40} {}",
             s(&p["id"]),
             since.get(..19).unwrap_or(since),
+            agent(&p["agent_uid"]),
             s(&p["method"]),
             format!("{}:{}{}", s(&p["host"]), p["port"], s(&p["path"])),
             s(&p["rule_id"])
@@ -381,3 +392,7 @@ pub(super) fn secrets(v: &Value) -> String {
     out.push(format!("store: {}", s(&v["store"])));
     out.join("\n")
 }
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod tests;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use super::escape::escape;
 use super::{output, Config, OK};
 
 /// More distinct path patterns than this for one host become `/**`.
@@ -246,7 +247,7 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
             let counts: Vec<String> = seen
                 .methods
                 .iter()
-                .map(|(m, n)| format!("{m} {n}"))
+                .map(|(m, n)| format!("{} {n}", escape(m)))
                 .collect();
             let _ = writeln!(out, "methods = [{}]   # {}", list(m), counts.join(", "));
         }
@@ -259,8 +260,11 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
                 );
             } else {
                 let p = seen.paths.keys().map(|p| quoted(p)).collect();
-                let counts: Vec<String> =
-                    seen.paths.iter().map(|(p, n)| format!("{p} {n}")).collect();
+                let counts: Vec<String> = seen
+                    .paths
+                    .iter()
+                    .map(|(p, n)| format!("{} {n}", escape(p)))
+                    .collect();
                 let _ = writeln!(out, "paths = [{}]   # {}", list(p), counts.join(", "));
             }
         }

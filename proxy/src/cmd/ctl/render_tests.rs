@@ -1,0 +1,152 @@
+//! Human output through `render_safely`, as `print` and `tail` show it: whatever the daemon
+//! sends, nothing a terminal acts on or reorders by reaches it raw, and a field stays on its
+//! line.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::cmd::ctl::escape::render_safely;
+
+/// What an attacker would put in a path, a host, a name or an error: a bidi override,
+/// CSI by ESC and by C1, an OSC title change, a line break and an isolate.
+const EVIL: &str = "\u{202e}gpj.exe\x1b[2J\u{9b}31m\x1b]0;owned\x07\nFAKE LINE\u{2066}";
+const EVIL_SHOWN: &str = "\\u{202e}gpj.exe\\x1b[2J\\x9b31m\\x1b]0;owned\\x07\\nFAKE LINE\\u{2066}";
+
+fn assert_inert(out: &str) {
+    for c in out.chars() {
+        let raw = c != '\n'
+            && (c.is_control()
+                || matches!(
+                    unicode_general_category::get_general_category(c),
+                    unicode_general_category::GeneralCategory::Format
+                ));
+        assert!(!raw, "raw {:?} in {out:?}", c);
+    }
+    assert!(!out.lines().any(|l| l.starts_with("FAKE LINE")), "{out}");
+}
+
+#[test]
+fn tail_escapes_path_host_sni_rule_and_agent_fields() {
+    let request = json!({
+        "kind": "request", "started": "2026-01-02T03:04:05.678Z", "protocol": "https",
+        "host": format!("api{EVIL}.test"), "port": 443, "method": "GET",
+        "path": format!("/files/{EVIL}"), "status": 403, "decision": "deny",
+        "rule": format!("rule{EVIL}"), "error_code": "policy_denied",
+        "secrets": [format!("tok{EVIL}")], "agent_uid": 5200,
+    });
+    let out = render_safely(&request, event);
+    assert_inert(&out);
+    assert!(out.contains(&format!("/files/{EVIL_SHOWN}")), "{out}");
+    assert!(out.contains(&format!("rule=rule{EVIL_SHOWN}")), "{out}");
+    assert!(out.contains("agent=5200"), "{out}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+
+    let tls = json!({
+        "kind": "connection", "started": "2026-01-02T03:04:05.678Z", "protocol": "https",
+        "host": "10.0.0.1", "port": 443, "decision": "deny",
+        "error_code": "client_rejected_ca", "sni": format!("x{EVIL}"),
+    });
+    let out = render_safely(&tls, event);
+    assert_inert(&out);
+    assert!(out.contains(&format!("x{EVIL_SHOWN}")), "{out}");
+}
+
+#[test]
+fn pending_list_shows_agent_method_and_path_escaped() {
+    let v = json!([
+        {"id": "p1", "since": "2026-01-02T03:04:05Z", "agent_uid": 5200, "client": "127.0.0.1:5",
+         "method": "POST", "host": "api.test", "port": 443, "path": "/repos/x", "rule_id": "ask"},
+        {"id": "p2", "since": "2026-01-02T03:04:06Z", "agent_uid": null, "client": "127.0.0.1:6",
+         "method": "GET", "host": "api.test", "port": 443, "path": format!("/{EVIL}"),
+         "rule_id": "ask"},
+    ]);
+    let out = render_safely(&v, pending);
+    assert_inert(&out);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        cols(lines[0]),
+        ["ID", "SINCE", "AGENT", "METHOD", "DESTINATION", "RULE"]
+    );
+    assert_eq!(
+        cols(lines[1]),
+        [
+            "p1",
+            "2026-01-02T03:04:05",
+            "5200",
+            "POST",
+            "api.test:443/repos/x",
+            "ask"
+        ]
+    );
+    assert!(lines[2].starts_with("p2"), "{out}");
+    assert_eq!(cols(lines[2])[2], "-", "no uid is shown as -: {out}");
+    assert!(
+        lines[2].contains(&format!("api.test:443/{EVIL_SHOWN}")),
+        "{out}"
+    );
+}
+
+#[test]
+fn secrets_list_escapes_names_sources_and_stored_fetch_errors() {
+    let v = json!({
+        "store": "/vault",
+        "secrets": [{
+            "name": "api", "kind": "command", "rules": [format!("r{EVIL}")],
+            "updated": "2026-01-02T03:04:05Z", "uses": 1,
+            "source": format!("/usr/bin/fetch{EVIL}"),
+            "error": format!("exit 1: {EVIL}"),
+        }],
+    });
+    let out = render_safely(&v, secrets);
+    assert_inert(&out);
+    assert!(
+        out.contains(&format!("api: the last fetch failed: exit 1: {EVIL_SHOWN}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("fetched from /usr/bin/fetch{EVIL_SHOWN}")),
+        "{out}"
+    );
+}
+
+#[test]
+fn status_policy_and_check_escape_daemon_text() {
+    let status_v = json!({
+        "version": "1", "pid": 1, "uptime_secs": 5,
+        "policy": {"hash": "h", "rules": 1, "mode": "enforce", "dir": format!("/p{EVIL}"),
+                   "loaded_at": "t", "last_error": {"at": "t", "message": EVIL},
+                   "watch": {"active": false, "error": EVIL}},
+        "listeners": {"transparent": [], "explicit": "e", "admin": "a"},
+        "firewall": {"enabled": false}, "ca": {"path": "c", "sha256": "s"},
+        "audit": {"path": "a", "seq": 1, "hash": "h", "problem": EVIL},
+        "counts": {}, "tunnels": 0, "pending": 0,
+    });
+    let policy_v = json!({
+        "dir": "/p", "hash": "h", "rules": 1, "mode": "enforce", "loaded_at": "t",
+        "rule_list": [{"id": format!("r{EVIL}"), "action": "allow", "priority": 0,
+                       "summary": EVIL}],
+    });
+    let check_v = json!({
+        "method": "GET", "scheme": "https", "host": "h", "port": 443, "path": format!("/{EVIL}"),
+        "decision": "deny", "rule_id": EVIL, "explanation": EVIL, "policy_hash": "h",
+        "obligations": {"rate": EVIL},
+    });
+    for (v, render) in [
+        (status_v, status as fn(&Value) -> String),
+        (policy_v, policy),
+        (check_v, check),
+    ] {
+        let out = render_safely(&v, render);
+        assert_inert(&out);
+        assert!(out.contains(EVIL_SHOWN), "{out}");
+    }
+}
+
+#[test]
+fn plain_output_is_unchanged() {
+    let v = json!([{"id": "p1", "since": "2026-01-02T03:04:05Z", "agent_uid": 5200,
+        "method": "GET", "host": "café.test", "port": 443, "path": "/日本", "rule_id": "ask"}]);
+    assert_eq!(render_safely(&v, pending), pending(&v));
+}
