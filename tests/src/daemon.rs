@@ -52,6 +52,8 @@ pub struct DaemonOptions {
     /// Runs the whole daemon as another user (root tests): its state directory is given to
     /// `uid` and `prefix` (a `setpriv …` command) starts it.
     pub run_as: Option<RunAs>,
+    /// `[audit]` lines, e.g. `max_bytes = 65536`.
+    pub audit: Vec<String>,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -489,6 +491,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
             .map(|(_, a)| format!("\"{a}\""))
             .collect();
         let _ = writeln!(c, "{name:?} = [{}]", addrs.join(", "));
+    }
+    if !opts.audit.is_empty() {
+        let _ = writeln!(c, "[audit]\n{}\n", opts.audit.join("\n"));
     }
     let _ = writeln!(c, "\n[limits]");
     for l in &opts.limits {
