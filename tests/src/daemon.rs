@@ -496,7 +496,10 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     // Every refusal in full unless a test asks for the window: most tests pin one record per
     // refusal; `edges_linux` tests the counting (the shipped default is 10 s).
     let mut audit = opts.audit.clone();
-    if !audit.iter().any(|l| l.trim_start().starts_with("refusal_window")) {
+    if !audit
+        .iter()
+        .any(|l| l.trim_start().starts_with("refusal_window"))
+    {
         audit.push("refusal_window = \"0s\"".into());
     }
     let _ = writeln!(c, "[audit]\n{}\n", audit.join("\n"));

@@ -65,10 +65,7 @@ pub(super) fn newest_record(path: &Path) -> io::Result<Option<SystemTime>> {
     file.seek(SeekFrom::Start(from))?;
     let mut tail = Vec::new();
     file.take(len - from).read_to_end(&mut tail)?;
-    let last = tail
-        .split(|b| *b == b'\n')
-        .rev()
-        .find_map(|line| record_time(line));
+    let last = tail.split(|b| *b == b'\n').rev().find_map(record_time);
     Ok(Some(last.map_or(mtime, |t| t.max(mtime))))
 }
 
