@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -51,14 +52,26 @@ pub(super) fn held_until(
     (now < until).then_some(until)
 }
 
-/// When the newest record of the file at `path` was written; `None` if there is no file.
+/// When the newest record of the file at `path` was written; `None` if there is no file,
+/// or something else than a regular file (which holds no record; the rotation unlinks it).
+/// Opened as the rotation opens it: never through a link, never blocking (a FIFO planted
+/// there must not hold the writer role).
 pub(super) fn newest_record(path: &Path) -> io::Result<Option<SystemTime>> {
-    let mut file = match File::open(path) {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path);
+    let mut file = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        // O_NOFOLLOW on a link.
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(None),
         Err(e) => return Err(e),
     };
     let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
     let mtime = meta.modified()?;
     let len = meta.len();
     let from = len.saturating_sub(TAIL);
@@ -125,6 +138,13 @@ mod tests {
             .expect("mtime");
         assert!(held_until(&path, 1, DAY, now).is_some());
         assert_eq!(held_until(&path, 1, Duration::ZERO, now), None, "off");
+        // A FIFO or a link where the oldest file goes holds nothing (and does not block).
+        std::fs::remove_file(rotated(&path, 1)).expect("rm");
+        nix::unistd::mkfifo(&rotated(&path, 1), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        assert_eq!(held_until(&path, 1, DAY, now), None);
+        std::fs::remove_file(rotated(&path, 1)).expect("rm");
+        std::os::unix::fs::symlink(dir.path(), rotated(&path, 1)).expect("symlink");
+        assert_eq!(held_until(&path, 1, DAY, now), None);
         // Keeping none: the live file is the one deleted.
         std::fs::write(&path, "live\n").expect("live");
         assert!(held_until(&path, 0, DAY, now).is_some());
