@@ -8,7 +8,6 @@
 //! A file's newest record is the later of its last line's `time` and the file's mtime (the
 //! last write to it), so neither a line cut short nor a clock step makes it look older.
 
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -97,6 +96,8 @@ fn record_time(line: &[u8]) -> Option<SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
 
     const DAY: Duration = Duration::from_secs(24 * 3600);
