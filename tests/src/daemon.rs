@@ -52,6 +52,9 @@ pub struct DaemonOptions {
     /// Runs the whole daemon as another user (root tests): its state directory is given to
     /// `uid` and `prefix` (a `setpriv …` command) starts it.
     pub run_as: Option<RunAs>,
+    /// `[audit]` lines, e.g. `max_bytes = 65536`. Without a `refusal_window` line, `"0s"`:
+    /// every refusal is recorded in full.
+    pub audit: Vec<String>,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -490,6 +493,16 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
             .collect();
         let _ = writeln!(c, "{name:?} = [{}]", addrs.join(", "));
     }
+    // Every refusal in full unless a test asks for the window: most tests pin one record per
+    // refusal; `edges_linux` tests the counting (the shipped default is 10 s).
+    let mut audit = opts.audit.clone();
+    if !audit
+        .iter()
+        .any(|l| l.trim_start().starts_with("refusal_window"))
+    {
+        audit.push("refusal_window = \"0s\"".into());
+    }
+    let _ = writeln!(c, "[audit]\n{}\n", audit.join("\n"));
     let _ = writeln!(c, "\n[limits]");
     for l in &opts.limits {
         let _ = writeln!(c, "{l}");

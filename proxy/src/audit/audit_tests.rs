@@ -14,7 +14,7 @@ use crate::pipeline::record::{End, Protocol, Record, RecordKind, RequestId, Verd
 use crate::pipeline::refusal::ErrorCode;
 
 /// An intercepted HTTPS request, as the pipeline records it.
-fn request_record(n: u64, decision: Verdict) -> Record {
+pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
     let allowed = decision.is_allowed();
     Record {
         kind: RecordKind::Request,
@@ -50,7 +50,7 @@ fn request_record(n: u64, decision: Verdict) -> Record {
     }
 }
 
-fn request(n: u64, decision: &'static str) -> Entry {
+pub(super) fn request(n: u64, decision: &'static str) -> Entry {
     let v = Verdict::parse(decision).expect("a verdict");
     Entry::Record(Box::new(request_record(n, v)))
 }
@@ -67,7 +67,7 @@ fn the_record_format_matches_the_golden_file() {
         GENESIS,
     );
     // A raw TCP connection refused, one allowed and its close, a client that rejected our
-    // CA, an upgrade, and a reload after three dropped records.
+    // CA, an upgrade, a reload after three dropped records, and the refusal repeated.
     let tcp = Record {
         kind: RecordKind::Connection,
         protocol: Protocol::Tcp,
@@ -149,12 +149,36 @@ fn the_record_format_matches_the_golden_file() {
         rules: None,
         error: Some("policies/main.toml:3: unknown key \"hots\"".into()),
     });
-    encode(
+    let prev = encode(
         &mut buf,
         8,
         "2026-11-23T10:00:02.000Z",
         3,
         &Fields::of(&reload),
+        &prev,
+    );
+    // 41 more refusals like the raw TCP one (seq 2) from its agent, within its window.
+    let repeated = Entry::Repeated(Box::new(super::repeats::RepeatedEntry {
+        of: RequestId::fixed(2),
+        of_kind: RecordKind::Connection,
+        protocol: Protocol::Tcp,
+        listener: ListenerKind::Transparent,
+        agent_uid: Some(1001),
+        decision: Verdict::Deny,
+        rule: Some("no-smtp".into()),
+        policy: "sha256:3f2a9c1d0b7e4a51".into(),
+        error_code: ErrorCode::PolicyDenied,
+        count: 41,
+        first: "2026-11-23T10:00:00.100Z".into(),
+        last: "2026-11-23T10:00:09.900Z".into(),
+        hosts: vec!["198.51.100.9".into(), "198.51.100.10".into()],
+    }));
+    encode(
+        &mut buf,
+        9,
+        "2026-11-23T10:00:10.000Z",
+        0,
+        &Fields::of(&repeated),
         &prev,
     );
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/audit-records.jsonl");
@@ -195,10 +219,14 @@ fn query_values_are_redacted_names_kept() {
     assert_eq!(shown_path("/a", None, false), "/a");
 }
 
-fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
+/// Rotation with no retention guard and every refusal written in full (the tests of those
+/// set them).
+pub(super) fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
     AuditConfig {
         max_bytes,
         keep,
+        retention: std::time::Duration::ZERO,
+        refusal_window: std::time::Duration::ZERO,
         ..AuditConfig::default()
     }
 }

@@ -1,6 +1,7 @@
-//! Whether the audit log can take records now: its last write did not fail, and its file
+//! Whether the audit log can take records now: its last write did not fail, its file
 //! system has room for at least [`RESERVE`] bytes more (an eighth of a file system smaller
-//! than 8 MiB, so a small one can be seen to have room again). While it cannot, the pipeline refuses
+//! than 8 MiB, so a small one can be seen to have room again), and its rotation is not held
+//! back by the minimum retention (`retention.rs`). While it cannot, the pipeline refuses
 //! new requests and tunnels (`503 audit_unavailable`) before anything reaches an upstream, so
 //! no side effect happens unrecorded; the refusals' own records are still attempted, and the
 //! first that is written (or the room coming back) ends the refusals.
@@ -20,15 +21,20 @@ pub(crate) struct Health {
     dir: PathBuf,
     write_failed: AtomicBool,
     low_space: AtomicBool,
+    /// Rotating would delete records younger than `audit.retention`.
+    retention_held: AtomicBool,
     /// Why, for `ctl status` and the refusal's message.
     why: Mutex<Option<String>>,
     /// `agenshield_proxy_audit_ready`.
     gauge: IntGauge,
+    /// `agenshield_proxy_audit_retention_blocked`: the alarm.
+    retention_gauge: IntGauge,
 }
 
 impl Health {
-    pub(crate) fn new(log: &Path, gauge: IntGauge) -> Health {
+    pub(crate) fn new(log: &Path, gauge: IntGauge, retention_gauge: IntGauge) -> Health {
         gauge.set(1);
+        retention_gauge.set(0);
         Health {
             dir: log
                 .parent()
@@ -37,14 +43,19 @@ impl Health {
                 .to_path_buf(),
             write_failed: AtomicBool::new(false),
             low_space: AtomicBool::new(false),
+            retention_held: AtomicBool::new(false),
             why: Mutex::new(None),
             gauge,
+            retention_gauge,
         }
     }
 
     /// `Err(why)` while the log cannot take records.
     pub(crate) fn ready(&self) -> Result<(), String> {
-        if !self.write_failed.load(Ordering::Relaxed) && !self.low_space.load(Ordering::Relaxed) {
+        if !self.write_failed.load(Ordering::Relaxed)
+            && !self.low_space.load(Ordering::Relaxed)
+            && !self.retention_held.load(Ordering::Relaxed)
+        {
             return Ok(());
         }
         Err(self
@@ -67,6 +78,25 @@ impl Health {
                 Ok(()) => self.turned(true, "the audit log is written again".into()),
             }
         }
+    }
+
+    /// Rotation is held back by the retention (`Some(why)`), or no longer (`None`).
+    pub(crate) fn retention(&self, held: Option<String>) {
+        let now = held.is_some();
+        if self.retention_held.swap(now, Ordering::Relaxed) != now {
+            self.retention_gauge.set(i64::from(now));
+            match held {
+                Some(why) => self.turned(false, why),
+                None => self.turned(
+                    true,
+                    "the audit log rotates again (its oldest file may go)".into(),
+                ),
+            }
+        }
+    }
+
+    pub(crate) fn retention_blocked(&self) -> bool {
+        self.retention_held.load(Ordering::Relaxed)
     }
 
     /// Measures the free space where the log lives (the ticker calls this).

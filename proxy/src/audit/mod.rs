@@ -8,10 +8,15 @@
 //! the file is fsynced within 100 ms of a write and on stop (the window for a power loss).
 //! A full queue never drops a refusal (its request waits); an allowed request's record may
 //! be dropped then, which is counted and written into the next record (`dropped_before`).
+//! One agent's repeated refusals are counted over a window and written as one record
+//! (`repeats.rs`); rotation never deletes a file younger than `audit.retention`: requests are
+//! refused instead (`retention.rs`).
 
 pub(crate) mod chain;
 mod health;
 pub(crate) mod record;
+mod repeats;
+mod retention;
 mod rotation;
 pub(crate) mod verify;
 mod writer;
@@ -24,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use health::Health;
 pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult};
+use repeats::{Noted, Repeats};
 pub(crate) use writer::Head;
 use writer::{Msg, Writer};
 
@@ -47,6 +53,8 @@ pub(crate) struct Audit {
     metrics: Arc<Metrics>,
     path: std::path::PathBuf,
     health: Arc<Health>,
+    /// Refusals counted over their window instead of written one by one.
+    repeats: Repeats,
 }
 
 impl Audit {
@@ -58,12 +66,19 @@ impl Audit {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Arc<Audit>> {
         let dropped = Arc::new(AtomicU64::new(0));
-        let health = Arc::new(Health::new(path, metrics.audit_ready.clone()));
+        let health = Arc::new(Health::new(
+            path,
+            metrics.audit_ready.clone(),
+            metrics.audit_retention_blocked.clone(),
+        ));
         health.check_space();
         let writer = Writer::open(
             path,
-            cfg.max_bytes,
-            cfg.keep,
+            writer::Rotation {
+                max_bytes: cfg.max_bytes,
+                keep: cfg.keep,
+                retention: cfg.retention,
+            },
             dropped.clone(),
             metrics.clone(),
             health.clone(),
@@ -81,6 +96,7 @@ impl Audit {
             metrics,
             path: path.to_path_buf(),
             health,
+            repeats: Repeats::new(cfg.refusal_window),
         });
         let weak = Arc::downgrade(&audit);
         tokio::spawn(async move {
@@ -89,8 +105,12 @@ impl Audit {
             loop {
                 tick.tick().await;
                 let Some(audit) = weak.upgrade() else { return };
+                for e in audit.repeats.due(tokio::time::Instant::now()) {
+                    drop(audit.enqueue(Entry::Repeated(Box::new(e))));
+                }
                 audit.drive();
                 audit.sync_if_due();
+                audit.recheck_retention();
                 audit.health.check_space();
             }
         });
@@ -146,6 +166,20 @@ impl Audit {
         }
     }
 
+    /// While rotation is held back by the retention, looks again whether it may go on (the
+    /// oldest file aged, or was archived away), at most once a second.
+    fn recheck_retention(&self) {
+        if !self.health.retention_blocked() {
+            return;
+        }
+        let mut core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::WouldBlock) => return,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        core.writer.recheck_retention();
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
@@ -186,7 +220,35 @@ impl Audit {
     /// ticker. `None`: dropped (an
     /// allowed request's record and a full queue, counted) or the writer is gone. A record
     /// that must be kept and finds the queue full is handed to a task that waits for room.
+    ///
+    /// A refusal that repeats one recorded within `audit.refusal_window` is counted instead
+    /// (`repeats.rs`): it resolves at once, and its count is written when the window closes.
     pub(crate) fn submit(self: &Arc<Self>, entry: Entry) -> Option<oneshot::Receiver<()>> {
+        match &entry {
+            Entry::Record(r) => match self.repeats.note(r, tokio::time::Instant::now()) {
+                Noted::Counted => {
+                    let (ack, counted) = oneshot::channel();
+                    let _ = ack.send(());
+                    return Some(counted);
+                }
+                Noted::Write(Some(closed)) => {
+                    drop(self.enqueue(Entry::Repeated(Box::new(closed))));
+                }
+                Noted::Write(None) => {}
+            },
+            // Nothing counted is lost: every open window is written before the stop record.
+            Entry::Stop(_) => {
+                for e in self.repeats.drain() {
+                    drop(self.enqueue(Entry::Repeated(Box::new(e))));
+                }
+            }
+            _ => {}
+        }
+        self.enqueue(entry)
+    }
+
+    /// Queues `entry` (see [`Audit::submit`]).
+    fn enqueue(self: &Arc<Self>, entry: Entry) -> Option<oneshot::Receiver<()>> {
         let (ack, written) = oneshot::channel();
         let keep = entry.must_keep();
         let msg = Msg::Entry {

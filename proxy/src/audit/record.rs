@@ -4,6 +4,7 @@
 
 use serde::{Serialize, Serializer};
 
+use super::repeats::RepeatedEntry;
 use crate::pipeline::record::{Record, RecordKind};
 
 /// One line of the audit log, before the writer seals it: a decision's [`Record`] (which
@@ -11,6 +12,8 @@ use crate::pipeline::record::{Record, RecordKind};
 #[derive(Debug, Clone)]
 pub(crate) enum Entry {
     Record(Box<Record>),
+    /// Refusals like one recorded in full, counted over a window (`repeats.rs`).
+    Repeated(Box<RepeatedEntry>),
     Reload(ReloadEntry),
     Start(LifecycleEntry),
     Stop(LifecycleEntry),
@@ -45,6 +48,11 @@ impl Serialize for Entry {
         }
         match self {
             Entry::Record(r) => r.serialize(s),
+            Entry::Repeated(e) => Tagged {
+                kind: "repeated",
+                entry: e.as_ref(),
+            }
+            .serialize(s),
             Entry::Reload(e) => Tagged {
                 kind: "reload",
                 entry: e,

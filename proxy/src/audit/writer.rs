@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use super::chain::{seal_from, unseal, GENESIS};
 use super::health::Health;
 use super::record::Fields;
+use super::retention;
 use super::rotation::{self, rotated, Leftover, Running};
 use crate::control::metrics::Metrics;
 
@@ -47,6 +48,20 @@ pub(crate) enum Msg {
     Sync(oneshot::Sender<()>),
 }
 
+/// When the live file is rotated, and what may be deleted then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rotation {
+    /// The live file is rotated once it would grow past this.
+    pub max_bytes: u64,
+    /// Rotated files kept.
+    pub keep: u32,
+    /// No file holding a record younger than this is deleted (`retention.rs`).
+    pub retention: Duration,
+}
+
+/// How often a rotation held back by the retention looks again.
+const RETENTION_RECHECK: Duration = Duration::from_secs(1);
+
 /// Where the chain stands: the last record's sequence number and hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Head {
@@ -58,8 +73,9 @@ pub(crate) struct Writer {
     path: PathBuf,
     file: File,
     size: u64,
-    max_bytes: u64,
-    keep: u32,
+    rotation: Rotation,
+    /// A rotation held back by the retention: when to look again.
+    held: Option<Instant>,
     head: Head,
     /// Written since the last fsync started.
     dirty: bool,
@@ -75,8 +91,7 @@ pub(crate) struct Writer {
 impl Writer {
     pub(crate) fn open(
         path: &Path,
-        max_bytes: u64,
-        keep: u32,
+        rotation: Rotation,
         dropped: Arc<AtomicU64>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
@@ -112,8 +127,8 @@ impl Writer {
             path: path.to_path_buf(),
             size: file.metadata()?.len(),
             file,
-            max_bytes,
-            keep,
+            rotation,
+            held: None,
             head,
             dirty: false,
             dirty_since: Instant::now(),
@@ -148,11 +163,8 @@ impl Writer {
             }
         }
         if !buf.is_empty() {
-            if self.size > 0 && self.size + buf.len() as u64 > self.max_bytes {
-                if let Err(e) = self.rotate() {
-                    self.metrics.audit_write_errors.inc();
-                    tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
-                }
+            if self.size > 0 && self.size + buf.len() as u64 > self.rotation.max_bytes {
+                self.rotate_if_allowed();
             }
             let written = self.file.write_all(buf);
             self.health.wrote(written.as_ref().map(|_| ()));
@@ -238,6 +250,52 @@ impl Writer {
         }
     }
 
+    /// Rotates unless that would delete a file younger than the retention; then the live
+    /// file grows on and the daemon refuses new requests until it may (looked at again at
+    /// most once a second, here and from the ticker).
+    fn rotate_if_allowed(&mut self) {
+        let now = Instant::now();
+        if self.held.is_some_and(|next| now < next) {
+            return;
+        }
+        let r = self.rotation;
+        if let Some(until) = retention::held_until(
+            &self.path,
+            r.keep,
+            r.retention,
+            std::time::SystemTime::now(),
+        ) {
+            if self.held.is_none() {
+                let file = retention::next_deleted(&self.path, r.keep);
+                self.health.retention(Some(format!(
+                    "the audit log is full ({} bytes) and rotating it would delete {}, which holds \
+                     records younger than audit.retention ({}); archive that file elsewhere, or \
+                     wait until {}",
+                    self.size,
+                    file.display(),
+                    humantime::format_duration(r.retention),
+                    humantime::format_rfc3339_seconds(until),
+                )));
+            }
+            self.held = Some(now + RETENTION_RECHECK);
+            return;
+        }
+        if self.held.take().is_some() {
+            self.health.retention(None);
+        }
+        if let Err(e) = self.rotate() {
+            self.metrics.audit_write_errors.inc();
+            tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
+        }
+    }
+
+    /// While a rotation is held back by the retention: looks again whether it may go on.
+    pub(crate) fn recheck_retention(&mut self) {
+        if self.held.is_some() {
+            self.rotate_if_allowed();
+        }
+    }
+
     /// `log` → `log.1` → … → `log.keep`; the oldest beyond `keep` is deleted. The chain
     /// goes on in the new file. The renames and the new file happen here; the old file's
     /// fsync, the directory's and freeing the deleted file's blocks (23 ms for 100 MiB on
@@ -246,7 +304,7 @@ impl Writer {
     fn rotate(&mut self) -> io::Result<()> {
         // The last rotation's is almost always long done (rotations are `max_bytes` apart).
         self.finish_leftover();
-        let rotated = rotation::rotate_files(&self.path, self.keep)?;
+        let rotated = rotation::rotate_files(&self.path, self.rotation.keep)?;
         let old = std::mem::replace(&mut self.file, rotated.file);
         // The leftover thread fsyncs the old file; nothing is written to the new one yet.
         self.dirty = false;

@@ -100,6 +100,14 @@ pub struct AuditConfig {
     /// `redact` (default): query parameter values are recorded as `[redacted]`, names kept;
     /// `keep`: the query as sent (secret values are redacted regardless).
     pub query_values: QueryValues,
+    /// Rotation never deletes a file holding a record younger than this; past it, new
+    /// requests are refused (`audit_unavailable`) instead. 0 turns the guard off.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// The same refusal repeated by one agent within this window is one `repeated` record
+    /// with a count (the first is still recorded in full, at once). 0: every one in full.
+    #[serde(with = "humantime_serde")]
+    pub refusal_window: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -116,6 +124,8 @@ impl Default for AuditConfig {
             max_bytes: 100 * 1024 * 1024,
             keep: 10,
             query_values: QueryValues::Redact,
+            retention: Duration::from_secs(24 * 60 * 60),
+            refusal_window: Duration::from_secs(10),
         }
     }
 }
@@ -645,6 +655,12 @@ impl Config {
         };
         if f.audit.max_bytes < 64 * 1024 {
             return Err(invalid("audit.max_bytes must be at least 65536".into()));
+        }
+        if f.audit.refusal_window > Duration::from_secs(3600) {
+            return Err(invalid(
+                "audit.refusal_window must be at most 1h (a count is written when it closes)"
+                    .into(),
+            ));
         }
         let audit_path = match (f.audit.enabled, f.paths.audit) {
             (false, _) => None,

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub audit_dropped: IntCounter,
     pub audit_write_errors: IntCounter,
     pub audit_ready: IntGauge,
+    /// 1 while rotation would delete records younger than `audit.retention`.
+    pub audit_retention_blocked: IntGauge,
     connections_refused: IntCounterVec,
     pub policy_watch_active: IntGauge,
     pub policy_watch_rearms: IntCounter,
@@ -318,6 +320,15 @@ impl Metrics {
                     "audit_ready",
                     "1 while the audit log can take records; 0 after a failed write or with \
                      under 1 MiB free (requests are then refused, 503 audit_unavailable)."
+                ))
+            ),
+            audit_retention_blocked: reg!(
+                r,
+                IntGauge::with_opts(opts(
+                    "audit_retention_blocked",
+                    "1 while the audit log is full and rotating it would delete records younger \
+                     than audit.retention: requests are refused (503 audit_unavailable) until \
+                     the oldest file ages or is archived away. An alarm."
                 ))
             ),
             connections_refused: reg!(

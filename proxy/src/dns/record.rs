@@ -3,7 +3,10 @@
 //! allow, or the stub failing it), while an answered question is recorded once per agent,
 //! name, type and response code for as long as its answer lives (its TTL, at least a minute,
 //! at most an hour): a resolver library asking again and again for the same allowed name
-//! says nothing new. The metric `agenshield_proxy_dns_queries_total` counts every question.
+//! says nothing new. A flood of refusals (a million distinct names no rule allows) is the
+//! first in full and then a count: the audit log counts the same refusal from the same agent
+//! within `audit.refusal_window`, whatever the name (`audit/repeats.rs`). The metric
+//! `agenshield_proxy_dns_queries_total` counts every question.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,19 +1,29 @@
-//! Running a command secret's command: `/bin/sh -c COMMAND` as the daemon's own user (the
-//! worker's, under the privilege split), no stdin, in its own process group, killed whole
-//! when the timeout passes. Its standard output, less one trailing newline, is the value;
-//! its standard error only ever reaches the daemon's log (first line, bounded), never the
-//! agent; its output is never logged.
+//! Running a command secret's command: a shell as the daemon's own user (the worker's, under
+//! the privilege split), in its own process group, killed whole when the timeout passes. Its
+//! standard output, less one trailing newline, is the value; its standard error only ever
+//! reaches the daemon's log (first line, bounded), never the agent; its output is never
+//! logged.
+//!
+//! The command is not an argument: every local user (the agent too) can read any process's
+//! arguments in `/proc/PID/cmdline` or `ps`, and a command often carries a credential
+//! (`curl -H 'Authorization: …'`). The shell gets a fixed program as its argument, which
+//! reads the command from its standard input (a pipe only it holds), points its standard
+//! input at /dev/null (as the command always had it), and evaluates the command.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use zeroize::Zeroizing;
 
 use super::value::{SecretValue, MAX_VALUE_LEN};
 
 /// How much of standard error is kept for the message.
 const STDERR_KEPT: usize = 4096;
+
+/// The shell's whole argument: the command comes on standard input. (`sh -s` would leave the
+/// rest of the script on the command's standard input; this reads all of it first.)
+const RUNNER: &str = "script=$(/bin/cat) && exec </dev/null && eval \"$script\"";
 
 /// Why a command gave no value. The text never holds its output.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,8 +50,8 @@ fn stderr_suffix(stderr: &str) -> String {
 pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue, CommandFailure> {
     let mut cmd = tokio::process::Command::new("/bin/sh");
     cmd.arg("-c")
-        .arg(command)
-        .stdin(Stdio::null())
+        .arg(RUNNER)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -50,10 +60,17 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue,
         .spawn()
         .map_err(|e| CommandFailure::Spawn(e.to_string()))?;
     let pid = child.id();
+    let mut stdin = child.stdin.take().expect("piped");
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
+    let script = async move {
+        // A shell that exits early (a syntax error) closes the pipe: its status says why.
+        let _ = stdin.write_all(command.as_bytes()).await;
+        drop(stdin);
+    };
     let work = async {
-        let (out, err, status) = tokio::join!(
+        let ((), out, err, status) = tokio::join!(
+            script,
             read_capped(stdout, MAX_VALUE_LEN + 2),
             read_capped(stderr, STDERR_KEPT),
             child.wait()
@@ -141,6 +158,36 @@ mod tests {
         assert!(!e.to_string().contains("short"), "{e}");
         let e = run("printf ''", T).await.expect_err("refused");
         assert!(matches!(e, CommandFailure::BadOutput(_)), "{e}");
+    }
+
+    /// The command is never an argument of any process (where every local user could read
+    /// it), and it runs with /dev/null, not the script, on its standard input.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_command_is_in_no_processs_arguments_and_reads_dev_null() {
+        let marker = format!("argv_marker_{}", std::process::id());
+        let command = format!(": {marker}; sleep 1; cat; printf 'tok_stdin_%s\\n' \"$(wc -c)\"");
+        let running = tokio::spawn(async move { run(&command, T).await });
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                    seen.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+                }
+            }
+        }
+        let v = running.await.expect("task").expect("runs");
+        assert!(seen.is_empty(), "the command is visible: {seen:?}");
+        assert_eq!(v.expose(), b"tok_stdin_0", "nothing on its stdin");
+        // Several lines, quotes and a trailing comment run as `sh -c` would run them.
+        let v = run("x='a b'\nprintf '%s-%s' \"$x\" \"$0\" # done", T)
+            .await
+            .expect("runs");
+        assert_eq!(v.expose(), b"a b-/bin/sh");
+        let e = run("if then fi", T).await.expect_err("a syntax error");
+        assert!(matches!(e, CommandFailure::Exit { .. }), "{e}");
     }
 
     #[tokio::test]

@@ -30,8 +30,9 @@ pub(crate) enum SecretKind {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub(crate) enum ProviderSpec {
-    /// `sh -c COMMAND`, run as the daemon's (worker) user; its standard output, one trailing
-    /// newline dropped, is the value for `ttl_secs`.
+    /// COMMAND run by `/bin/sh` as the daemon's (worker) user, given on the shell's standard
+    /// input, never as an argument (`command.rs`); its standard output, one trailing newline
+    /// dropped, is the value for `ttl_secs`. Only root may define one (the admin API).
     Command {
         command: String,
         ttl_secs: u64,
@@ -124,6 +125,10 @@ impl ProviderSpec {
                 if command.trim().is_empty() {
                     return Err("the command is empty".into());
                 }
+                // A shell drops NUL bytes: what ran would not be what was given.
+                if command.contains('\0') {
+                    return Err("the command holds a NUL byte".into());
+                }
             }
             ProviderSpec::Oauth2 {
                 token_url,
@@ -197,6 +202,10 @@ mod tests {
             .validate()
             .expect_err("refused")
             .contains("empty"));
+        assert!(command("printf a\0b")
+            .validate()
+            .expect_err("refused")
+            .contains("NUL"));
         let oauth = |url: &str| ProviderSpec::Oauth2 {
             token_url: url.into(),
             client_id: "id".into(),

@@ -2,10 +2,16 @@
 //! every change), when each secret was last used, and for fetched secrets (a command's
 //! output, an OAuth2 token: `provider.rs`) the value in force and until when. Changes go
 //! through here so the set and the store never disagree for longer than one write.
+//!
+//! A fetch that fails is not run again on every request that needs the secret: it backs off
+//! (1 s, doubled after each failure in a row, at most 5 min), and meanwhile the requests
+//! bound to that secret are refused at once (`secret_unavailable`), as are those arriving
+//! while a retry is under way. Each secret has its own fetch and backoff, so one whose
+//! source hangs holds up no request for another.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
@@ -41,13 +47,22 @@ pub(crate) struct SecretStatus {
     pub fetches: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Fetched secrets whose last fetch failed: not fetched again before then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<String>,
 }
+
+/// The wait after the first failed fetch, doubled after each failure in a row…
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// …up to this.
+const BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
 
 /// A fetched secret: how, and the state of the value in force.
 struct Provider {
     name: SecretName,
     spec: ProviderSpec,
-    /// One fetch at a time; requests that need the value meanwhile wait for it.
+    /// One fetch at a time; requests that need the value meanwhile wait for it (unless it is
+    /// a retry after a failure: they are refused at once).
     fetching: tokio::sync::Mutex<()>,
     state: Mutex<FetchState>,
 }
@@ -60,6 +75,11 @@ struct FetchState {
     expires: Option<String>,
     fetches: u64,
     error: Option<String>,
+    /// Failures in a row since the last good fetch.
+    failures: u32,
+    /// After a failure: no fetch before then.
+    retry_at: Option<tokio::time::Instant>,
+    retry_text: Option<String>,
 }
 
 #[derive(Default, Clone)]
@@ -225,7 +245,14 @@ impl Vault {
                     fetched: f.fetched,
                     expires: f.expires,
                     fetches: p.map(|_| f.fetches),
-                    error: f.error,
+                    error: f.error.map(|e| match &f.retry_text {
+                        Some(at) => format!(
+                            "{e} ({} failure(s) in a row; not fetched again before {at})",
+                            f.failures
+                        ),
+                        None => e,
+                    }),
+                    retry_at: f.retry_text,
                 }
             })
             .collect()
@@ -269,7 +296,8 @@ impl Vault {
 
     /// Makes sure every fetched secret among `names` has a value in force, fetching those
     /// that have none or whose time to live has passed (one fetch per secret at a time;
-    /// others needing it wait). `Err`: one could not be fetched; the request is refused.
+    /// others needing it wait). `Err`: one could not be fetched; the request is refused: at
+    /// once while its fetch backs off after a failure, or while a retry is under way.
     pub(crate) async fn fresh(&self, names: &[Arc<str>]) -> Result<(), SecretRefusal> {
         let providers = self.providers.load();
         if providers.is_empty() {
@@ -280,9 +308,20 @@ impl Vault {
             if p.valid_now() {
                 continue;
             }
-            let _one = p.fetching.lock().await;
+            if p.backing_off() {
+                return Err(unavailable(name, p));
+            }
+            let _one = match p.fetching.try_lock() {
+                Ok(one) => one,
+                // A retry after a failure is under way: its answer is the backoff's.
+                Err(_) if p.failing() => return Err(unavailable(name, p)),
+                Err(_) => p.fetching.lock().await,
+            };
             if p.valid_now() {
                 continue; // fetched while we waited
+            }
+            if p.backing_off() {
+                return Err(unavailable(name, p)); // failed while we waited
             }
             match self.fetch(p).await {
                 Ok((value, valid)) => {
@@ -299,7 +338,8 @@ impl Vault {
                 }
                 Err(e) => {
                     let e = self.current().redact(&e).into_owned();
-                    tracing::error!(secret = %name, kind = ?p.spec.kind(), "fetching the secret failed: {e}");
+                    let wait = p.failed();
+                    tracing::error!(secret = %name, kind = ?p.spec.kind(), "fetching the secret failed (not tried again for {}): {e}", humantime::format_duration(wait));
                     return Err(unavailable(name, p));
                 }
             }
@@ -371,12 +411,49 @@ impl Provider {
             s.fetched = Some(crate::clock::now_rfc3339());
             s.expires = Some(crate::clock::rfc3339_after(valid));
             s.error = None;
+            s.failures = 0;
+            s.retry_at = None;
+            s.retry_text = None;
         }
+    }
+
+    /// A fetch failed: no other before the backoff has passed (returned).
+    fn failed(&self) -> Duration {
+        let Ok(mut s) = self.state.lock() else {
+            return BACKOFF_FIRST;
+        };
+        s.failures = s.failures.saturating_add(1);
+        let wait = backoff(s.failures);
+        s.retry_at = Some(tokio::time::Instant::now() + wait);
+        s.retry_text = Some(crate::clock::rfc3339_after(wait));
+        wait
+    }
+
+    /// The last fetch failed and its backoff has not passed.
+    fn backing_off(&self) -> bool {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.retry_at)
+            .is_some_and(|t| tokio::time::Instant::now() < t)
+    }
+
+    /// The last fetch failed (backing off or not).
+    fn failing(&self) -> bool {
+        self.state.lock().is_ok_and(|s| s.failures > 0)
     }
 
     fn snapshot(&self) -> FetchState {
         self.state.lock().map(|s| s.clone()).unwrap_or_default()
     }
+}
+
+/// The wait after `failures` failed fetches in a row: 1 s, 2 s, 4 s, … at most 5 min.
+fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    BACKOFF_FIRST
+        .saturating_mul(1 << doublings)
+        .min(BACKOFF_MAX)
 }
 
 /// A stand-in value for a fetched secret not fetched yet: its name is known (a rule may bind
@@ -400,5 +477,151 @@ fn unavailable(name: &str, p: &Provider) -> SecretRefusal {
         violation: Violation::Unfetched,
         secret: name.to_string(),
         place: source.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secrets::file_store::FileStore;
+
+    #[test]
+    fn the_backoff_doubles_from_a_second_to_five_minutes() {
+        let secs: Vec<u64> = [1, 2, 3, 4, 9, 10, 40, u32::MAX]
+            .iter()
+            .map(|f| backoff(*f).as_secs())
+            .collect();
+        assert_eq!(secs, [1, 2, 4, 8, 256, 300, 300, 300]);
+    }
+
+    /// A vault with command secrets `s` (its script: `scratch/s.sh`) and `t`, each fetched
+    /// once already; the scripts count their runs in `scratch/NAME.runs`.
+    async fn vault(scratch: &std::path::Path) -> Vault {
+        let store = FileStore::open(&scratch.join("vault")).expect("store");
+        let vault = Vault::open(Arc::new(store)).await.expect("vault");
+        for name in ["s", "t"] {
+            let d = scratch.display();
+            let script = format!(
+                "echo run >> {d}/{name}.runs\n\
+                 if [ -e {d}/{name}.hang ]; then sleep 30; fi\n\
+                 if [ -e {d}/{name}.fail ]; then echo broken >&2; exit 1; fi\n\
+                 printf 'tok_{name}_value_0001'"
+            );
+            let spec = ProviderSpec::Command {
+                command: script,
+                ttl_secs: 1,
+                timeout_secs: 1,
+            };
+            let name = SecretName::new(name).expect("name");
+            vault.put_provider(&name, spec).await.expect("first fetch");
+        }
+        vault
+    }
+
+    fn runs(scratch: &std::path::Path, name: &str) -> usize {
+        std::fs::read_to_string(scratch.join(format!("{name}.runs")))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    fn names(n: &[&str]) -> Vec<Arc<str>> {
+        n.iter().map(|s| Arc::from(*s)).collect()
+    }
+
+    /// A failing source is run again only when its backoff has passed, however many requests
+    /// need it meanwhile; they are refused at once, and `secrets list` says when it is
+    /// tried again. A good fetch ends the backoff.
+    #[tokio::test]
+    async fn a_failing_fetch_backs_off_and_the_requests_meanwhile_are_refused_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scratch = dir.path();
+        let v = vault(scratch).await;
+        std::fs::write(scratch.join("s.fail"), "").expect("switch");
+        tokio::time::sleep(Duration::from_millis(1100)).await; // the TTL passes
+        let started = Instant::now();
+        let mut refused = 0;
+        // 2.5 s of requests every 10 ms: runs at 0 s, 1 s and 3 s would be due; two fit.
+        while started.elapsed() < Duration::from_millis(2500) {
+            let t = Instant::now();
+            if v.fresh(&names(&["s"])).await.is_err() {
+                refused += 1;
+            }
+            assert!(t.elapsed() < Duration::from_millis(500), "answered at once");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(refused > 100, "{refused}");
+        assert_eq!(
+            runs(scratch, "s"),
+            1 + 2,
+            "the first fetch, then one per backoff"
+        );
+        let listed = v.list().into_iter().find(|s| s.name == "s").expect("s");
+        assert!(listed.retry_at.is_some(), "{listed:?}");
+        let error = listed.error.expect("an error");
+        assert!(
+            error.contains("broken") && error.contains("2 failure(s) in a row"),
+            "{error}"
+        );
+        // The source works again: the next fetch after the backoff succeeds and ends it.
+        std::fs::remove_file(scratch.join("s.fail")).expect("switch");
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        v.fresh(&names(&["s"])).await.expect("fetched");
+        let listed = v.list().into_iter().find(|s| s.name == "s").expect("s");
+        assert_eq!((listed.retry_at, listed.error), (None, None));
+    }
+
+    /// A source that hangs holds up the requests that need it for one timeout at most (then
+    /// its backoff answers), and never a request for another secret; a request arriving
+    /// while a retry hangs is refused at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hanging_fetch_holds_up_no_other_secret_and_no_request_past_one_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scratch = dir.path();
+        let v = Arc::new(vault(scratch).await);
+        std::fs::write(scratch.join("s.hang"), "").expect("switch");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let t0 = Instant::now();
+        let waiting: Vec<_> = (0..10)
+            .map(|_| {
+                let v = v.clone();
+                tokio::spawn(async move {
+                    let r = v.fresh(&names(&["s"])).await;
+                    (r.is_ok(), Instant::now())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t = Instant::now();
+        v.fresh(&names(&["t"]))
+            .await
+            .expect("t is fetched meanwhile");
+        assert!(
+            t.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            t.elapsed()
+        );
+        for w in waiting {
+            let (ok, at) = w.await.expect("task");
+            assert!(!ok);
+            assert!(at - t0 < Duration::from_millis(2500), "{:?}", at - t0);
+        }
+        assert_eq!(runs(scratch, "s"), 2, "one run for all ten");
+        // After the backoff a retry starts and hangs; meanwhile others are refused at once.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let retry = {
+            let v = v.clone();
+            tokio::spawn(async move { v.fresh(&names(&["s"])).await.is_err() })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t = Instant::now();
+        assert!(v.fresh(&names(&["s"])).await.is_err());
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(retry.await.expect("task"));
+        assert_eq!(runs(scratch, "s"), 3);
     }
 }

@@ -1,6 +1,12 @@
 //! `/v1/secrets`: list (names, bindings, use; never values), set (the value is the raw
 //! request body, read into zeroized memory and never logged), remove (refused while a rule
 //! binds the secret).
+//!
+//! A fetched secret's definition (a command, an OAuth2 token endpoint) is taken from root
+//! alone (and from the daemon's own uid, which holds everything already): the daemon runs
+//! the command, and sends the request, as itself, with the vault, the CA key and the audit
+//! log within reach, so defining one is running code as the daemon. Members of the admin
+//! group store values.
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -52,6 +58,18 @@ pub(super) async fn set(
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if is_json {
+        if !may_define_fetched(admin, uid) {
+            tracing::warn!(uid, secret = %name, "admin socket: a fetched secret's definition refused: not root");
+            return error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "secret {name}: only root may define a fetched secret (--from-command, \
+                     --oauth2-token-url): the daemon runs it as itself, with every secret, the \
+                     CA key and the audit log within reach. uid {uid} may store a value (on \
+                     stdin); run this as root (sudo)"
+                ),
+            );
+        }
         return set_provider(admin, uid, name, req).await;
     }
     let bytes = match read_value(req.into_body()).await {
@@ -96,6 +114,11 @@ pub(super) async fn set(
             "rules": rules,
         }),
     )
+}
+
+/// Root, or the daemon's own uid (which runs the command anyway).
+fn may_define_fetched(admin: &Admin, uid: u32) -> bool {
+    uid == 0 || uid == admin.auth.own_uid
 }
 
 /// A fetched secret: the body is its definition (`ProviderSpec` as JSON). It is fetched
