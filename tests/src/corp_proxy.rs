@@ -24,6 +24,9 @@ pub struct CorpProxyOptions {
     pub routes: HashMap<String, SocketAddr>,
     /// Required `Proxy-Authorization` value (e.g. `Basic …`); `None`: none required.
     pub authorization: Option<String>,
+    /// Pass `Proxy-Authorization` on to the origin (a misconfigured proxy: an origin that
+    /// echoes its request then shows the credentials).
+    pub leaks_credentials: bool,
 }
 
 /// One request the corporate proxy received.
@@ -155,7 +158,9 @@ async fn forward(req: Request<Incoming>, opts: &CorpProxyOptions) -> Response<Bo
     };
     tokio::spawn(conn);
     let (mut parts, body) = req.into_parts();
-    parts.headers.remove(header::PROXY_AUTHORIZATION);
+    if !opts.leaks_credentials {
+        parts.headers.remove(header::PROXY_AUTHORIZATION);
+    }
     let origin = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = origin.parse().expect("origin form");
     match send.send_request(Request::from_parts(parts, body)).await {

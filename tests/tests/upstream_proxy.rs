@@ -60,6 +60,11 @@ struct World {
 /// evil.test to an impostor whose certificate comes from a CA nobody trusts. The daemon has
 /// no resolver entry for either: only the corporate proxy knows where they are.
 async fn world(user_password: (&str, &str)) -> World {
+    world_with(user_password, false).await
+}
+
+/// As `world`, with a corporate proxy that passes our `Proxy-Authorization` on to origins.
+async fn world_with(user_password: (&str, &str), leaks_credentials: bool) -> World {
     let ca = TestCa::new("origin CA");
     let rogue = TestCa::new("a CA nobody trusts");
     let up = Upstream::start(UpstreamOptions {
@@ -80,6 +85,7 @@ async fn world(user_password: (&str, &str)) -> World {
             ("evil.test".to_string(), impostor.addr),
         ]),
         authorization: Some(basic("corp", PASSWORD)),
+        leaks_credentials,
     })
     .await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -382,4 +388,47 @@ async fn trace_never_reaches_the_proxy_or_the_origin() {
         "{:?}",
         w.corp.seen()
     );
+}
+
+/// A corporate proxy that passes our credentials on to the origin, and an origin that echoes
+/// its request: the password (and its base64 in `Proxy-Authorization`) is redacted like a
+/// stored secret, so the agent never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_credentials_reflected_back_are_redacted() {
+    let w = world_with(("corp", PASSWORD), true).await;
+    let port = w.up.addr.port();
+    let url = format!("http://api.test:{port}/echo?via=reflect");
+    let out = curl(&["--proxy", &explicit(&w), &url], false).await;
+    // The rule binds no secret: the echo is cut short before the credentials.
+    assert_ne!(out.exit, 0, "cut short: {out:?}");
+    // The origin did get them (the corporate proxy leaked them)…
+    let seen =
+        w.up.requests()
+            .into_iter()
+            .find(|r| r.path_and_query.ends_with("via=reflect"))
+            .expect("seen");
+    let reflected = seen
+        .headers
+        .iter()
+        .find(|(k, _)| k == "proxy-authorization")
+        .map(|(_, v)| v.clone());
+    assert_eq!(reflected.as_deref(), Some(&*basic("corp", PASSWORD)));
+    // …and the agent sees neither the password nor its base64.
+    let text = out.text();
+    let b64 = basic("corp", PASSWORD);
+    let b64 = b64.trim_start_matches("Basic ");
+    assert!(!text.contains(PASSWORD), "{text}");
+    assert!(!text.contains(b64), "{text}");
+    let recs = audit::lines(&w.daemon.audit_path());
+    assert!(
+        recs.iter()
+            .any(|r| r["path"] == "/echo?via=[redacted]" && r["error_code"] == "secret_leak"),
+        "{recs:?}\n{}",
+        w.daemon.logs()
+    );
+    // The leak guard: the agent sending the password on is refused.
+    let url = format!("http://api.test:{port}/echo?note={PASSWORD}");
+    let out = curl(&["--proxy", &explicit(&w), &url], false).await;
+    assert_eq!(out.status, 403, "{out:?}");
+    assert_eq!(out.json()["error_code"], "secret_leak", "{}", out.text());
 }

@@ -75,6 +75,20 @@ impl UpstreamProxy {
         authority(&self.host, self.port)
     }
 
+    /// What must never reach the agent or a log: `user:password` and the password alone
+    /// (empty when no credentials were given). The redactor finds each also base64-encoded,
+    /// as `Proxy-Authorization` carries them.
+    pub fn credential_texts(&self) -> Vec<String> {
+        let Some(creds) = &self.credentials else {
+            return Vec::new();
+        };
+        let mut out = vec![creds.clone()];
+        if let Some((_, password)) = creds.split_once(':') {
+            out.push(password.to_string());
+        }
+        out
+    }
+
     /// `Proxy-Authorization` (Basic) when credentials were given; marked sensitive.
     pub fn authorization(&self) -> Option<HeaderValue> {
         let creds = self.credentials.as_ref()?;

@@ -42,7 +42,7 @@ pub(super) async fn build_proxy(
     };
     let store = crate::secrets::open_store(cfg).map_err(|e| BadInput(format!("secrets: {e}")))?;
     let vault = Arc::new(
-        Vault::open(store)
+        Vault::open_with(store, reserved_values(cfg))
             .await
             .map_err(|e| BadInput(format!("secrets: {e}")))?,
     );
@@ -144,6 +144,32 @@ pub(super) fn admin_auth(cfg: &Config) -> AdminAuth {
             .map(|g| g.gid.as_raw()),
         agent_uids,
     }
+}
+
+/// Text the daemon holds that must never reach the agent or a log, redacted like the
+/// store's secrets: the upstream proxy's `user:password` and password (a corporate proxy
+/// that reflects our `Proxy-Authorization`, in a TRACE or an error page, would otherwise hand
+/// it to the agent). A part too short to be told from ordinary text (under 8 bytes) or not
+/// printable ASCII is left out, with a warning.
+fn reserved_values(
+    cfg: &Config,
+) -> Vec<(crate::secrets::SecretName, Arc<crate::secrets::SecretValue>)> {
+    let Some(proxy) = &cfg.upstream.proxy else {
+        return Vec::new();
+    };
+    let names = ["upstream.proxy", "upstream.proxy.password"];
+    let mut out = Vec::new();
+    for (name, text) in names.into_iter().zip(proxy.credential_texts()) {
+        match crate::secrets::SecretValue::new(text.into_bytes()) {
+            Ok(v) => out.push((crate::secrets::SecretName::reserved(name), Arc::new(v))),
+            Err(_) => tracing::warn!(
+                part = name,
+                "the upstream proxy's credential is too short or not printable ASCII to be \
+                 redacted on its own"
+            ),
+        }
+    }
+    out
 }
 
 /// An upstream proxy given as an address the guard forbids is refused at start, with the fix;

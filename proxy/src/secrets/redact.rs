@@ -218,7 +218,9 @@ impl Body for RedactedBody {
         match self.mode {
             // A placeholder is not as long as its value: the length is unknown.
             Mode::Replace => SizeHint::default(),
-            // Byte for byte (or cut short): what the inner body has left, and what is held.
+            // Cut short: an error is still to come, never an empty body.
+            Mode::Cut if self.finished => SizeHint::default(),
+            // Byte for byte: what the inner body has left, and what is held.
             Mode::Cut => {
                 let queued: usize = self
                     .queued

@@ -15,32 +15,56 @@ pub(crate) struct Secret {
     pub placeholder: String,
 }
 
+impl Secret {
+    pub(crate) fn new(name: SecretName, value: Arc<SecretValue>) -> Secret {
+        Secret {
+            placeholder: placeholder(&name),
+            name,
+            value,
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct SecretSet {
     /// Sorted by name.
     secrets: Vec<Secret>,
+    /// Values the daemon redacts that are no secret of the store (the upstream proxy's
+    /// credentials): found and redacted like values, never bound, never swapped (their
+    /// names hold a `.`, which no rule can name). Indexed after `secrets`.
+    reserved: Arc<[Secret]>,
     matcher: Option<Matcher>,
 }
 
 impl SecretSet {
     /// Fails only if the automaton cannot be built; the caller keeps the set it had.
-    pub(crate) fn new(
+    #[cfg(test)]
+    pub(crate) fn new(entries: Vec<(SecretName, Arc<SecretValue>)>) -> Result<SecretSet, String> {
+        SecretSet::with_reserved(entries, Arc::from(Vec::new()))
+    }
+
+    /// `entries`, and the `reserved` values redacted with them.
+    pub(crate) fn with_reserved(
         mut entries: Vec<(SecretName, Arc<SecretValue>)>,
+        reserved: Arc<[Secret]>,
     ) -> Result<SecretSet, String> {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
-        let refs: Vec<(SecretName, &SecretValue)> =
-            entries.iter().map(|(n, v)| (n.clone(), &**v)).collect();
+        let refs: Vec<(SecretName, &SecretValue)> = entries
+            .iter()
+            .map(|(n, v)| (n.clone(), &**v))
+            .chain(reserved.iter().map(|r| (r.name.clone(), &*r.value)))
+            .collect();
         let matcher = Matcher::build(&refs)?;
         let secrets = entries
             .into_iter()
-            .map(|(name, value)| Secret {
-                placeholder: placeholder(&name),
-                name,
-                value,
-            })
+            .map(|(name, value)| Secret::new(name, value))
             .collect();
-        Ok(SecretSet { secrets, matcher })
+        Ok(SecretSet {
+            secrets,
+            reserved,
+            matcher,
+        })
     }
 
     /// This set with `name` set to `value` (added or replaced).
@@ -51,12 +75,12 @@ impl SecretSet {
     ) -> Result<SecretSet, String> {
         let mut entries = self.entries_but(name);
         entries.push((name.clone(), value));
-        SecretSet::new(entries)
+        SecretSet::with_reserved(entries, self.reserved.clone())
     }
 
     /// This set without `name`.
     pub(crate) fn without(&self, name: &SecretName) -> Result<SecretSet, String> {
-        SecretSet::new(self.entries_but(name))
+        SecretSet::with_reserved(self.entries_but(name), self.reserved.clone())
     }
 
     fn entries_but(&self, name: &SecretName) -> Vec<(SecretName, Arc<SecretValue>)> {
@@ -67,10 +91,12 @@ impl SecretSet {
             .collect()
     }
 
+    /// Nothing to look for: no secret in the store, no reserved value.
     pub(crate) fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
+        self.secrets.is_empty() && self.reserved.is_empty()
     }
 
+    /// The store's secrets (not the reserved values).
     pub(crate) fn len(&self) -> usize {
         self.secrets.len()
     }
@@ -82,9 +108,12 @@ impl SecretSet {
             .map(|i| &self.secrets[i])
     }
 
-    /// The secret a matcher tag refers to.
+    /// The secret a matcher index refers to (a reserved value past the store's).
     pub(crate) fn at(&self, index: usize) -> &Secret {
-        &self.secrets[index]
+        match self.secrets.get(index) {
+            Some(s) => s,
+            None => &self.reserved[index - self.secrets.len()],
+        }
     }
 
     pub(crate) fn matcher(&self) -> Option<&Matcher> {
@@ -107,7 +136,7 @@ impl SecretSet {
         let mut pos = 0;
         for (secret, r) in runs {
             out.extend_from_slice(&bytes[pos..r.start]);
-            out.extend_from_slice(self.secrets[secret].placeholder.as_bytes());
+            out.extend_from_slice(self.at(secret).placeholder.as_bytes());
             pos = r.end;
         }
         out.extend_from_slice(&bytes[pos..]);
@@ -135,7 +164,14 @@ impl SecretSet {
             }
             out.push_str(&name[pos..r.start]);
             out.push_str("agenshield-secret-");
-            out.push_str(&self.secrets[secret].name.as_str().to_ascii_lowercase());
+            out.push_str(
+                &self
+                    .at(secret)
+                    .name
+                    .as_str()
+                    .replace('.', "-")
+                    .to_ascii_lowercase(),
+            );
             pos = r.end;
         }
         out.push_str(&name[pos..]);
@@ -144,9 +180,9 @@ impl SecretSet {
 
     /// What a run of overlapping values is replaced by: the first one's placeholder.
     pub(crate) fn placeholder_of_run(&self, secrets: &[usize]) -> &str {
-        secrets.first().map_or("agenshield:secret:", |&i| {
-            self.secrets[i].placeholder.as_str()
-        })
+        secrets
+            .first()
+            .map_or("agenshield:secret:", |&i| self.at(i).placeholder.as_str())
     }
 
     /// `text` with every secret value replaced by its placeholder: for anything derived

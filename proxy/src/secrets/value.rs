@@ -30,6 +30,13 @@ impl SecretName {
         }
     }
 
+    /// A name of the daemon's own for a value it redacts but no rule can bind (it holds a
+    /// `.`, which no secret name may: no placeholder of it can ever be swapped).
+    pub(crate) fn reserved(name: &'static str) -> SecretName {
+        debug_assert!(name.contains('.'));
+        SecretName(Arc::from(name))
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::oauth::TokenClient;
 use super::provider::{ProviderSpec, SecretKind};
 use super::scan::{SecretRefusal, Violation};
-use super::set::SecretSet;
+use super::set::{Secret, SecretSet};
 use super::store::{SecretStore, StoreError};
 use super::value::{SecretName, SecretValue};
 
@@ -99,13 +99,31 @@ pub(crate) struct Vault {
     token_client: OnceLock<Arc<dyn TokenClient>>,
     /// One change at a time, so the set swapped in matches the store.
     writes: tokio::sync::Mutex<()>,
+    /// Values redacted beside the store's (the upstream proxy's credentials).
+    reserved: Arc<[Secret]>,
 }
 
 impl Vault {
     /// Loads every secret. A value the store holds but cannot vouch for (bad mode, invalid
     /// bytes) fails the whole load: better not to start than to run without a secret.
+    #[cfg(test)]
     pub(crate) async fn open(store: Arc<dyn SecretStore>) -> Result<Vault, StoreError> {
+        Vault::open_with(store, Vec::new()).await
+    }
+
+    /// As `open`, with `reserved` values redacted beside the store's: text the daemon holds
+    /// that must never reach the agent or a log (the upstream proxy's credentials). They are
+    /// no secret of the store: no rule binds them and no placeholder of theirs is swapped.
+    pub(crate) async fn open_with(
+        store: Arc<dyn SecretStore>,
+        reserved: Vec<(SecretName, Arc<SecretValue>)>,
+    ) -> Result<Vault, StoreError> {
+        let reserved: Arc<[Secret]> = reserved
+            .into_iter()
+            .map(|(n, v)| Secret::new(n, v))
+            .collect();
         let vault = Vault {
+            reserved,
             store,
             set: ArcSwap::from_pointee(SecretSet::default()),
             updated: Mutex::new(HashMap::new()),
@@ -147,7 +165,8 @@ impl Vault {
             }
         }
         let n = entries.len();
-        let set = SecretSet::new(entries).map_err(StoreError::Backend)?;
+        let set = SecretSet::with_reserved(entries, self.reserved.clone())
+            .map_err(StoreError::Backend)?;
         self.set.store(Arc::new(set));
         self.providers.store(Arc::new(providers));
         if let Ok(mut u) = self.updated.lock() {
