@@ -182,6 +182,7 @@ impl Policy {
             explanation: text,
             obligations,
             secrets,
+            names_agents: rule.is_some_and(|r| r.agents.is_some()),
         }
     }
 }
@@ -194,6 +195,7 @@ pub(super) fn invalid(explanation: String) -> Decision {
         explanation,
         obligations: Obligations::default(),
         secrets: None,
+        names_agents: false,
     }
 }
 
