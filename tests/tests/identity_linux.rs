@@ -54,6 +54,8 @@ fn records_of(daemon: &Daemon, uid: Option<u32>, host: &str) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises the root tests for the whole test; no task of this test takes it.
+#[allow(clippy::await_holding_lock)]
 async fn explicit_listener_refuses_other_local_users_and_secrets_serve_agents_unless_named() {
     let Some(_serial) = root_or_skip("explicit_listener_refuses_other_local_users") else {
         return;
@@ -333,6 +335,8 @@ impl Lab {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises the root tests for the whole test; no task of this test takes it.
+#[allow(clippy::await_holding_lock)]
 async fn transparent_listener_refuses_a_non_agent_another_redirect_sends_it() {
     let Some(_serial) = root_or_skip("transparent_listener_refuses_a_non_agent") else {
         return;
@@ -373,6 +377,8 @@ async fn transparent_listener_refuses_a_non_agent_another_redirect_sends_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serialises the root tests for the whole test; no task of this test takes it.
+#[allow(clippy::await_holding_lock)]
 async fn a_write_and_close_is_an_unknown_user_refused_never_root() {
     let Some(_serial) = root_or_skip("a_write_and_close_is_an_unknown_user") else {
         return;
