@@ -157,7 +157,7 @@ pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: 
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
                 if let Err(r) = proxy.identities.transparent(ctx.agent_uid) {
-                    tracing::info!("closing: {}", r.message);
+                    tracing::debug!("closing: {}", r.message);
                     refused(&proxy, &ctx, r).await;
                     return;
                 }
@@ -202,7 +202,7 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
                 match proxy.identities.explicit(ctx.agent_uid) {
                     Ok(()) => serve_explicit(proxy, ctx, sock).await,
                     Err(r) => {
-                        tracing::info!("refusing: {}", r.message);
+                        tracing::debug!("refusing: {}", r.message);
                         serve_refused(proxy, ctx, sock, r).await
                     }
                 }
