@@ -7,6 +7,7 @@ use agenshield_certs::LeafCache;
 
 use crate::audit::{Audit, Entry, ReloadEntry, ReloadResult};
 use crate::config::Limits;
+use crate::conn::identity::Identities;
 use crate::conn::server_tls::InterceptTls;
 use crate::conn::Budgets;
 use crate::control::approvals::Approvals;
@@ -49,6 +50,8 @@ pub(crate) struct Proxy {
     pub tunnels: Arc<Tunnels>,
     /// The agent's DNS stub: the names it gave each agent, and its bounds.
     pub dns: crate::dns::DnsState,
+    /// Who may use which listener, and whose requests secrets serve.
+    pub identities: Identities,
     next_conn: AtomicU64,
 }
 
@@ -66,6 +69,7 @@ pub(crate) struct ProxyParts {
     pub limits: Limits,
     pub approvals: Approvals,
     pub upgrades: Vec<String>,
+    pub identities: Identities,
 }
 
 impl Proxy {
@@ -91,6 +95,7 @@ impl Proxy {
             upgrades: p.upgrades,
             tunnels: Arc::default(),
             dns: crate::dns::DnsState::default(),
+            identities: p.identities,
             next_conn: AtomicU64::new(1),
         }
     }

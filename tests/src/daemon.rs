@@ -55,6 +55,13 @@ pub struct DaemonOptions {
     /// `[audit]` lines, e.g. `max_bytes = 65536`. Without a `refusal_window` line, `"0s"`:
     /// every refusal is recorded in full.
     pub audit: Vec<String>,
+    /// `false` (the default): `[testing] every_uid_is_agent`, so the test runner's own
+    /// connections count as an agent's. `true`: only `redirect.agent_users` are agents, as
+    /// installed (identity tests).
+    pub strict_agents: bool,
+    /// `[listen] explicit_users` / `explicit_groups`, by name.
+    pub explicit_users: Vec<String>,
+    pub explicit_groups: Vec<String>,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -425,8 +432,20 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
     let _ = writeln!(
         c,
-        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\ndns = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}\n",
+        "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\ndns = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}",
         dir.join("proxy.sock")
+    );
+    let names = |list: &[String]| {
+        list.iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        c,
+        "explicit_users = [{}]\nexplicit_groups = [{}]\n",
+        names(&opts.explicit_users),
+        names(&opts.explicit_groups)
     );
     let _ = writeln!(
         c,
@@ -507,8 +526,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     for l in &opts.limits {
         let _ = writeln!(c, "{l}");
     }
-    if opts.orig_dst.is_some() || opts.broker_orig_dst {
-        let _ = writeln!(c, "\n[testing]");
+    let _ = writeln!(c, "\n[testing]");
+    if !opts.strict_agents {
+        let _ = writeln!(c, "every_uid_is_agent = true");
     }
     if opts.broker_orig_dst {
         let _ = writeln!(c, "broker_orig_dst = true");

@@ -9,7 +9,9 @@ use netlink_packet_core::{
 use netlink_packet_sock_diag::constants::{
     AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_LISTEN, TCP_TIME_WAIT,
 };
-use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+use netlink_packet_sock_diag::inet::{
+    ExtensionFlags, InetRequest, InetResponseHeader, SocketId, StateFlags, Timer,
+};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 use netlink_sys::{Socket, SocketAddr as NetlinkAddr};
@@ -91,11 +93,7 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
                 if h.state == TCP_LISTEN || !same_socket(&h.socket_id, wanted) {
                     return Ok(None);
                 }
-                // TIME_WAIT sockets no longer know their owner: the kernel reports uid 0.
-                if h.state == TCP_TIME_WAIT {
-                    return Ok(None);
-                }
-                return Ok(Some(h.uid));
+                return Ok(owner(h));
             }
             // An ACK (not requested): skip it.
             NetlinkPayload::Error(e) if e.code.is_none() => {}
@@ -118,6 +116,16 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
         buf = &buf[len.next_multiple_of(4).min(buf.len())..];
     }
     Err(invalid_data("sock_diag reply without an answer".to_owned()))
+}
+
+/// The owner a record names, if it still knows it. The kernel reports uid 0 (root) for a
+/// socket whose process let go of it: a timewait minisocket (`TIME_WAIT`, and `FIN_WAIT2`
+/// after an orphan's FIN was acknowledged: its state is the substate, its timer the timewait
+/// one) and an orphaned full socket (its file closed: inode 0). Its owner is then unknown,
+/// never root.
+fn owner(h: &InetResponseHeader) -> Option<u32> {
+    let timewait = h.state == TCP_TIME_WAIT || h.timer == Some(Timer::TimeWait);
+    (!timewait && h.inode != 0).then_some(h.uid)
 }
 
 /// The uid owning the UDP socket bound to `local` (a datagram's source address as its
@@ -431,6 +439,111 @@ mod tests {
         drop((sock, any));
         assert_eq!(udp_socket_uid(addr).expect("lookup"), None);
         assert_eq!(exact(seen, None).expect("lookup"), None);
+    }
+
+    /// The kernel's reply to an exact lookup of `id`: one record with these fields.
+    fn reply(
+        id: &super::SocketId,
+        state: u8,
+        timer: Option<super::Timer>,
+        uid: u32,
+        inode: u32,
+    ) -> Vec<u8> {
+        use netlink_packet_core::{NetlinkHeader, NetlinkMessage};
+        use netlink_packet_sock_diag::inet::{InetResponse, InetResponseHeader};
+        use netlink_packet_sock_diag::SockDiagMessage;
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = super::SEQ;
+        let mut msg = NetlinkMessage::new(
+            header,
+            SockDiagMessage::InetResponse(Box::new(InetResponse {
+                header: InetResponseHeader {
+                    family: super::AF_INET,
+                    state,
+                    timer,
+                    socket_id: id.clone(),
+                    recv_queue: 0,
+                    send_queue: 0,
+                    uid,
+                    inode,
+                },
+                nlas: Default::default(),
+            }))
+            .into(),
+        );
+        msg.finalize();
+        let mut out = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut out);
+        out
+    }
+
+    /// Records of sockets no process holds any more carry uid 0: their owner is unknown,
+    /// never root. A live socket's record is believed.
+    #[test]
+    fn records_of_let_go_sockets_name_no_owner() {
+        use netlink_packet_sock_diag::constants::{
+            TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_TIME_WAIT,
+        };
+        let id = super::SocketId {
+            source_port: 40000,
+            destination_port: 443,
+            source_address: [127, 0, 0, 1].into(),
+            destination_address: [10, 0, 0, 1].into(),
+            interface_id: 0,
+            cookie: super::NO_COOKIE,
+        };
+        let parse = |state, timer, uid, inode| {
+            super::parse_reply(&reply(&id, state, timer, uid, inode), &id).expect("parses")
+        };
+        assert_eq!(parse(TCP_ESTABLISHED, None, 5200, 7711), Some(5200));
+        // The process closed its socket before the FIN was acknowledged: an orphan.
+        assert_eq!(parse(TCP_FIN_WAIT1, None, 0, 0), None, "orphaned socket");
+        // Acknowledged: a timewait minisocket in its FIN_WAIT2 substate.
+        assert_eq!(
+            parse(TCP_FIN_WAIT2, Some(super::Timer::TimeWait), 0, 0),
+            None,
+            "FIN_WAIT2 timewait record"
+        );
+        assert_eq!(
+            parse(TCP_TIME_WAIT, Some(super::Timer::TimeWait), 0, 0),
+            None
+        );
+        // Whatever uid such a record carries, it is not believed.
+        assert_eq!(
+            parse(TCP_FIN_WAIT2, Some(super::Timer::TimeWait), 5200, 0),
+            None
+        );
+        assert_eq!(parse(TCP_FIN_WAIT1, None, 5200, 0), None);
+    }
+
+    /// A real write-and-close: by the time the proxy looks, the client's socket is a
+    /// timewait minisocket the kernel reports as uid 0. Unknown, not root.
+    #[test]
+    fn a_closed_client_socket_has_no_owner() {
+        use std::io::Write;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind listener");
+        let listen_addr = listener.local_addr().expect("listener addr");
+        let mut client = TcpStream::connect(listen_addr).expect("connect");
+        let (_accepted, client_addr) = listener.accept().expect("accept");
+        assert_eq!(
+            socket_uid(client_addr, listen_addr).expect("lookup"),
+            Some(euid())
+        );
+        client.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("write");
+        drop(client);
+        // Loopback delivers the FIN and its ACK within the close; allow for a slow machine.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let seen = socket_uid(client_addr, listen_addr).expect("lookup");
+            if seen.is_none() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a closed socket still reads as owned by uid {seen:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     #[test]

@@ -30,8 +30,9 @@ use std::net::SocketAddr;
 /// clients) are treated as the IPv4 addresses they map. A `client`/`peer` pair mixing IPv4 and
 /// (non-mapped) IPv6 cannot name a socket and yields `Ok(None)`.
 ///
-/// `Ok(None)` is also returned when the socket is in `TIME_WAIT` (the client already closed
-/// it and the kernel no longer records its owner) — the uid is then unknown, not root.
+/// `Ok(None)` is also returned when no process holds the socket any more (the client wrote
+/// and closed): a timewait record (`TIME_WAIT`, or `FIN_WAIT2` as its substate) or an orphaned
+/// socket (inode 0). The kernel reports uid 0 for those; the owner is unknown, never root.
 ///
 /// This call is **blocking but fast**: it opens a netlink socket, sends one request and reads
 /// the one reply, which the kernel queues synchronously while handling the request (a few

@@ -244,7 +244,10 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::BadClientHello
         | ErrorCode::UpgradeRefused
         | ErrorCode::ConnectionBudget
-        | ErrorCode::QueryTypeRefused => true,
+        | ErrorCode::QueryTypeRefused
+        | ErrorCode::UnknownUser
+        | ErrorCode::UserNotAdmitted
+        | ErrorCode::SecretNotForUser => true,
         // Our resolver was asked: the name left the machine.
         ErrorCode::UpstreamDns
         | ErrorCode::UpstreamConnect

@@ -189,6 +189,11 @@ struct FileListen {
     /// `IP:port`, or `"off"`.
     metrics: Option<String>,
     admin: Option<PathBuf>,
+    /// Who may use the explicit listener besides agent users, root and admins.
+    #[serde(default)]
+    explicit_users: Vec<NameOrId>,
+    #[serde(default)]
+    explicit_groups: Vec<NameOrId>,
 }
 
 /// `"IP:port"` or `["IP:port", …]`.
@@ -252,6 +257,23 @@ impl Default for Redirect {
 pub enum AgentUser {
     Uid(u32),
     Name(String),
+}
+
+/// A user or group, by name or numeric id.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum NameOrId {
+    Id(u32),
+    Name(String),
+}
+
+impl std::fmt::Display for NameOrId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameOrId::Id(n) => write!(f, "{n}"),
+            NameOrId::Name(n) => f.write_str(n),
+        }
+    }
 }
 
 impl std::fmt::Display for AgentUser {
@@ -401,6 +423,9 @@ pub struct Testing {
     /// A split daemon's worker asks the supervisor for original destinations even where it
     /// could look them up itself (always so on macOS): exercises that path on Linux.
     pub broker_orig_dst: bool,
+    /// Every local uid counts as an agent user's: the transparent listener admits it and
+    /// secret-binding rules serve it (the test-suite connects as whoever runs it).
+    pub every_uid_is_agent: bool,
 }
 
 /// The effective configuration the daemon runs with.
@@ -418,6 +443,10 @@ pub struct Config {
     /// Whether `dns` came from the defaults (a missing IPv6 loopback is then tolerated).
     pub dns_is_default: bool,
     pub explicit: SocketAddr,
+    /// `listen.explicit_users` / `listen.explicit_groups`: admitted to the explicit listener
+    /// besides agent users, root, the daemon's own user and `agenshield-admin` members.
+    pub explicit_users: Vec<NameOrId>,
+    pub explicit_groups: Vec<NameOrId>,
     /// The admin API's Unix socket.
     pub admin: PathBuf,
     pub policies: PathBuf,
@@ -676,6 +705,8 @@ impl Config {
             dns,
             dns_is_default,
             explicit: f.listen.explicit.unwrap_or_else(default_explicit),
+            explicit_users: f.listen.explicit_users,
+            explicit_groups: f.listen.explicit_groups,
             admin,
             policies: path_or(f.paths.policies, "policies"),
             certs: path_or(f.paths.certs, "certs"),
@@ -861,6 +892,28 @@ mod tests {
             ]
         );
         assert!(Config::parse("[redirect]\nagent_users = []\n", Path::new("p.toml")).is_err());
+    }
+
+    #[test]
+    fn explicit_listener_users_and_groups_take_names_and_ids() {
+        let cfg = Config::parse(
+            "[listen]\nexplicit_users = [\"alice\", 1001]\nexplicit_groups = [\"developers\", 2000]\n[testing]\nevery_uid_is_agent = true\n",
+            Path::new("p.toml"),
+        )
+        .expect("valid");
+        assert_eq!(
+            cfg.explicit_users,
+            vec![NameOrId::Name("alice".into()), NameOrId::Id(1001)]
+        );
+        assert_eq!(
+            cfg.explicit_groups,
+            vec![NameOrId::Name("developers".into()), NameOrId::Id(2000)]
+        );
+        assert!(cfg.testing.every_uid_is_agent);
+        let none = Config::parse("", Path::new("p.toml")).expect("valid");
+        assert!(none.explicit_users.is_empty() && none.explicit_groups.is_empty());
+        assert!(!none.testing.every_uid_is_agent);
+        assert!(Config::parse("[listen]\nexplicit_users = [-1]\n", Path::new("p.toml")).is_err());
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Accept loops. Each connection gets its own task and one tracing span carrying its
 //! addresses, so every log line inside it is attributable, and is admitted before it is
-//! served: a slot of the daemon's (`limits.max_connections`) and a seat in its agent's budget
-//! (`limits.max_connections_per_agent`). A connection refused either is closed at once, with
-//! a record, rather than left waiting.
+//! served: its local user must be one the listener serves (`identity`), and it takes a slot
+//! of the daemon's (`limits.max_connections`) and a seat in its agent's budget
+//! (`limits.max_connections_per_agent`). A connection refused is closed at once, with a
+//! record, rather than left waiting; on the explicit listener a refused user is first told
+//! why, in the JSON refusal every proxy request gets.
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -16,7 +18,7 @@ use tracing::Instrument;
 
 use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
-use crate::conn::explicit::serve_explicit;
+use crate::conn::explicit::{serve_explicit, serve_refused};
 use crate::conn::{shards, ConnCtx, Dest, ListenerKind};
 use crate::pipeline::record::{self, Record, RequestId};
 use crate::pipeline::refusal::{ErrorCode, Refusal};
@@ -49,10 +51,18 @@ pub(crate) struct Admission {
 /// Admits a connection: a daemon slot, then a seat in its agent's budget. `None`: refused,
 /// recorded; the caller closes it.
 pub(crate) async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission> {
-    let refused = match admission(proxy, ctx) {
-        Ok(admitted) => return Some(admitted),
-        Err(r) => r,
-    };
+    match admission(proxy, ctx) {
+        Ok(admitted) => Some(admitted),
+        Err(r) => {
+            refused(proxy, ctx, r).await;
+            None
+        }
+    }
+}
+
+/// Records a connection refused before it was served (one `connection` record); the caller
+/// closes it.
+pub(crate) async fn refused(proxy: &Arc<Proxy>, ctx: &ConnCtx, refused: Refusal) {
     let record = Record {
         decision: refused.verdict,
         error_code: Some(refused.code),
@@ -67,7 +77,6 @@ pub(crate) async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission
         )
     };
     record::connection(proxy, record).await;
-    None
 }
 
 /// A daemon slot and a seat in the agent's budget, or why not (`busy`, `connection_budget`).
@@ -147,6 +156,11 @@ pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: 
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
+                if let Err(r) = proxy.identities.transparent(ctx.agent_uid) {
+                    tracing::debug!("closing: {}", r.message);
+                    refused(&proxy, &ctx, r).await;
+                    return;
+                }
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
@@ -185,7 +199,13 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
-                serve_explicit(proxy, ctx, sock).await;
+                match proxy.identities.explicit(ctx.agent_uid) {
+                    Ok(()) => serve_explicit(proxy, ctx, sock).await,
+                    Err(r) => {
+                        tracing::debug!("refusing: {}", r.message);
+                        serve_refused(proxy, ctx, sock, r).await
+                    }
+                }
             }
             .instrument(span)
         });

@@ -1,8 +1,11 @@
 //! The explicit proxy listener: `CONNECT host:port` tunnels (then treated exactly like a
-//! transparent connection to that destination) and absolute-URI plain HTTP requests.
+//! transparent connection to that destination) and absolute-URI plain HTTP requests. A user
+//! the listener does not admit (`identity`) gets its JSON refusal to the first request, and
+//! the connection is closed.
 
 use std::convert::Infallible;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::accept::admission;
+use super::accept::{admission, refused};
 use super::dispatch::serve_stream;
 use super::http::{server_head_cap, unparsed};
 use super::watchdog::{serve_until_expired, Activity, Watched};
@@ -57,6 +60,68 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
         } else {
             tracing::debug!("explicit proxy connection ended: {e}");
         }
+    }
+}
+
+/// Answers the first request of a user the listener does not admit with `refusal` (its
+/// record names the destination asked for), then closes. A client that asks nothing in
+/// time, or nothing parsable, leaves one connection record with the refusal instead.
+pub(super) async fn serve_refused(
+    proxy: Arc<Proxy>,
+    base: ConnCtx,
+    stream: TcpStream,
+    refusal: Refusal,
+) {
+    let base = Arc::new(base);
+    let answered = Arc::new(AtomicBool::new(false));
+    let limits = proxy.limits.clone();
+    let svc = {
+        let (proxy, base, refusal, answered) = (
+            proxy.clone(),
+            base.clone(),
+            refusal.clone(),
+            answered.clone(),
+        );
+        service_fn(move |req: Request<Incoming>| {
+            let (proxy, base, refusal, answered) = (
+                proxy.clone(),
+                base.clone(),
+                refusal.clone(),
+                answered.clone(),
+            );
+            async move {
+                answered.store(true, Ordering::Relaxed);
+                let dest = destination(&req).unwrap_or(Dest {
+                    host: DestHost::Name(String::new()),
+                    port: 0,
+                });
+                let ctx = ConnCtx {
+                    dest,
+                    ..(*base).clone()
+                };
+                let mut resp = refuse_connect(&proxy, &ctx, &req, refusal).await;
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                Ok::<_, Infallible>(resp)
+            }
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .keep_alive(false)
+        .header_read_timeout(limits.first_request_timeout)
+        .max_buf_size(server_head_cap(&limits))
+        .serve_connection(TokioIo::new(stream), svc);
+    let bound = limits.first_request_timeout + limits.header_read_timeout;
+    match tokio::time::timeout(bound, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!("refused explicit connection ended: {e}"),
+        Err(_) => tracing::debug!("refused explicit connection timed out"),
+    }
+    if !answered.load(Ordering::Relaxed) {
+        refused(&proxy, &base, refusal).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! One client connection, from accept to the protocol that serves it:
-//! `accept` (original destination, peer uid, one tracing span) → `dispatch` (classify the
+//! `accept` (original destination, peer uid, one tracing span; `identity`: who may use
+//! which listener) → `dispatch` (classify the
 //! first bytes) → `intercept` (TLS with a minted leaf, `server_tls`) → `http` (hyper) into the
 //! request pipeline; or `opaque` (raw TCP); `explicit` is the CONNECT / absolute-URI listener.
 
@@ -10,6 +11,7 @@ mod ctx;
 mod dispatch;
 mod explicit;
 mod http;
+pub(crate) mod identity;
 mod intercept;
 mod opaque;
 mod passthrough;

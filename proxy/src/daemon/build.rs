@@ -9,7 +9,8 @@ use anyhow::Context;
 
 use super::BadInput;
 use crate::audit::Audit;
-use crate::config::Config;
+use crate::config::{Config, NameOrId};
+use crate::conn::identity::Identities;
 use crate::control::admin::{self, AdminAuth};
 use crate::control::approvals::Approvals;
 use crate::control::metrics::Metrics;
@@ -119,7 +120,67 @@ pub(super) async fn build_proxy(
         limits: cfg.limits.clone(),
         approvals: Approvals::new(cfg.approvals.timeout),
         upgrades: cfg.upstream.upgrades.clone(),
+        identities: identities(cfg)?,
     }))
+}
+
+/// Who may use which listener (see `conn::identity`): agent users, the explicit listener's
+/// extra users and groups, resolved now. An agent user that does not exist is no agent (said
+/// at start); an extra user or group that does not exist stops the start, with its name.
+fn identities(cfg: &Config) -> anyhow::Result<Identities> {
+    let mut agents = Vec::new();
+    for u in &cfg.redirect.agent_users {
+        match firewall::resolve_uids(std::slice::from_ref(u)) {
+            Ok(uids) => agents.extend(uids),
+            Err(e) => tracing::warn!("redirect.agent_users: {u} is not admitted as an agent: {e}"),
+        }
+    }
+    agents.sort_unstable();
+    agents.dedup();
+    if cfg.testing.every_uid_is_agent {
+        tracing::warn!("TESTING: every local uid counts as an agent user's");
+    }
+    let user = |u: &NameOrId| match u {
+        NameOrId::Id(uid) => Ok(*uid),
+        NameOrId::Name(name) => match nix::unistd::User::from_name(name) {
+            Ok(Some(user)) => Ok(user.uid.as_raw()),
+            Ok(None) => Err(BadInput(format!("listen.explicit_users: no user {name:?}"))),
+            Err(e) => Err(BadInput(format!(
+                "listen.explicit_users: looking up {name:?}: {e}"
+            ))),
+        },
+    };
+    let group = |g: &NameOrId| match g {
+        NameOrId::Id(gid) => Ok(*gid),
+        NameOrId::Name(name) => match nix::unistd::Group::from_name(name) {
+            Ok(Some(group)) => Ok(group.gid.as_raw()),
+            Ok(None) => Err(BadInput(format!(
+                "listen.explicit_groups: no group {name:?}"
+            ))),
+            Err(e) => Err(BadInput(format!(
+                "listen.explicit_groups: looking up {name:?}: {e}"
+            ))),
+        },
+    };
+    Ok(Identities {
+        agents,
+        every_uid_is_agent: cfg.testing.every_uid_is_agent,
+        own_uid: nix::unistd::geteuid().as_raw(),
+        admin_gid: nix::unistd::Group::from_name(admin::ADMIN_GROUP)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+        explicit_uids: cfg
+            .explicit_users
+            .iter()
+            .map(user)
+            .collect::<Result<_, _>>()?,
+        explicit_gids: cfg
+            .explicit_groups
+            .iter()
+            .map(group)
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 /// Who may use the admin socket: root, our own uid, the admin group; never an agent.

@@ -92,11 +92,13 @@ impl Listeners {
         self.dns.iter().map(|d| d.addr).collect()
     }
 
-    /// Every address we listen on: the proxy must never dial itself.
+    /// Every address we listen on, the metrics listener included: the proxy must never dial
+    /// itself, and the agent must not reach our services through an upstream connection.
     pub fn own_addrs(&self) -> Vec<SocketAddr> {
         let mut own = self.transparent_addrs.clone();
         own.push(self.explicit_addr);
         own.extend(self.dns_addrs());
+        own.extend(self.metrics.as_ref().and_then(|m| m.local_addr().ok()));
         own
     }
 }
@@ -140,4 +142,35 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(BACKLOG)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn own_addrs_are_every_listener_metrics_included() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::defaults_in(dir.path());
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        cfg.transparent = vec![any];
+        cfg.explicit = any;
+        cfg.dns = vec![any];
+        cfg.metrics = Some(any);
+        let l = Listeners::bind(&cfg).await.expect("bind");
+        let metrics = l
+            .metrics
+            .as_ref()
+            .and_then(|m| m.local_addr().ok())
+            .expect("metrics bound");
+        let own = l.own_addrs();
+        for addr in [
+            l.transparent_addrs[0],
+            l.explicit_addr,
+            l.dns[0].addr,
+            metrics,
+        ] {
+            assert!(own.contains(&addr), "{addr} missing from {own:?}");
+        }
+    }
 }

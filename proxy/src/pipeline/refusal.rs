@@ -53,12 +53,20 @@ pub(crate) enum ErrorCode {
     /// A DNS question of a type (or class, or opcode) the stub does not answer. DNS query
     /// records only.
     QueryTypeRefused,
+    /// The OS could not tell which local user opened the connection (the client already let
+    /// go of its socket): refused on the transparent and explicit listeners.
+    UnknownUser,
+    /// The connection's user may not use this listener: not an agent user on the transparent
+    /// one; not an agent, root, an admin or a listed user on the explicit one.
+    UserNotAdmitted,
+    /// The rule binds secrets and the request's user is not an agent user the rule serves.
+    SecretNotForUser,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 22] = [
+    pub(crate) const ALL: [ErrorCode; 25] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -81,6 +89,9 @@ impl ErrorCode {
         ErrorCode::UpgradeRefused,
         ErrorCode::ConnectionBudget,
         ErrorCode::QueryTypeRefused,
+        ErrorCode::UnknownUser,
+        ErrorCode::UserNotAdmitted,
+        ErrorCode::SecretNotForUser,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -91,7 +102,10 @@ impl ErrorCode {
             | ErrorCode::SecretScope
             | ErrorCode::SecretLeak
             | ErrorCode::UpgradeRefused
-            | ErrorCode::QueryTypeRefused => StatusCode::FORBIDDEN,
+            | ErrorCode::QueryTypeRefused
+            | ErrorCode::UnknownUser
+            | ErrorCode::UserNotAdmitted
+            | ErrorCode::SecretNotForUser => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
@@ -122,7 +136,10 @@ impl ErrorCode {
             | ErrorCode::HeadTooLarge
             | ErrorCode::BadClientHello
             | ErrorCode::UpgradeRefused
-            | ErrorCode::QueryTypeRefused => Verdict::Deny,
+            | ErrorCode::QueryTypeRefused
+            | ErrorCode::UnknownUser
+            | ErrorCode::UserNotAdmitted
+            | ErrorCode::SecretNotForUser => Verdict::Deny,
             ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
                 Verdict::Limited
             }
@@ -162,6 +179,9 @@ impl ErrorCode {
             ErrorCode::UpgradeRefused => "upgrade_refused",
             ErrorCode::ConnectionBudget => "connection_budget",
             ErrorCode::QueryTypeRefused => "query_type_refused",
+            ErrorCode::UnknownUser => "unknown_user",
+            ErrorCode::UserNotAdmitted => "user_not_admitted",
+            ErrorCode::SecretNotForUser => "secret_not_for_user",
         }
     }
 

@@ -17,6 +17,13 @@ use crate::secrets::{SecretRefusal, Violation};
 
 pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
     let bindings = ctx.decision.as_ref().and_then(|d| d.secrets.clone());
+    if let (Some(_), Some(d)) = (&bindings, &ctx.decision) {
+        // Whose requests the rule's secrets serve (`conn::identity`): refused, never sent on
+        // without them.
+        ctx.proxy
+            .identities
+            .secrets(ctx.conn.agent_uid, d.names_agents, d.rule_id.as_deref())?;
+    }
     if let Some(b) = &bindings {
         // A fetched secret the rule binds (a command's output, an OAuth2 token) must have a
         // value in force before anything is checked or swapped.

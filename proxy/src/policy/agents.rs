@@ -2,8 +2,8 @@
 //! users. AgenShield names an agent's user `ash_<name>_agent`, so a name is that user (a full
 //! `ash_…_agent` name is taken as it is); a number is a uid. Names are resolved when the
 //! policy loads (an unknown user is an error there, with its position), so deciding compares
-//! numbers only. A rule without `agents` applies to every agent; a rule with them never
-//! applies to a connection whose user is unknown.
+//! numbers only. A rule without `agents` applies to every agent; of the rules with them, only
+//! a deny applies to a connection whose user is unknown (it may be one of them: fail closed).
 
 use serde::Deserialize;
 use toml::Spanned;

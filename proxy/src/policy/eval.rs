@@ -203,6 +203,7 @@ impl Policy {
             explanation: text,
             obligations,
             secrets,
+            names_agents: rule.is_some_and(|r| r.agents.is_some()),
         }
     }
 }
@@ -220,6 +221,7 @@ pub(super) fn invalid(explanation: String) -> Decision {
         explanation,
         obligations: Obligations::default(),
         secrets: None,
+        names_agents: false,
     }
 }
 

@@ -32,7 +32,8 @@ pub(crate) struct CompiledRule {
     pub secrets: Option<Arc<SecretBindings>>,
     /// `tls = "passthrough"`: the TLS connections it allows are spliced, not intercepted.
     pub passthrough: bool,
-    /// The agent uids it applies to, sorted; `None`: every agent.
+    /// The agent uids it applies to, sorted; `None`: every agent. A deny with `agents` also
+    /// applies where the agent is unknown.
     pub agents: Option<Box<[u32]>>,
 }
 
@@ -97,8 +98,13 @@ impl CompiledRule {
             return false;
         }
         if let Some(agents) = &self.agents {
-            // An unknown agent is none of the named ones.
-            if agent.is_none_or(|a| agents.binary_search(&a).is_err()) {
+            let applies = match agent {
+                Some(a) => agents.binary_search(&a).is_ok(),
+                // An unknown agent may be any of them: a deny applies to it (fail closed);
+                // nothing else does.
+                None => self.action == Action::Deny,
+            };
+            if !applies {
                 return false;
             }
         }

@@ -161,6 +161,9 @@ pub struct Decision {
     pub obligations: Obligations,
     /// The secrets the deciding rule binds, when it allows or asks.
     pub secrets: Option<Arc<SecretBindings>>,
+    /// The deciding rule lists its users in `agents` (and matched one of them): its secrets
+    /// serve exactly those, whoever they are; a rule without `agents` serves agent users only.
+    pub names_agents: bool,
 }
 
 impl Decision {

@@ -64,6 +64,7 @@ impl Policy {
             explanation,
             obligations: Obligations::default(),
             secrets: None,
+            names_agents: false,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Everything that faces upstreams: `resolve` (our resolver), `guard` (the private-address
-//! guard), `dial` (connect to exactly an address that passed, or through the operator's proxy:
+//! guard, with `local_addrs`: this host's own), `dial` (connect to exactly an address that passed, or through the operator's proxy:
 //! `proxy_connect`, giving a `connection`), `trust` (verified rustls), `pool` (upstream
 //! connections kept and shared, HTTP/2 spread over several), `client` (forwarding a request
 //! through the pool) and `relay` (tunnels).
@@ -8,6 +8,7 @@ pub(crate) mod client;
 pub(crate) mod connection;
 pub(crate) mod dial;
 pub(crate) mod guard;
+mod local_addrs;
 pub(crate) mod pool;
 pub(crate) mod proxy_connect;
 pub(crate) mod relay;
