@@ -64,12 +64,38 @@ pub fn scan(files: &[PathBuf], since: Duration, now: SystemTime) -> std::io::Res
             if OffsetDateTime::parse(at, &Rfc3339).map_or(true, |t| t < cutoff_dt) {
                 continue;
             }
-            let host = v["sni"]
-                .as_str()
-                .or(v["host"].as_str())
-                .unwrap_or("?")
-                .to_string();
-            let port = v["port"].as_u64().unwrap_or(0);
+            // A `repeated` record counts the refusals after the one written in full, over
+            // any hosts (a sample of which it names): with one host, they are that host's.
+            let repeated = v["kind"] == "repeated";
+            let (host, port, count, last) = if repeated {
+                let hosts: Vec<&str> = v["hosts"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|h| h.as_str()).collect())
+                    .unwrap_or_default();
+                let host = match hosts.as_slice() {
+                    [one] => one.to_string(),
+                    [] => "(hosts not named)".to_string(),
+                    many => format!("several hosts ({})", many.join(", ")),
+                };
+                let port = by_host
+                    .keys()
+                    .find(|(h, _)| *h == host)
+                    .map_or(0, |(_, p)| *p);
+                let count = v["count"].as_u64().unwrap_or(1);
+                (
+                    host,
+                    port,
+                    count,
+                    v["last"].as_str().unwrap_or(at).to_string(),
+                )
+            } else {
+                let host = v["sni"]
+                    .as_str()
+                    .or(v["host"].as_str())
+                    .unwrap_or("?")
+                    .to_string();
+                (host, v["port"].as_u64().unwrap_or(0), 1, at.to_string())
+            };
             let r = by_host
                 .entry((host.clone(), port))
                 .or_insert_with(|| Rejections {
@@ -79,8 +105,10 @@ pub fn scan(files: &[PathBuf], since: Duration, now: SystemTime) -> std::io::Res
                     last: String::new(),
                     agent_uids: Vec::new(),
                 });
-            r.count += 1;
-            r.last = at.to_string();
+            r.count += count;
+            if last > r.last {
+                r.last = last;
+            }
             if let Some(uid) = v["agent_uid"].as_u64() {
                 if !r.agent_uids.contains(&uid) {
                     r.agent_uids.push(uid);
@@ -183,6 +211,12 @@ mod tests {
             rec(&recent, "b.example", "client_rejected_ca"),
             rec(&recent, "a.example", "client_rejected_ca"),
             rec(&recent, "c.example", "tls_handshake_failed"),
+            // The audit's count of the refusals after a.example's within its window.
+            format!(
+                "{{\"v\":2,\"time\":\"{recent}\",\"kind\":\"repeated\",\"agent_uid\":5200,\
+                 \"error_code\":\"client_rejected_ca\",\"count\":3,\"last\":\"{recent}\",\
+                 \"hosts\":[\"a.example\"]}}\n"
+            ),
             "not json client_rejected_ca\n".into(),
         ]
         .concat();
@@ -195,13 +229,13 @@ mod tests {
         .expect("scan");
         assert_eq!(s.files, 1);
         let got: Vec<(&str, u64)> = s.hosts.iter().map(|r| (r.host.as_str(), r.count)).collect();
-        assert_eq!(got, vec![("a.example", 2), ("b.example", 1)]);
+        assert_eq!(got, vec![("a.example", 5), ("b.example", 1)]);
         assert_eq!(s.hosts[0].agent_uids, vec![5200]);
         let f = findings(Ok(s), Duration::from_secs(86_400));
         assert_eq!(f[0].subject, "a.example:443");
         assert!(
             f[0].detail
-                .starts_with("2 handshake(s) refused our leaf in the last 24h"),
+                .starts_with("5 handshake(s) refused our leaf in the last 24h"),
             "{}",
             f[0].detail
         );

@@ -308,6 +308,15 @@ impl Layout {
         v.extend(self.agent_dirs.iter().cloned());
         v.extend(self.blocks.iter().map(|b| b.path.clone()));
         v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));
+        // What closes the local resolvers to the agent (Linux), seen so a second install
+        // knows they are in place.
+        use super::resolvers::{dropin_dir, DBUS_POLICY_PATH, DROPIN_NAME, SOCKETS};
+        v.push(PathBuf::from(DBUS_POLICY_PATH));
+        for s in &SOCKETS {
+            let dir = dropin_dir(s.unit);
+            v.push(dir.join(DROPIN_NAME));
+            v.push(dir);
+        }
         v.sort();
         v.dedup();
         v
