@@ -137,7 +137,8 @@ impl RunAs {
             // SAFETY: socket, connect and close are async-signal-safe; `addr` is a valid
             // sockaddr_un of `len` bytes owned by this closure.
             unsafe {
-                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                // Closed below, before the exec: no CLOEXEC needed (macOS has no SOCK_CLOEXEC).
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
                 if fd < 0 {
                     return Err(io::Error::last_os_error());
                 }

@@ -5,6 +5,7 @@
 //! as root (each logs its euid to a world-writable file and tries to write into a directory
 //! only root may write), never open the FIFO or the device, and finish within a bound,
 //! reporting both.
+#![cfg(target_os = "linux")]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

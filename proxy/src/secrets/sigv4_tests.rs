@@ -357,7 +357,9 @@ async fn only_what_the_rule_may_sign_is_signed() {
     assert!(plan(&s3, &[("authorization", &ok)], "/k")
         .expect("in scope")
         .is_some());
-    let cases: Vec<(Vec<(&str, String)>, &str, &str)> = vec![
+    /// Headers, the path and query, what the refusal says.
+    type Case<'a> = (Vec<(&'a str, String)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![("authorization", auth("20261124/eu-west-1/sts/aws4_request"))],
             "/",
