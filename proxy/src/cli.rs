@@ -307,7 +307,8 @@ pub enum SecretsCommand {
         /// 1-64 of A-Z a-z 0-9 _ -; the agent's placeholder is agenshield:secret:NAME
         name: String,
         /// Take the value from this command's standard output, run by the daemon as its own
-        /// (worker) user with `sh -c`, no stdin, within --timeout
+        /// (worker) user with `sh`, no stdin, within --timeout. `-` reads the command from
+        /// stdin, so it is in no process's arguments (`ps` shows any user ours)
         #[arg(long, value_name = "COMMAND", conflicts_with = "oauth2_token_url")]
         from_command: Option<String>,
         /// Fetch an OAuth2 access token (client credentials grant) from this https:// URL

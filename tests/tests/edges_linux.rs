@@ -207,11 +207,11 @@ fn only_root_defines_a_fetched_secret_and_its_command_is_in_no_processs_argument
         .logs()
         .contains("a fetched secret's definition refused: not root"));
 
-    // Root defines one. While its first fetch runs (2 s), no process but root's own ctl
-    // (whose arguments the operator chose) shows the command.
+    // Root defines one, the command on ctl's stdin (`--from-command -`). While its first
+    // fetch runs (2 s), no process shows the command: not the daemon's shell, not ctl.
     let marker = format!("argv_marker_{}", std::process::id());
     let command = format!(": {marker}; sleep 2; printf tok_root_value_0001");
-    let ctl = Command::new(binary())
+    let mut ctl = Command::new(binary())
         .args([
             "proxy",
             "ctl",
@@ -219,27 +219,34 @@ fn only_root_defines_a_fetched_secret_and_its_command_is_in_no_processs_argument
             "set",
             "gh",
             "--from-command",
-            &command,
+            "-",
         ])
         .arg("--socket")
         .arg(daemon.socket())
         .arg("--config")
         .arg(daemon.config_path())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run ctl");
-    let ctl_pid = ctl.id();
+    {
+        use std::io::Write as _;
+        let mut stdin = ctl.stdin.take().expect("stdin");
+        stdin
+            .write_all(command.as_bytes())
+            .expect("write the command");
+    }
     let daemon_pid = daemon.pid();
     let mut shown = Vec::new();
     let mut shell_seen = false;
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
-        for (pid, ppid, args) in processes() {
+        for (_pid, ppid, args) in processes() {
             if ppid == daemon_pid && args.starts_with("/bin/sh") {
                 shell_seen = true;
             }
-            if pid != ctl_pid && args.contains(&marker) {
+            if args.contains(&marker) {
                 shown.push(args);
             }
         }

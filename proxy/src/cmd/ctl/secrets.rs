@@ -46,6 +46,19 @@ pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 
             let ttl_secs = ttl.map_or(DEFAULT_TTL, |d| d.as_secs());
             let timeout_secs = timeout.map_or(DEFAULT_TIMEOUT, |d| d.as_secs());
             if let Some(command) = from_command {
+                // `-`: the command from stdin, kept out of this process's arguments.
+                let command = if command == "-" {
+                    let text = match read_value(&name, "the command") {
+                        Ok(b) => b,
+                        Err(e) => return output::bad_input(e),
+                    };
+                    match std::str::from_utf8(&text) {
+                        Ok(t) => t.trim_end_matches('\n').to_string(),
+                        Err(_) => return output::bad_input("the command is not UTF-8"),
+                    }
+                } else {
+                    command
+                };
                 let spec = ProviderSpec::Command {
                     command,
                     ttl_secs,
