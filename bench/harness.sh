@@ -33,3 +33,14 @@ harness_start() {
   : >"$S/results.tsv"
   setup
 }
+
+# `bin` wrapped so the harness's client uid is our agent user (bench/as-agent.sh): since the
+# transparent listener serves agent users only, every row of ours runs through this.
+as_agent() {
+  local w
+  w=$(mktemp /tmp/agenshield-as-agent.XXXXXX)
+  printf '#!/bin/sh\nREAL_BIN=%s BENCH_AGENT_UID=%s exec %s "$@"\n' \
+    "$1" "${AGENT_UID:-5299}" "$here/as-agent.sh" >"$w"
+  chmod +x "$w"
+  echo "$w"
+}

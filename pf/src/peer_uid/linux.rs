@@ -118,14 +118,17 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
     Err(invalid_data("sock_diag reply without an answer".to_owned()))
 }
 
-/// The owner a record names, if it still knows it. The kernel reports uid 0 (root) for a
-/// socket whose process let go of it: a timewait minisocket (`TIME_WAIT`, and `FIN_WAIT2`
-/// after an orphan's FIN was acknowledged: its state is the substate, its timer the timewait
-/// one) and an orphaned full socket (its file closed: inode 0). Its owner is then unknown,
+/// The owner a record names, if it still knows it. A timewait minisocket (`TIME_WAIT`, and
+/// `FIN_WAIT2` after an orphan's FIN was acknowledged: its state is the substate, its timer
+/// the timewait one) keeps no owner: the kernel reports uid 0 for it, which is nobody's. An
+/// orphaned full socket (its process closed it: inode 0, e.g. `FIN_WAIT1` right after a
+/// write-and-close) keeps the uid that created it (`sk_uid`) on current kernels, which is
+/// believed; older kernels report 0 for it, which is not (it would read as root). Unknown,
 /// never root.
 fn owner(h: &InetResponseHeader) -> Option<u32> {
     let timewait = h.state == TCP_TIME_WAIT || h.timer == Some(Timer::TimeWait);
-    (!timewait && h.inode != 0).then_some(h.uid)
+    let orphan_without_uid = h.inode == 0 && h.uid == 0;
+    (!timewait && !orphan_without_uid).then_some(h.uid)
 }
 
 /// The uid owning the UDP socket bound to `local` (a datagram's source address as its
@@ -508,12 +511,13 @@ mod tests {
             parse(TCP_TIME_WAIT, Some(super::Timer::TimeWait), 0, 0),
             None
         );
-        // Whatever uid such a record carries, it is not believed.
+        // Whatever uid a timewait record carries, it is not believed.
         assert_eq!(
             parse(TCP_FIN_WAIT2, Some(super::Timer::TimeWait), 5200, 0),
             None
         );
-        assert_eq!(parse(TCP_FIN_WAIT1, None, 5200, 0), None);
+        // An orphan that still names its creator (current kernels keep `sk_uid`): believed.
+        assert_eq!(parse(TCP_FIN_WAIT1, None, 5200, 0), Some(5200));
     }
 
     /// A real write-and-close: by the time the proxy looks, the client's socket is a
