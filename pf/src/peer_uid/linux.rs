@@ -91,15 +91,30 @@ fn parse_reply(mut buf: &[u8], wanted: &SocketId) -> io::Result<Option<u32>> {
                 // client's address when no connection matches; that is someone else's
                 // socket, not the client. Only a record naming our 4-tuple counts.
                 if h.state == TCP_LISTEN || !same_socket(&h.socket_id, wanted) {
+                    tracing::debug!(
+                        state = h.state,
+                        "sock_diag: no socket with this 4-tuple (a listener answered)"
+                    );
                     return Ok(None);
                 }
-                return Ok(owner(h));
+                let owner = owner(h);
+                if owner.is_none() {
+                    tracing::debug!(
+                        state = h.state,
+                        timer = ?h.timer,
+                        inode = h.inode,
+                        uid = h.uid,
+                        "sock_diag: the socket keeps no owner"
+                    );
+                }
+                return Ok(owner);
             }
             // An ACK (not requested): skip it.
             NetlinkPayload::Error(e) if e.code.is_none() => {}
             NetlinkPayload::Error(e) => {
                 let err = e.to_io();
                 return if err.raw_os_error() == Some(Errno::ENOENT as i32) {
+                    tracing::debug!(src = %wanted.source_address, sport = wanted.source_port, dst = %wanted.destination_address, dport = wanted.destination_port, "sock_diag: no such socket");
                     Ok(None)
                 } else {
                     Err(err)
