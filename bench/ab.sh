@@ -19,8 +19,8 @@ if [ -z "${AGENSHIELD_BIN:-}" ]; then
   (cd "$root" && cargo build --release -q -p agenshield-proxy)
   AGENSHIELD_BIN="$root/target/release/agenshield"
 fi
-AGENSHIELD_BIN=$(as_agent "$AGENSHIELD_BIN")
-BASE_BIN=$(as_agent "$BASE_BIN")
+AGENSHIELD_BIN=$(agent_bin "$AGENSHIELD_BIN")
+BASE_BIN=$(agent_bin "$BASE_BIN")
 export AGENSHIELD_BIN BASE_BIN
 ROWS="${ROWS:-direct agenshield_base agenshield}"
 export RESULTS_MD="${RESULTS_MD:-$here/results-ab-$(date -u +%Y-%m-%d).md}"

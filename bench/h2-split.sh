@@ -21,6 +21,8 @@ if [ -z "${AGENSHIELD_BIN:-}" ]; then
   (cd "$root" && cargo build --release -q -p agenshield-proxy)
   AGENSHIELD_BIN="$root/target/release/agenshield"
 fi
+AGENSHIELD_BIN=$(agent_bin "$AGENSHIELD_BIN")
+[ -n "${BASE_BIN:-}" ] && BASE_BIN=$(agent_bin "$BASE_BIN") && export BASE_BIN
 export AGENSHIELD_BIN
 SPLIT_ROWS="${ROWS:-direct haproxy agenshield}"
 N="${N:-200000}"

@@ -34,9 +34,9 @@ harness_start() {
   setup
 }
 
-# `bin` wrapped so the harness's client uid is our agent user (bench/as-agent.sh): since the
+# agent_bin BIN: `BIN` wrapped so the harness's client uid is our agent user (bench/as-agent.sh): since the
 # transparent listener serves agent users only, every row of ours runs through this.
-as_agent() {
+agent_bin() {
   local w
   w=$(mktemp /tmp/agenshield-as-agent.XXXXXX)
   printf '#!/bin/sh\nREAL_BIN=%s BENCH_AGENT_UID=%s exec %s "$@"\n' \

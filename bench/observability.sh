@@ -18,6 +18,7 @@ if [ -z "${AGENSHIELD_BIN:-}" ]; then
   (cd "$root" && cargo build --release -q -p agenshield-proxy)
   AGENSHIELD_BIN="$root/target/release/agenshield"
 fi
+AGENSHIELD_BIN=$(agent_bin "$AGENSHIELD_BIN")
 export AGENSHIELD_BIN
 ROWS="${ROWS:-direct agenshield agenshield_quiet}"
 export RESULTS_MD="${RESULTS_MD:-$here/results-observability-$(date -u +%Y-%m-%d).md}"

@@ -19,7 +19,8 @@ for t in perf inferno-collapse-perf inferno-flamegraph; do
   command -v "$t" >/dev/null || { echo "bench: $t is missing (linux-perf; cargo install inferno)" >&2; exit 2; }
 done
 (cd "$root" && cargo build --release -q -p agenshield-proxy)
-export AGENSHIELD_BIN="${AGENSHIELD_BIN:-$root/target/release/agenshield}"
+export AGENSHIELD_BIN
+AGENSHIELD_BIN=$(agent_bin "${AGENSHIELD_BIN:-$root/target/release/agenshield}")
 WORKLOADS="${WORKLOADS:-ka h2 close large}"
 SECS="${SECS:-6}"
 FREQ="${FREQ:-997}"

@@ -16,15 +16,16 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-harness="${HARNESS:-$root/../shared/bench/peers.sh}"
-[ -x "$harness" ] || [ -f "$harness" ] || { echo "bench: harness not found at $harness" >&2; exit 2; }
+# shellcheck source=harness.sh
+. "$here/harness.sh"
 [ "$(id -u)" -eq 0 ] || { echo "bench: needs root (nftables redirect, a second uid)" >&2; exit 2; }
 for tool in nginx wrk h2load nft curl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool missing (apt-get install nginx-light wrk nghttp2-client nftables curl)" >&2; exit 2; }
 done
 
 (cd "$root" && cargo build --release -q -p agenshield-proxy)
-export AGENSHIELD_BIN="$root/target/release/agenshield"
+export AGENSHIELD_BIN
+AGENSHIELD_BIN=$(agent_bin "$root/target/release/agenshield")
 export ROWS="${ROWS:-direct agenshield}"
 export REPEATS="${REPEATS:-2}"
 export DUR="${DUR:-10}"

@@ -21,7 +21,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=harness.sh
 . "$here/harness.sh"
 (cd "$root" && cargo build --release -q -p agenshield-proxy)
-export AGENSHIELD_BIN="$root/target/release/agenshield"
+export AGENSHIELD_BIN
+AGENSHIELD_BIN=$(agent_bin "$root/target/release/agenshield")
 ROWS="${ROWS:-direct agenshield agenshield_secrets}"
 export RESULTS_MD="${RESULTS_MD:-$here/results-secrets-$(date -u +%Y-%m-%d).md}"
 
