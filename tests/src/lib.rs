@@ -12,4 +12,5 @@ pub mod installation;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod pki;
+pub mod prometheus;
 pub mod upstream;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::{client_config, TestCa};
+use agenshield_e2e::prometheus;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
 use futures_util::{SinkExt, StreamExt};
 use rustls_pki_types::ServerName;
@@ -189,120 +190,18 @@ async fn traffic(w: &World) -> usize {
     n
 }
 
-struct Prometheus {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn start_prometheus(target: SocketAddr) -> Prometheus {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: agenshield-proxy\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{target}']\n"
-        ),
-    )
-    .expect("config");
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={addr}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn prometheus");
-    Prometheus {
-        child,
-        addr,
-        _dir: dir,
-    }
-}
-
-/// `GET /api/v1/query?query=EXPR` on Prometheus; the JSON answer.
-fn query(p: &Prometheus, expr: &str) -> serde_json::Value {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-G"])
-        .arg(format!("http://{}/api/v1/query", p.addr))
-        .arg("--data-urlencode")
-        .arg(format!("query={expr}"))
-        .output()
-        .expect("curl");
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-}
-
-fn dashboard_exprs() -> Vec<String> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../grafana/dashboards/agenshield-proxy.json");
-    let text = std::fs::read_to_string(&path).expect("dashboard JSON");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
-    let mut out = Vec::new();
-    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, x) in m {
-                    match (k.as_str(), x) {
-                        ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
-                        _ => walk(x, out),
-                    }
-                }
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
-            _ => {}
-        }
-    }
-    walk(&v, &mut out);
-    out.into_iter()
-        .map(|e| {
-            e.replace("$__rate_interval", "1m")
-                .replace("$__interval", "1m")
-                .replace("$__range", "1m")
-        })
-        .collect()
-}
-
 fn ctl(d: &Daemon, args: &[&str]) -> (i32, String, String) {
     d.ctl(&[], args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
-    if !have("prometheus") || !have("promtool") {
-        let why = "skipped: needs Debian's prometheus package (prometheus, promtool)";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{why} (CI installs it)"
-        );
+    if let Some(why) = prometheus::missing() {
         eprintln!("{why}");
         return;
     }
     let w = World::new().await;
-    let prom = start_prometheus(w.daemon.metrics);
+    let prom = prometheus::start(w.daemon.metrics, &[]);
     let n = traffic(&w).await;
 
     // A scrape passes promtool's checks.
@@ -359,18 +258,14 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
     }
 
     // Every dashboard expression returns data once Prometheus has scraped a few times.
-    let exprs = dashboard_exprs();
+    let exprs = prometheus::dashboard_exprs();
     assert!(exprs.len() >= 20, "dashboard has {} queries", exprs.len());
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut empty: Vec<String>;
     loop {
         empty = exprs
             .iter()
-            .filter(|e| {
-                let v = query(&prom, e);
-                v["status"] != "success"
-                    || v["data"]["result"].as_array().is_none_or(|r| r.is_empty())
-            })
+            .filter(|e| !prom.has_data(e))
             .cloned()
             .collect();
         if empty.is_empty() || Instant::now() > deadline {

@@ -81,6 +81,9 @@ pub struct Metrics {
     pub policy_watch_active: IntGauge,
     pub policy_watch_rearms: IntCounter,
     pub firewall_active: IntGauge,
+    /// 1 where this daemon keeps the redirect (`redirect.enabled`): only there does a 0 in
+    /// `firewall_active` mean the agents' redirect is gone (the alert rules read both).
+    pub firewall_managed: IntGauge,
     /// Every DNS query the stub answered, by decision and response code (recorded or not:
     /// the audit log takes an allowed name once per TTL).
     pub dns_queries: IntCounterVec,
@@ -364,6 +367,14 @@ impl Metrics {
                     "1 while the redirect rules are verified in place, else 0."
                 ))
             ),
+            firewall_managed: reg!(
+                r,
+                IntGauge::with_opts(opts(
+                    "firewall_redirect_managed",
+                    "1 where this daemon installs and keeps the agents' redirect rules \
+                     (redirect.enabled), else 0 (the redirect, if any, is kept elsewhere)."
+                ))
+            ),
             dns_queries: reg!(
                 r,
                 IntCounterVec::new(
@@ -398,6 +409,16 @@ impl Metrics {
         }
         for kind in ["leak", "scope", "unavailable"] {
             m.secret_refusals.with_label_values(&[kind]);
+        }
+        // A fresh daemon has decided nothing yet: one zero series per family (the default
+        // deny of a host no rule names, over HTTP/1.1) keeps every request panel at 0.
+        m.requests
+            .with_label_values(&["deny", crate::policy::NO_RULE, "other", "h1"]);
+        for decision in ["allow", "deny"] {
+            m.request_duration.with_label_values(&[decision]);
+        }
+        for kind in ["connect", "tls", "protocol"] {
+            m.upstream_errors.with_label_values(&[kind]);
         }
         for code in TLS_FAILURES {
             m.tls_handshakes.with_label_values(&[code.as_str()]);

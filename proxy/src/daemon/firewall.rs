@@ -212,6 +212,7 @@ pub async fn reconcile(
     report: Option<tokio::sync::watch::Sender<String>>,
 ) {
     metrics.firewall_active.set(1);
+    metrics.firewall_managed.set(1);
     let say = |s: String| {
         if let Some(r) = &report {
             r.send_if_modified(|old| {

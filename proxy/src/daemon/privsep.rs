@@ -316,6 +316,7 @@ pub async fn worker(
     let (state_tx, state_rx) = tokio::sync::watch::channel(String::from("matches"));
     let firewall = header.firewall.map(|agent_uids| {
         metrics.firewall_active.set(1);
+        metrics.firewall_managed.set(1);
         FirewallView::Reported {
             agent_uids,
             state: state_rx,

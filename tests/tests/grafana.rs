@@ -1,0 +1,257 @@
+//! What ships in `grafana/`, against the real engines: a fresh daemon scraped by a real
+//! Prometheus leaves no dashboard panel without data; the alert rules pass `promtool check
+//! rules` and their unit tests (`promtool test rules`), and fire in a real Prometheus on a
+//! real daemon's condition (a rejected policy edit) while a healthy daemon fires none of the
+//! others; the compose file binds everything to loopback and mounts files that exist.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::prometheus::{self, grafana_dir};
+
+const POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "api"
+hosts = ["api.test"]
+action = "allow"
+"#;
+
+fn daemon() -> Daemon {
+    Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    })
+}
+
+/// The dashboard's expressions that return nothing, polled until `within` has passed (or
+/// none is left).
+async fn without_data(p: &prometheus::Prometheus, within: Duration) -> Vec<String> {
+    let exprs = prometheus::dashboard_exprs();
+    assert!(exprs.len() >= 20, "dashboard has {} queries", exprs.len());
+    let deadline = Instant::now() + within;
+    loop {
+        let empty: Vec<String> = exprs.iter().filter(|e| !p.has_data(e)).cloned().collect();
+        if empty.is_empty() || Instant::now() > deadline {
+            return empty;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_daemon_leaves_no_dashboard_panel_without_data() {
+    if let Some(why) = prometheus::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let d = daemon();
+    let prom = prometheus::start(d.metrics, &[]);
+    // No request at all: every panel must still show a figure (zero), not "No data".
+    let empty = without_data(&prom, Duration::from_secs(40)).await;
+    assert!(
+        empty.is_empty(),
+        "{} dashboard queries return no data on a fresh daemon:\n{}\nthe scrape:\n{}",
+        empty.len(),
+        empty.join("\n"),
+        scrape(&d)
+    );
+    // The health row reads as a healthy daemon that does not keep a redirect.
+    let value = |expr: &str| -> f64 {
+        let v = prom.query(expr);
+        v["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{expr}: {v}"))
+    };
+    assert_eq!(
+        value("min(agenshield_proxy_audit_ready) * (1 - max(agenshield_proxy_audit_retention_blocked))"),
+        1.0
+    );
+    assert_eq!(value("min(agenshield_proxy_policy_watch_active)"), 1.0);
+    assert_eq!(
+        value("max(agenshield_proxy_firewall_redirect_managed) * (1 + min(agenshield_proxy_firewall_redirect_active))"),
+        0.0,
+        "a daemon without redirect.enabled reads 'kept elsewhere', not MISSING"
+    );
+}
+
+/// The daemon's `/metrics` as text.
+fn scrape(d: &Daemon) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            &format!("http://{}/metrics", d.metrics),
+        ])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn promtool(args: &[&str]) -> (bool, String) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(grafana_dir().join("prometheus"))
+        .output()
+        .expect("promtool");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Alerts in state `firing` (name → labels), from Prometheus's `/api/v1/alerts`.
+fn firing(p: &prometheus::Prometheus) -> Vec<(String, serde_json::Value)> {
+    let v = p.api("alerts", &[]);
+    v["data"]["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|x| x["state"] == "firing")
+                .map(|x| {
+                    (
+                        x["labels"]["alertname"].as_str().unwrap_or("").to_string(),
+                        x["labels"].clone(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_rules_are_valid_tested_and_fire_on_a_real_daemons_condition() {
+    if let Some(why) = prometheus::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let (ok, out) = promtool(&["check", "rules", "alerts.yml"]);
+    assert!(ok && out.contains("SUCCESS: 7 rules found"), "{out}");
+    let (ok, out) = promtool(&["test", "rules", "alerts.test.yml"]);
+    assert!(ok, "promtool test rules: {out}");
+    // The shipped scrape config (with its rule file) is a valid Prometheus config.
+    let (ok, out) = promtool(&["check", "config", "scrape-agenshield.yml"]);
+    assert!(ok, "promtool check config: {out}");
+
+    // A real daemon and a real Prometheus evaluating the shipped rules.
+    let d = daemon();
+    let rules = grafana_dir().join("prometheus/alerts.yml");
+    let prom = prometheus::start(d.metrics, &[rules]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = prom.api("rules", &[]);
+        let groups = v["data"]["groups"].as_array().cloned().unwrap_or_default();
+        let healthy = groups
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["health"] == "ok")
+            .count();
+        if healthy == 7 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rules never all evaluated: {v}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Prometheus has scraped the daemon (the rules evaluate before the first scrape): the
+    // rejected-reload counter is seen at 0, so its rise below is an increase.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !prom.has_data("agenshield_proxy_policy_reloads_total{result=\"error\"} == 0") {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped the daemon"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A healthy daemon has no alert firing or even pending (a wrong expression would show
+    // here at the first evaluation, whatever the rule's `for`).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let v = prom.api("alerts", &[]);
+    assert_eq!(
+        v["data"]["alerts"],
+        serde_json::json!([]),
+        "a healthy daemon has no alert firing or pending"
+    );
+
+    // The operator saves a broken policy file: the reload is rejected, the old policy stays,
+    // and the alert fires naming it a warning.
+    let broken = d.dir.path().join("policies/broken.toml");
+    std::fs::write(&broken, "version = 1\n[[rule]]\nid = \n").expect("write broken policy");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fired = loop {
+        let f = firing(&prom);
+        if let Some((_, labels)) = f.iter().find(|(n, _)| n == "AgenShieldPolicyReloadFailed") {
+            break labels.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "AgenShieldPolicyReloadFailed never fired; firing: {f:?}; reloads counted: {}; alerts: {}; daemon log:\n{}",
+            prom.query("agenshield_proxy_policy_reloads_total"),
+            prom.api("alerts", &[]),
+            d.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(fired["severity"], "warning", "{fired}");
+    let others: Vec<String> = firing(&prom)
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n != "AgenShieldPolicyReloadFailed")
+        .collect();
+    assert!(others.is_empty(), "only the reload alert fires: {others:?}");
+}
+
+#[test]
+fn the_compose_file_binds_to_loopback_and_mounts_what_ships() {
+    // Parsed by PyYAML (python3-yaml, installed by .ci/run): no published port (that
+    // would listen on every interface), the host's network with each server on 127.0.0.1,
+    // data in named volumes, and every bind mount a file or directory of grafana/.
+    let script = r#"
+import sys, yaml, os
+c = yaml.safe_load(open(sys.argv[1]))
+base = os.path.dirname(sys.argv[1])
+problems = []
+for name, svc in c["services"].items():
+    if "ports" in svc:
+        problems.append(f"{name}: publishes ports")
+    if svc.get("network_mode") != "host":
+        problems.append(f"{name}: not on the host's network (cannot reach 127.0.0.1:15090)")
+    for v in svc.get("volumes", []):
+        src = v.split(":")[0]
+        if src.startswith("."):
+            if not os.path.exists(os.path.join(base, src)):
+                problems.append(f"{name}: mounts {src}, which does not exist")
+        elif src not in (c.get("volumes") or {}):
+            problems.append(f"{name}: {src} is neither a file of grafana/ nor a named volume")
+p = c["services"]["prometheus"]["command"]
+if "--web.listen-address=127.0.0.1:9090" not in p:
+    problems.append("prometheus: not bound to 127.0.0.1:9090")
+if not any(a.startswith("--storage.tsdb.path=/") for a in p):
+    problems.append("prometheus: no storage path in its volume")
+if c["services"]["grafana"]["environment"].get("GF_SERVER_HTTP_ADDR") != "127.0.0.1":
+    problems.append("grafana: not bound to 127.0.0.1")
+print("\n".join(problems))
+"#;
+    let compose = grafana_dir().join("compose.yaml");
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&compose)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python3 (needs python3-yaml): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems = String::from_utf8_lossy(&out.stdout);
+    assert!(problems.trim().is_empty(), "{problems}");
+}
