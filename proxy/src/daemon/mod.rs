@@ -128,7 +128,12 @@ pub async fn serve(
     crate::conn::shards::start();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
-        tasks.spawn(accept::transparent(proxy.clone(), l, orig.clone()));
+        tasks.spawn(accept::transparent(
+            proxy.clone(),
+            l,
+            orig.clone(),
+            explicit_addr,
+        ));
     }
     tasks.spawn(accept::explicit(proxy.clone(), explicit));
     let dns_addrs: Vec<SocketAddr> = listeners.dns.iter().map(|d| d.addr).collect();
