@@ -92,7 +92,9 @@ pub enum ProxyCommand {
     /// Evidence stays unless --purge: the audit log's directory and the agent's home are kept
     /// (listed with their sizes) and closed to everyone but root; a config left behind is
     /// renamed `proxy.toml.uninstalled-DATE`, so no later start picks it up.
-    #[command(after_help = "Examples:\n  sudo agenshield proxy uninstall\n  sudo agenshield proxy uninstall --purge   # the audit log and the agent's home too")]
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy uninstall\n  sudo agenshield proxy uninstall --purge   # the audit log and the agent's home too"
+    )]
     Uninstall(UninstallArgs),
 
     /// Run a command through the explicit listener, sandboxed so it can connect only to the

@@ -8,7 +8,9 @@ use agenshield_proxy::cmd::install::layout::{
     Layout, Platform, BIN_PATH, LAUNCHD_PLIST, LAUNCHD_PLIST_PATH, SYSTEMD_UNIT, SYSTEMD_UNIT_PATH,
 };
 use agenshield_proxy::cmd::install::manifest::{Created, Manifest};
-use agenshield_proxy::cmd::install::observe::{FirewallSeen, Observed, PathLink, PathState, TreeSize};
+use agenshield_proxy::cmd::install::observe::{
+    FirewallSeen, Observed, PathLink, PathState, TreeSize,
+};
 use agenshield_proxy::cmd::install::plan::{
     plan_install, plan_uninstall, Action, Content, InstallInput, Plan, State,
 };
@@ -241,7 +243,10 @@ fn uninstall_plans_undo_what_install_recorded_in_reverse() {
             "{text}"
         );
         assert!(!text.contains("rm -r /var/log/agenshield"), "{text}");
-        assert!(!text.contains(&format!("rm -r {}", l.agent.home.display())), "{text}");
+        assert!(
+            !text.contains(&format!("rm -r {}", l.agent.home.display())),
+            "{text}"
+        );
         let close = undo
             .steps
             .iter()
@@ -251,14 +256,20 @@ fn uninstall_plans_undo_what_install_recorded_in_reverse() {
             })
             .expect("a step closes what is kept");
         assert!(close.0.contains(&l.agent.home), "{close:?}");
-        assert!(close.1.contains(&5200) && close.2.contains(&5202), "{close:?}");
+        assert!(
+            close.1.contains(&5200) && close.2.contains(&5202),
+            "{close:?}"
+        );
         let purged = plan_uninstall(&l, &installed, true).render();
         assert!(
             purged.contains("[to do] delete the log directory (the audit log) /var/log/agenshield (2 files, 3.0 MiB): rm -r /var/log/agenshield (--purge)"),
             "{purged}"
         );
         assert!(
-            purged.contains(&format!("[to do] delete the agent's home {} (7 files, 20.0 KiB)", l.agent.home.display())),
+            purged.contains(&format!(
+                "[to do] delete the agent's home {} (7 files, 20.0 KiB)",
+                l.agent.home.display()
+            )),
             "{purged}"
         );
         let gone = undo
@@ -340,10 +351,7 @@ fn files_changed_since_install_are_kept_by_uninstall() {
             _ => None,
         })
         .expect("close step");
-    assert!(
-        close.iter().any(|p| retired.starts_with(p)),
-        "{close:?}"
-    );
+    assert!(close.iter().any(|p| retired.starts_with(p)), "{close:?}");
 }
 
 #[test]
@@ -384,7 +392,9 @@ fn the_path_link_is_made_removed_only_while_ours_and_a_foreign_file_is_left() {
     };
     assert_eq!(state(&undo), State::Todo);
     installed.path_link = PathLink::Foreign("a file".into());
-    assert!(matches!(state(&plan_uninstall(&l, &installed, false)), State::Done(w) if w.starts_with("kept")));
+    assert!(
+        matches!(state(&plan_uninstall(&l, &installed, false)), State::Done(w) if w.starts_with("kept"))
+    );
     // Someone else's file there before install: noted, never replaced.
     let mut seen = clean(true);
     seen.path_link = PathLink::Foreign("a link to /usr/bin/other".into());
@@ -396,7 +406,10 @@ fn the_path_link_is_made_removed_only_while_ours_and_a_foreign_file_is_left() {
         .expect("link step");
     assert_eq!(step.state, State::Note);
     assert!(step.detail.contains("not ours"), "{}", step.detail);
-    assert!(!plan.records().iter().any(|r| matches!(r, Created::Link { .. })));
+    assert!(!plan
+        .records()
+        .iter()
+        .any(|r| matches!(r, Created::Link { .. })));
 }
 
 /// The unit and plist the plan writes are the shipped files, and they run the installed

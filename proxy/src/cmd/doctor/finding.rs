@@ -125,7 +125,10 @@ impl Report {
         findings.sort_by_key(|f| f.area);
         // A fix works as written: `agenshield` by its full path where the name finds nothing.
         for f in &mut findings {
-            f.fix = f.fix.take().map(|fix| crate::cmd::invocation::rewrite(&fix));
+            f.fix = f
+                .fix
+                .take()
+                .map(|fix| crate::cmd::invocation::rewrite(&fix));
         }
         let count = |s: Status| findings.iter().filter(|f| f.status == s).count();
         let failed = count(Status::Fail);

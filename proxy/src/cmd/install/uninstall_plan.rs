@@ -421,12 +421,7 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed, purge_evidence: bool) ->
     }
     if !uids.is_empty() || !gids.is_empty() {
         let paths = outermost(kept_paths);
-        let ids = |v: &[u32]| {
-            v.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         push(
             "make what is kept root's alone (the deleted accounts' ids will be handed out \
              again)"
