@@ -33,15 +33,17 @@ impl Readiness {
     }
 }
 
-/// `READY=1` to `$NOTIFY_SOCKET`, when it is set; the variable is removed, so nothing this
-/// process starts later sends in its name.
+/// `READY=1` to `$NOTIFY_SOCKET`, when it is set. The variable stays (removing it while other
+/// threads may read the environment is not sound); what this process starts later may
+/// inherit it, and systemd ignores their messages (`NotifyAccess=main`). The worker of a split
+/// daemon is started without it.
 pub fn notify_service_manager() {
     #[cfg(target_os = "linux")]
     {
         if std::env::var_os("NOTIFY_SOCKET").is_none() {
             return;
         }
-        match sd_notify::notify(true, &[sd_notify::NotifyState::Ready]) {
+        match sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
             Ok(()) => tracing::debug!("told the service manager we are ready"),
             Err(e) => tracing::warn!("telling the service manager we are ready: {e}"),
         }
