@@ -273,7 +273,7 @@ fn kept_summary(plan: &plan::Plan) -> String {
     let mut dirs = Vec::new();
     for s in &plan.steps {
         match (&s.action, &s.state) {
-            (Action::Keep { path }, State::Done(_)) => {
+            (Action::Keep { path }, State::Done(why)) if why == "kept" => {
                 lines.push(s.summary.trim_start_matches("keep ").to_string());
                 dirs.push(path.display().to_string());
             }
