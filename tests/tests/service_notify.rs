@@ -27,27 +27,29 @@ fn receive(sock: &UnixDatagram, deadline: Instant) -> Option<(String, i32)> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
     while Instant::now() < deadline {
         let mut buf = [0u8; 4096];
-        let mut iov = [IoSliceMut::new(&mut buf)];
         let mut cmsg = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
-        let Ok(msg) = recvmsg::<UnixAddr>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::empty(),
-        ) else {
-            continue;
+        let (n, pid) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let Ok(msg) = recvmsg::<UnixAddr>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::empty(),
+            ) else {
+                continue;
+            };
+            let pid = msg
+                .cmsgs()
+                .ok()
+                .into_iter()
+                .flatten()
+                .find_map(|c| match c {
+                    ControlMessageOwned::ScmCredentials(cred) => Some(cred.pid()),
+                    _ => None,
+                })
+                .unwrap_or(-1);
+            (msg.bytes, pid)
         };
-        let pid = msg
-            .cmsgs()
-            .ok()
-            .into_iter()
-            .flatten()
-            .find_map(|c| match c {
-                ControlMessageOwned::ScmCredentials(cred) => Some(cred.pid()),
-                _ => None,
-            })
-            .unwrap_or(-1);
-        let n = msg.bytes;
         return Some((String::from_utf8_lossy(&buf[..n]).into_owned(), pid));
     }
     None
