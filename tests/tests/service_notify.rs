@@ -136,9 +136,16 @@ fn assert_ready_and_serving(s: &Started, got: Option<(String, i32)>, log: &Path)
     }
 }
 
+fn options() -> DaemonOptions {
+    DaemonOptions {
+        policies: vec![("main.toml".into(), "version = 1\n".into())],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn the_daemon_tells_the_service_manager_it_is_ready_once_its_listeners_are_bound() {
-    let (s, got) = start(&DaemonOptions::default(), None);
+    let (s, got) = start(&options(), None);
     let log = s._dir.path().join("daemon.log");
     assert_ready_and_serving(&s, got, &log);
 }
@@ -152,7 +159,7 @@ fn a_split_daemons_supervisor_says_ready_once_its_worker_serves() {
     let worker = AgentUser::create(tag);
     let opts = DaemonOptions {
         worker_user: Some((worker.name.clone(), worker.uid)),
-        ..Default::default()
+        ..options()
     };
     let (s, got) = start(&opts, Some(worker.uid));
     let log = s._dir.path().join("daemon.log");
