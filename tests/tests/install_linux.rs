@@ -92,7 +92,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     assert!(first.contains("steps carried out"), "{first}");
     // One line per step, nothing between them: the CA's creation is said in its own step.
     assert!(
-        !first.contains("INFO") && !first.contains("created new CA"),
+        !first.contains(" INFO ") && !first.contains("created new CA"),
         "a log line in the plan:\n{first}"
     );
     assert!(
@@ -346,6 +346,9 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     // Uninstall: the service (or our daemon) stops; the audit log and the agent's home are
     // kept (with their sizes), everything else of ours goes.
     let log_existed = cleanup.existed.contains(&PathBuf::from(LOG_DIR));
+    // The agent's own work, in its home.
+    let work = as_agent("echo the agent work > ~/notes.txt");
+    assert!(work.status.success(), "{work:?}");
     cleanup.stop_daemon();
     let (code, undo) = run(&["proxy", "uninstall"]);
     assert_eq!(code, 0, "uninstall failed:\n{undo}");
@@ -359,8 +362,9 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         "the PATH link stayed:\n{undo}"
     );
     assert_meta(HOME, 0o700, "root", "root");
-    assert!(
-        Path::new(HOME).join(".profile").exists(),
+    assert_eq!(
+        std::fs::read_to_string(Path::new(HOME).join("notes.txt")).expect("the agent's file"),
+        "the agent work\n",
         "the home's content is kept"
     );
     if !log_existed {
@@ -453,6 +457,9 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     std::fs::remove_dir_all(HOME).expect("rm the kept home");
     if !log_existed {
         std::fs::remove_dir_all(LOG_DIR).expect("rm the kept log");
+    }
+    if !cleanup.existed.contains(&PathBuf::from(ROOT)) {
+        std::fs::remove_dir(ROOT).expect("/opt/agenshield is empty after uninstall");
     }
 
     // Install again, and uninstall with --purge: the audit log's directory and the agent's
