@@ -61,7 +61,9 @@ pub enum ProxyCommand {
     /// IPv6, any port) goes to the transparent listener; all their DNS (UDP and TCP 53, to any
     /// address) goes to the DNS stub (listen.dns); everything else they send is rejected. Other users
     /// are never touched. The rules stay when the daemon exits, so agent traffic fails closed
-    /// while the proxy is down. Needs root.
+    /// while the proxy is down. Needs root. `status` exits 0 when the rules in place match the
+    /// config, 1 when they do not (or are missing), 3 when AgenShield is not installed (no
+    /// agent user, no rules), 2 on a bad config.
     #[command(
         after_help = "Examples:\n  sudo agenshield proxy firewall status\n  sudo agenshield proxy firewall up\n  sudo agenshield proxy firewall down"
     )]
@@ -86,7 +88,13 @@ pub enum ProxyCommand {
     Install(InstallArgs),
 
     /// Remove exactly what `install` created and leave everything else. Needs root.
-    #[command(after_help = "Example:\n  sudo agenshield proxy uninstall")]
+    ///
+    /// Evidence stays unless --purge: the audit log's directory and the agent's home are kept
+    /// (listed with their sizes) and closed to everyone but root; a config left behind is
+    /// renamed `proxy.toml.uninstalled-DATE`, so no later start picks it up.
+    #[command(
+        after_help = "Examples:\n  sudo agenshield proxy uninstall\n  sudo agenshield proxy uninstall --purge   # the audit log and the agent's home too"
+    )]
     Uninstall(UninstallArgs),
 
     /// Run a command through the explicit listener, sandboxed so it can connect only to the
@@ -103,7 +111,8 @@ pub enum ProxyCommand {
     /// for each runtime on the machine (curl, wget, git, python, requests, httpx, pip, node,
     /// npm, java, go, grpc) whether it will trust the AgenShield CA, by what it reads; and the
     /// hosts where clients refused the CA recently (from the audit log). Exit 0 when nothing
-    /// failed, 1 when something did.
+    /// failed, 1 when something did, 3 when AgenShield is not installed here (no install
+    /// manifest and no agent user: nothing to check).
     #[command(
         after_help = "Examples:\n  sudo agenshield proxy doctor\n  agenshield proxy doctor   # as the agent: your own environment"
     )]
@@ -160,6 +169,10 @@ pub struct InstallArgs {
     /// reaches. Every user of the machine then trusts certificates the CA signs.
     #[arg(long)]
     pub trust_system_store: bool,
+
+    /// Uninstall's --purge (never set for install).
+    #[arg(skip)]
+    pub purge: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -167,6 +180,10 @@ pub struct UninstallArgs {
     /// Print every step and change nothing
     #[arg(long)]
     pub dry_run: bool,
+
+    /// Also delete the audit log's directory and the agent's home (counted in the plan)
+    #[arg(long)]
+    pub purge: bool,
 
     /// Daemon configuration file (TOML); default as for `run`
     #[arg(long, value_name = "FILE")]

@@ -8,7 +8,9 @@ use agenshield_proxy::cmd::install::layout::{
     Layout, Platform, BIN_PATH, LAUNCHD_PLIST, LAUNCHD_PLIST_PATH, SYSTEMD_UNIT, SYSTEMD_UNIT_PATH,
 };
 use agenshield_proxy::cmd::install::manifest::{Created, Manifest};
-use agenshield_proxy::cmd::install::observe::{FirewallSeen, Observed, PathState};
+use agenshield_proxy::cmd::install::observe::{
+    FirewallSeen, Observed, PathLink, PathState, TreeSize,
+};
 use agenshield_proxy::cmd::install::plan::{
     plan_install, plan_uninstall, Action, Content, InstallInput, Plan, State,
 };
@@ -132,6 +134,7 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
                 );
             }
             Action::FirewallUp { .. } => o.firewall = FirewallSeen::Matches,
+            Action::Link { .. } => o.path_link = PathLink::Ours,
             Action::Run { .. } => match &s.record {
                 Some(Created::Group { name }) => {
                     o.groups.insert(name.clone(), 1);
@@ -187,6 +190,22 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
     manifest.version = 1;
     manifest.platform = l.platform.name().into();
     o.manifest = Some(manifest);
+    // What uninstall sees of the evidence it keeps, and when it runs.
+    o.sizes.insert(
+        l.agent.home.clone(),
+        TreeSize {
+            files: 7,
+            bytes: 20_480,
+        },
+    );
+    o.sizes.insert(
+        PathBuf::from(agenshield_proxy::cmd::install::layout::LOG_DIR),
+        TreeSize {
+            files: 2,
+            bytes: 3 << 20,
+        },
+    );
+    o.stamp = "20250102T030405Z".into();
     o
 }
 
@@ -215,8 +234,44 @@ fn uninstall_plans_undo_what_install_recorded_in_reverse() {
         let l = layout(platform);
         let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
         let installed = after(&plan, clean(true), &l);
-        let undo = plan_uninstall(&l, &installed);
+        let undo = plan_uninstall(&l, &installed, false);
         golden(name, &undo.render());
+        // Evidence is kept, with its size, unless --purge; what is kept becomes root's.
+        let text = undo.render();
+        assert!(
+            text.contains("[kept] keep the log directory (the audit log) /var/log/agenshield (2 files, 3.0 MiB)"),
+            "{text}"
+        );
+        assert!(!text.contains("rm -r /var/log/agenshield"), "{text}");
+        assert!(
+            !text.contains(&format!("rm -r {}", l.agent.home.display())),
+            "{text}"
+        );
+        let close = undo
+            .steps
+            .iter()
+            .find_map(|s| match &s.action {
+                Action::CloseToRoot { paths, uids, gids } => Some((paths, uids, gids)),
+                _ => None,
+            })
+            .expect("a step closes what is kept");
+        assert!(close.0.contains(&l.agent.home), "{close:?}");
+        assert!(
+            close.1.contains(&5200) && close.2.contains(&5202),
+            "{close:?}"
+        );
+        let purged = plan_uninstall(&l, &installed, true).render();
+        assert!(
+            purged.contains("[to do] delete the log directory (the audit log) /var/log/agenshield (2 files, 3.0 MiB): rm -r /var/log/agenshield (--purge)"),
+            "{purged}"
+        );
+        assert!(
+            purged.contains(&format!(
+                "[to do] delete the agent's home {} (7 files, 20.0 KiB)",
+                l.agent.home.display()
+            )),
+            "{purged}"
+        );
         let gone = undo
             .steps
             .iter()
@@ -249,7 +304,7 @@ fn users_that_existed_before_are_neither_recreated_nor_deleted() {
         .iter()
         .any(|r| matches!(r, Created::User { name } if *name == l.agent.name)));
     let installed = after(&plan, seen, &l);
-    let undo = plan_uninstall(&l, &installed);
+    let undo = plan_uninstall(&l, &installed, false);
     let text = undo.render();
     assert!(!text.contains("userdel ash_default_agent"), "{text}");
     assert!(text.contains("userdel ash_default_broker"), "{text}");
@@ -278,18 +333,83 @@ fn files_changed_since_install_are_kept_by_uninstall() {
         }
     }
     installed.manifest = Some(m);
-    let undo = plan_uninstall(&l, &installed);
+    let undo = plan_uninstall(&l, &installed, false);
+    // The changed config is kept under another name, so no later start takes it for the
+    // installed one, and it is root's alone like the rest of what is kept.
+    let retired = PathBuf::from("/opt/agenshield/config/proxy.toml.uninstalled-20250102T030405Z");
     let step = undo
         .steps
         .iter()
-        .find(|s| s.summary == format!("remove {}", l.config_file.display()))
+        .find(|s| matches!(&s.action, Action::Retire { path, to } if *path == l.config_file && *to == retired))
         .expect("config step");
-    assert_eq!(
-        step.state,
-        State::Done("kept: changed since install".into()),
+    assert_eq!(step.state, State::Todo, "{}", undo.render());
+    let close = undo
+        .steps
+        .iter()
+        .find_map(|s| match &s.action {
+            Action::CloseToRoot { paths, .. } => Some(paths.clone()),
+            _ => None,
+        })
+        .expect("close step");
+    assert!(close.iter().any(|p| retired.starts_with(p)), "{close:?}");
+}
+
+#[test]
+fn a_config_install_did_not_write_is_retired_too() {
+    let l = layout(Platform::Linux);
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    let mut installed = after(&plan, clean(true), &l);
+    let mut m: Manifest = installed.manifest.clone().expect("manifest");
+    m.created
+        .retain(|c| !matches!(c, Created::File { path, .. } if *path == l.config_file));
+    installed.manifest = Some(m);
+    let undo = plan_uninstall(&l, &installed, false);
+    assert!(
+        undo.steps
+            .iter()
+            .any(|s| matches!(&s.action, Action::Retire { path, .. } if *path == l.config_file)),
         "{}",
         undo.render()
     );
+}
+
+#[test]
+fn the_path_link_is_made_removed_only_while_ours_and_a_foreign_file_is_left() {
+    let l = layout(Platform::Linux);
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    assert!(plan.steps.iter().any(|s| matches!(
+        &s.action,
+        Action::Link { path, target } if path == Path::new("/usr/local/bin/agenshield") && target == Path::new(BIN_PATH)
+    )));
+    let mut installed = after(&plan, clean(true), &l);
+    let undo = plan_uninstall(&l, &installed, false);
+    let state = |p: &Plan| {
+        p.steps
+            .iter()
+            .find(|s| matches!(s.action, Action::RemoveLink { .. }))
+            .map(|s| s.state.clone())
+            .expect("link step")
+    };
+    assert_eq!(state(&undo), State::Todo);
+    installed.path_link = PathLink::Foreign("a file".into());
+    assert!(
+        matches!(state(&plan_uninstall(&l, &installed, false)), State::Done(w) if w.starts_with("kept"))
+    );
+    // Someone else's file there before install: noted, never replaced.
+    let mut seen = clean(true);
+    seen.path_link = PathLink::Foreign("a link to /usr/bin/other".into());
+    let plan = plan_install(&l, &input(), &seen).expect("plan");
+    let step = plan
+        .steps
+        .iter()
+        .find(|s| s.summary.starts_with("put agenshield on PATH"))
+        .expect("link step");
+    assert_eq!(step.state, State::Note);
+    assert!(step.detail.contains("not ours"), "{}", step.detail);
+    assert!(!plan
+        .records()
+        .iter()
+        .any(|r| matches!(r, Created::Link { .. })));
 }
 
 /// The unit and plist the plan writes are the shipped files, and they run the installed
@@ -484,7 +604,7 @@ fn the_system_store_and_pam_variants_of_the_plan() {
         let installed = after(&plan, seen, &l);
         let again = plan_install(&l, &with_store, &installed).expect("plan");
         assert_eq!(again.todo(), 0, "second run:\n{}", again.render());
-        let undo = plan_uninstall(&l, &installed).render();
+        let undo = plan_uninstall(&l, &installed, false).render();
         let want = match platform {
             Platform::Linux => "update-ca-certificates --fresh",
             Platform::MacOs => "security remove-trusted-cert -d",

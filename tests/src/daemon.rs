@@ -415,7 +415,7 @@ fn write_vault(vault: &Path, secrets: &[(String, String)]) {
 }
 
 /// `chown -R uid:uid`, as an installer gives the worker its state.
-fn chown_tree(path: &Path, uid: u32) {
+pub fn chown_tree(path: &Path, uid: u32) {
     std::os::unix::fs::chown(path, Some(uid), Some(uid)).expect("chown");
     if path.is_dir() {
         for entry in std::fs::read_dir(path).expect("read_dir") {

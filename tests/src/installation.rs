@@ -23,6 +23,9 @@ pub const ROOT: &str = "/opt/agenshield";
 pub const MANIFEST: &str = "/opt/agenshield/.install-manifest.json";
 pub const UNIT: &str = "/etc/systemd/system/agenshield-proxy.service";
 pub const HOME: &str = "/home/ash_default_agent";
+/// The link install puts on PATH.
+pub const PATH_LINK: &str = "/usr/local/bin/agenshield";
+pub const LOG_DIR: &str = "/var/log/agenshield";
 /// The test's admin socket directory: its own, so a daemon another test left on the default
 /// socket cannot collide with ours.
 pub const RUN_DIR: &str = "/var/run/agenshield-install-e2e";
@@ -42,6 +45,7 @@ pub fn candidates() -> Vec<PathBuf> {
         HOME,
         UNIT,
         PAM_PROFILE,
+        PATH_LINK,
     ]
     .iter()
     .map(PathBuf::from)
@@ -86,6 +90,9 @@ pub fn installed_already() -> Option<String> {
     ]
     .iter()
     .find(|p| Path::new(p).exists())
+    .or(std::fs::symlink_metadata(PATH_LINK)
+        .is_ok()
+        .then_some(&PATH_LINK))
     .map(|p| format!("{p} exists"))
 }
 

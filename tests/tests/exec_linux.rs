@@ -281,6 +281,21 @@ async fn exec_goes_through_the_proxy_and_cannot_go_around_it() {
         "{}",
         missing.stderr
     );
+
+    // The daemon stopped: exec says so, and the command never runs.
+    let mut daemon = daemon;
+    daemon.stop();
+    let marker = dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let down = exec(&cfg, &cache, &["sh", "-c", &script]).await;
+    assert_eq!(down.code, 1, "{}", down.stderr);
+    assert!(
+        down.stderr.contains("no proxy answers on")
+            && down.stderr.contains("is the daemon running?"),
+        "{}",
+        down.stderr
+    );
+    assert!(!marker.exists(), "the command ran with no proxy");
 }
 
 #[tokio::test]

@@ -90,6 +90,20 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     let (code, first) = run(&["proxy", "install", "--config", config_arg]);
     assert_eq!(code, 0, "install failed:\n{first}");
     assert!(first.contains("steps carried out"), "{first}");
+    // One line per step, nothing between them: the CA's creation is said in its own step.
+    assert!(
+        !first.contains(" INFO ") && !first.contains("created new CA"),
+        "a log line in the plan:\n{first}"
+    );
+    assert!(
+        first.contains("done (SHA-256 fingerprint "),
+        "the CA step says what it made:\n{first}"
+    );
+    // `agenshield` is on PATH (sudo's too): a link to the installed binary.
+    assert_eq!(
+        std::fs::read_link(PATH_LINK).expect("the PATH link"),
+        Path::new("/opt/agenshield/bin/agenshield")
+    );
 
     // Accounts.
     let agent = nix::unistd::User::from_name(AGENT)
@@ -322,10 +336,97 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         );
     }
 
-    // Uninstall: the service (or our daemon) stops, then no trace is left.
+    // The operator edits the installed config (say, adds upstream.proxy credentials): the
+    // file uninstall keeps, which must neither stay readable by whoever later gets the admin
+    // group's gid nor be taken for an installation's by a later start.
+    let installed_config = "/opt/agenshield/config/proxy.toml";
+    let edited = format!("{config_text}# the operator's own line\n");
+    std::fs::write(installed_config, &edited).expect("edit the installed config");
+
+    // Uninstall: the service (or our daemon) stops; the audit log and the agent's home are
+    // kept (with their sizes), everything else of ours goes.
+    let log_existed = cleanup.existed.contains(&PathBuf::from(LOG_DIR));
+    // The agent's own work, in its home.
+    let work = as_agent("echo the agent work > ~/notes.txt");
+    assert!(work.status.success(), "{work:?}");
     cleanup.stop_daemon();
     let (code, undo) = run(&["proxy", "uninstall"]);
     assert_eq!(code, 0, "uninstall failed:\n{undo}");
+    assert!(
+        undo.contains(&format!("kept: keep the agent's home {HOME} (")),
+        "{undo}"
+    );
+    assert!(undo.contains("kept (root's alone now):"), "{undo}");
+    assert!(
+        std::fs::symlink_metadata(PATH_LINK).is_err(),
+        "the PATH link stayed:\n{undo}"
+    );
+    assert_meta(HOME, 0o700, "root", "root");
+    assert_eq!(
+        std::fs::read_to_string(Path::new(HOME).join("notes.txt")).expect("the agent's file"),
+        "the agent work\n",
+        "the home's content is kept"
+    );
+    if !log_existed {
+        assert!(
+            undo.contains("kept: keep the log directory (the audit log) /var/log/agenshield ("),
+            "{undo}"
+        );
+        assert_meta(LOG_DIR, 0o700, "root", "root");
+        let audit = std::fs::read_to_string("/var/log/agenshield/proxy-audit.jsonl")
+            .expect("the audit log is kept");
+        assert!(audit.contains("\"/hello\""), "the request's record is kept");
+    }
+    // The config: renamed, root's alone, its directory closed too.
+    assert!(!Path::new(installed_config).exists(), "{undo}");
+    let retired: Vec<PathBuf> = std::fs::read_dir("/opt/agenshield/config")
+        .expect("config dir kept")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(retired.len(), 1, "{retired:?}");
+    let retired = retired[0].display().to_string();
+    assert!(
+        retired.starts_with("/opt/agenshield/config/proxy.toml.uninstalled-"),
+        "{retired}"
+    );
+    assert_eq!(std::fs::read_to_string(&retired).expect("kept"), edited);
+    assert_meta(&retired, 0o600, "root", "root");
+    assert_meta("/opt/agenshield/config", 0o700, "root", "root");
+    assert_meta("/opt/agenshield/policies", 0o700, "root", "root");
+    assert!(undo.contains(&retired), "the kept config is named:\n{undo}");
+
+    // A later plain `proxy run` (no --config) starts on its built-in defaults: nothing left
+    // behind is taken for an installation.
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut plain = Command::new(binary())
+        .args(["proxy", "run"])
+        .env("AGENSHIELD_STATE_DIR", state.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("plain proxy run");
+    let stdout = plain.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.starts_with("agenshield: ready ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(30));
+    let _ = plain.kill();
+    let out = plain.wait_with_output().expect("plain run output");
+    assert!(
+        ready.is_ok(),
+        "a plain `proxy run` after uninstall did not start:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for u in [AGENT, BROKER] {
         assert!(!user_exists(u), "user {u} left behind");
     }
@@ -350,8 +451,40 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     assert_eq!(left, vec!["50-e2e.toml".to_string()], "{undo}");
     std::fs::remove_file(&policy).expect("rm policy");
     std::fs::remove_dir("/opt/agenshield/policies").expect("rmdir policies");
+    // What was kept, deleted by hand as the summary says.
+    std::fs::remove_file(&retired).expect("rm the kept config");
+    std::fs::remove_dir("/opt/agenshield/config").expect("rmdir config");
+    std::fs::remove_dir_all(HOME).expect("rm the kept home");
+    if !log_existed {
+        std::fs::remove_dir_all(LOG_DIR).expect("rm the kept log");
+    }
     if !cleanup.existed.contains(&PathBuf::from(ROOT)) {
         std::fs::remove_dir(ROOT).expect("/opt/agenshield is empty after uninstall");
+    }
+
+    // Install again, and uninstall with --purge: the audit log's directory and the agent's
+    // home go too, counted.
+    let (code, again) = run(&["proxy", "install", "--config", config_arg]);
+    assert_eq!(code, 0, "install failed:\n{again}");
+    let (code, purged) = run(&["proxy", "uninstall", "--purge"]);
+    assert_eq!(code, 0, "uninstall --purge failed:\n{purged}");
+    assert!(
+        purged.contains(&format!("done: delete the agent's home {HOME} (")),
+        "{purged}"
+    );
+    assert!(!Path::new(HOME).exists(), "{purged}");
+    if !log_existed {
+        assert!(
+            purged.contains("done: delete the log directory (the audit log) /var/log/agenshield ("),
+            "{purged}"
+        );
+        assert!(!Path::new(LOG_DIR).exists(), "{purged}");
+    }
+    assert!(!purged.contains("kept (root's alone now)"), "{purged}");
+    assert!(std::fs::symlink_metadata(PATH_LINK).is_err(), "{purged}");
+    // Nothing of the operator's was left this time: uninstall removed /opt/agenshield itself.
+    if !cleanup.existed.contains(&PathBuf::from(ROOT)) {
+        assert!(!Path::new(ROOT).exists(), "{purged}");
     }
     let mut after = snapshot();
     let mut was = before.clone();

@@ -300,6 +300,103 @@ async fn agent_https_plain_http_and_ipv6_are_intercepted_without_any_settings() 
     );
 }
 
+/// `agenshield proxy exec` run by the agent itself, behind the redirect: its connections to
+/// the explicit listener are redirected like all the agent's, and the transparent listener
+/// serves them as the explicit listener would. Allowed: the upstream's answer; denied: the
+/// JSON 403 naming the rule. Before, the tunnel was refused (`host_mismatch`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_as_the_agent_behind_the_redirect_goes_through_the_proxy() {
+    let Some(serial) = root_or_skip("exec_as_the_agent_behind_the_redirect") else {
+        return;
+    };
+    let lab = Lab::new(serial).await;
+    // What the agent may read: a config naming the explicit listener and a CA directory; a
+    // cache of its own.
+    let share = lab._share.path();
+    let certs = share.join("exec-certs");
+    std::fs::create_dir(&certs).expect("mkdir");
+    std::fs::copy(&lab.our_ca, certs.join("ca.pem")).expect("copy CA");
+    let cache = share.join("exec-cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    std::os::unix::fs::chown(&cache, Some(lab.user.uid), Some(lab.user.uid)).expect("chown");
+    let cfg = share.join("exec.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nexplicit = \"{}\"\n\n[paths]\ncerts = {:?}\n",
+            lab.daemon.explicit, certs
+        ),
+    )
+    .expect("write exec config");
+    for p in [&certs.join("ca.pem"), &cfg] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let exec = |args: &[&str]| {
+        let prefix = lab.user.as_agent();
+        let out = Command::new(&prefix[0])
+            .args(&prefix[1..])
+            .arg("env")
+            .arg(format!("XDG_CACHE_HOME={}", cache.display()))
+            .arg(binary())
+            .args(["proxy", "exec", "--config"])
+            .arg(&cfg)
+            .arg("--")
+            .args(args)
+            .env_remove("HTTPS_PROXY")
+            .env_remove("https_proxy")
+            .output()
+            .expect("exec as the agent");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = exec(&["true"]);
+    if code != 0 {
+        assert!(err.contains("not running the command unsandboxed"), "{err}");
+        let reason = format!("exec cannot sandbox here: {}", err.trim());
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{reason}; under CI=true a skip is a failure");
+        }
+        eprintln!("exec_as_the_agent_behind_the_redirect: SKIPPED: {reason}");
+        return;
+    }
+    let before = lab.allowed_requests();
+    let curl = |url: &str| {
+        exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "-w",
+            "\n%{http_code}",
+            url,
+        ])
+    };
+    let (code, out, err) = curl("https://allowed.test/via-exec");
+    assert_eq!(code, 0, "{err}\n{}", lab.daemon.logs());
+    assert_eq!(out, "hello from allowed\n\n200", "{err}");
+    assert_eq!(lab.allowed_requests(), before + 1, "the upstream got it");
+    let (code, out, err) = curl("https://denied.test/");
+    assert_eq!(code, 0, "{err}");
+    let (body, status) = out.rsplit_once('\n').expect("status line");
+    assert_eq!(status, "403", "{out}");
+    let json: serde_json::Value = serde_json::from_str(body).expect("JSON refusal");
+    assert_eq!(json["rule_id"], "block-denied", "{json}");
+    assert_eq!(json["error_code"], "policy_denied", "{json}");
+    // The records say which agent, on which listener.
+    let audit = std::fs::read_to_string(lab.daemon.audit_path()).unwrap_or_default();
+    let rec = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["kind"] == "request" && r["path"] == "/via-exec")
+        .unwrap_or_else(|| panic!("no record of /via-exec:\n{audit}"));
+    assert_eq!(rec["decision"], "allow", "{rec}");
+    assert_eq!(rec["agent_uid"], lab.user.uid, "{rec}");
+    assert_eq!(rec["listener"], "explicit", "{rec}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_raw_tcp_and_udp_are_refused_while_root_is_untouched() {
     let Some(serial) = root_or_skip("agent_raw_tcp_and_udp_are_refused") else {

@@ -36,6 +36,22 @@ pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> 
         }
         FirewallAction::Resolvers { open, sockets } => return resolvers(cfg, open, sockets, json),
         FirewallAction::Status => {
+            if let Some(why) = not_installed(cfg, backend.as_ref()) {
+                let next = format!(
+                    "`sudo {} proxy install` sets it up",
+                    crate::cmd::invocation::for_root()
+                );
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({ "installed": false, "in_place": false,
+                            "message": why, "next": next })
+                    );
+                } else {
+                    println!("firewall: AgenShield is not installed here: {why}; {next}");
+                }
+                return NOT_INSTALLED;
+            }
             let Ok(spec) = spec() else { return 2 };
             match backend.status(&spec) {
                 Ok(st) => {
@@ -52,6 +68,35 @@ pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> 
         }
     };
     finish(outcome, json)
+}
+
+/// `firewall status`'s exit code when AgenShield is not installed (documented in `--help`).
+pub const NOT_INSTALLED: u8 = 3;
+
+/// Why this machine has no redirect to report on, if it has none: the agent user the config
+/// names does not exist and none of our rules are in place.
+fn not_installed(cfg: &Config, backend: &dyn agenshield_pf::Redirector) -> Option<String> {
+    let missing = match crate::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
+        Err(crate::daemon::firewall::FirewallError::NoSuchUser(name)) => name,
+        _ => return None,
+    };
+    // Presence does not depend on the spec: any spec tells absent from present.
+    let probe = agenshield_pf::RedirectSpec {
+        agent_uids: vec![u32::MAX],
+        redirect_v4: Some(1),
+        redirect_v6: None,
+        dns_v4: None,
+        dns_v6: None,
+        dns_passthrough: Vec::new(),
+        exempt: Vec::new(),
+    };
+    match backend.status(&probe) {
+        Ok(st) if st.state == agenshield_pf::FirewallState::Absent => Some(format!(
+            "no agent user {missing} and no {} in place",
+            backend.describe()
+        )),
+        _ => None,
+    }
 }
 
 fn finish(outcome: Result<String, agenshield_pf::RedirectError>, json: bool) -> u8 {

@@ -9,4 +9,5 @@ pub mod doctor;
 pub mod exec;
 pub mod firewall;
 pub mod install;
+pub mod invocation;
 pub mod trust;

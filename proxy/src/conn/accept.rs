@@ -5,6 +5,13 @@
 //! (`limits.max_connections_per_agent`). A connection refused is closed at once, with a
 //! record, rather than left waiting; on the explicit listener a refused user is first told
 //! why, in the JSON refusal every proxy request gets.
+//!
+//! An agent behind the redirect that dials the explicit listener itself (`agenshield proxy
+//! exec` run as the agent) arrives on the transparent listener, its original destination our
+//! own explicit address: once the transparent listener's rule held (an agent user's), it is
+//! served exactly as the explicit listener serves that user. Nothing else changes: the
+//! firewall still sends the agent nowhere but into the proxy, and every request it makes
+//! there is decided by the same policy.
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -112,7 +119,26 @@ pub(crate) fn agent_of(ctx: &ConnCtx) -> Agent {
         .map_or(Agent::Addr(ctx.client.ip()), Agent::Uid)
 }
 
-pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: Arc<dyn OrigDst>) {
+/// Whether `dst`, a redirected connection's original destination, is our own explicit
+/// listener at `explicit`: that address, or, for a listener on every address of a family,
+/// its port on loopback (where `exec` dials it).
+pub(crate) fn is_own_explicit(dst: SocketAddr, explicit: SocketAddr) -> bool {
+    if dst == explicit {
+        return true;
+    }
+    dst.port() == explicit.port()
+        && explicit.ip().is_unspecified()
+        && dst.ip().is_loopback()
+        && dst.is_ipv4() == explicit.is_ipv4()
+}
+
+/// `explicit`: the explicit listener's bound address (see the module doc).
+pub(crate) async fn transparent(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    orig: Arc<dyn OrigDst>,
+    explicit: SocketAddr,
+) {
     accept_loop(listener, move |sock, peer| {
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);
@@ -161,9 +187,25 @@ pub(crate) async fn transparent(proxy: Arc<Proxy>, listener: TcpListener, orig: 
                     refused(&proxy, &ctx, r).await;
                     return;
                 }
+                let own_explicit = is_own_explicit(dst, explicit);
+                if own_explicit {
+                    tracing::debug!(
+                        "an agent dialed the explicit listener from behind the redirect: \
+                         serving it as the explicit listener"
+                    );
+                    ctx.listener = ListenerKind::Explicit;
+                }
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
+                if own_explicit {
+                    // An agent user: the explicit listener admits it too.
+                    match proxy.identities.explicit(ctx.agent_uid) {
+                        Ok(()) => serve_explicit(proxy, ctx, sock).await,
+                        Err(r) => serve_refused(proxy, ctx, sock, r).await,
+                    }
+                    return;
+                }
                 serve_stream(proxy, ctx, sock).await;
             }
             .instrument(span)
@@ -244,4 +286,23 @@ pub(crate) fn agent_uid(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_own_explicit;
+
+    #[test]
+    fn the_own_explicit_listener_is_its_address_or_its_port_on_loopback_when_unspecified() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().expect("addr");
+        assert!(is_own_explicit(a("127.0.0.1:15080"), a("127.0.0.1:15080")));
+        assert!(!is_own_explicit(a("127.0.0.1:15081"), a("127.0.0.1:15080")));
+        assert!(!is_own_explicit(a("127.0.0.2:15080"), a("127.0.0.1:15080")));
+        assert!(!is_own_explicit(a("10.0.0.5:15080"), a("127.0.0.1:15080")));
+        assert!(is_own_explicit(a("127.0.0.1:15080"), a("0.0.0.0:15080")));
+        assert!(is_own_explicit(a("[::1]:15080"), a("[::]:15080")));
+        assert!(!is_own_explicit(a("[::1]:15080"), a("0.0.0.0:15080")));
+        // Not a local address: another host's port, whatever we listen on.
+        assert!(!is_own_explicit(a("192.0.2.1:15080"), a("0.0.0.0:15080")));
+    }
 }

@@ -8,6 +8,7 @@ pub mod firewall;
 mod listeners;
 pub mod orig_broker;
 pub mod privsep;
+pub mod readiness;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -55,7 +56,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    serve(cfg, bound, metrics, firewall, None, None).await
+    let ready = readiness::Readiness::ServiceManager;
+    serve(cfg, bound, metrics, firewall, None, None, ready).await
 }
 
 /// Start-up work before anything is bound: the state directory on defaults, warnings.
@@ -78,7 +80,8 @@ pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
 
 /// Serves on `bound` until signalled. `supervisor_gone`: when this is the worker of a split
 /// daemon, resolves if the privileged supervisor goes away, which stops the worker. `orig`:
-/// how original destinations are found, when not by this process itself.
+/// how original destinations are found, when not by this process itself. `ready`: who is told
+/// once every listener serves.
 pub async fn serve(
     cfg: Config,
     bound: Bound,
@@ -86,6 +89,7 @@ pub async fn serve(
     firewall: Option<firewall::FirewallView>,
     supervisor_gone: Option<tokio::sync::oneshot::Receiver<()>>,
     orig: Option<Arc<dyn OrigDst>>,
+    ready: readiness::Readiness,
 ) -> anyhow::Result<()> {
     let Bound {
         listeners,
@@ -128,7 +132,12 @@ pub async fn serve(
     crate::conn::shards::start();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
-        tasks.spawn(accept::transparent(proxy.clone(), l, orig.clone()));
+        tasks.spawn(accept::transparent(
+            proxy.clone(),
+            l,
+            orig.clone(),
+            explicit_addr,
+        ));
     }
     tasks.spawn(accept::explicit(proxy.clone(), explicit));
     let dns_addrs: Vec<SocketAddr> = listeners.dns.iter().map(|d| d.addr).collect();
@@ -196,6 +205,7 @@ pub async fn serve(
         ca = ca.display()
     );
     let _ = std::io::stdout().flush();
+    ready.ready().await;
 
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;

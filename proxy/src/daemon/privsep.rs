@@ -142,6 +142,8 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
     let exe = std::env::current_exe().context("finding our own executable")?;
     let mut child = tokio::process::Command::new(&exe)
         .args(&args)
+        // The worker tells us when it serves; only we talk to the service manager.
+        .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .spawn()
         .with_context(|| format!("starting the worker {}", exe.display()))?;
@@ -176,7 +178,9 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
     );
 
     ours.set_nonblocking(true)?;
-    let control = tokio::net::UnixStream::from_std(ours)?;
+    let (from_worker, control) = tokio::net::UnixStream::from_std(ours)?.into_split();
+    let mut from_worker = BufReader::new(from_worker).lines();
+    let mut worker_talks = true;
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -188,6 +192,14 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
     let status = loop {
         tokio::select! {
             st = child.wait() => break st?,
+            line = from_worker.next_line(), if worker_talks => match line {
+                Ok(Some(l)) if format!("{l}\n") == super::readiness::READY_LINE => {
+                    super::readiness::notify_service_manager();
+                }
+                Ok(Some(_)) => {}
+                // Gone quiet: its exit is seen by `wait`.
+                _ => worker_talks = false,
+            },
             _ = hup.recv() => forward(nix::sys::signal::Signal::SIGHUP),
             _ = term.recv() => forward(nix::sys::signal::Signal::SIGTERM),
             _ = int.recv() => forward(nix::sys::signal::Signal::SIGTERM),
@@ -324,7 +336,7 @@ pub async fn worker(
     });
     let (gone_tx, gone_rx) = tokio::sync::oneshot::channel();
     control.set_nonblocking(true)?;
-    let control = tokio::net::UnixStream::from_std(control)?;
+    let (control, to_supervisor) = tokio::net::UnixStream::from_std(control)?.into_split();
     let gauge = metrics.clone();
     tokio::spawn(async move {
         let mut lines = BufReader::new(control).lines();
@@ -341,7 +353,8 @@ pub async fn worker(
         }
         let _ = gone_tx.send(());
     });
-    daemon::serve(cfg, bound, metrics, firewall, Some(gone_rx), orig).await
+    let ready = super::readiness::Readiness::Supervisor(to_supervisor);
+    daemon::serve(cfg, bound, metrics, firewall, Some(gone_rx), orig, ready).await
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ fn shipped_default_policy() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (p.default_action(), p.mode(), p.rule_count()),
-        (Action::Deny, Mode::Enforce, 4)
+        (Action::Deny, Mode::Enforce, 5)
     );
     #[rustfmt::skip]
     let cases = [
@@ -137,9 +137,10 @@ fn shipped_default_policy() {
         ("HEAD", "files.pythonhosted.org", 443, "/packages/x.whl", Some("pypi")),
         ("GET", "registry.npmjs.org", 443, "/left-pad", Some("npm")),
         ("GET", "static.crates.io", 443, "/crates/serde/serde-1.0.0.crate", Some("crates")),
-        ("POST", "github.com", 443, "/o/r.git/git-receive-pack", Some("github")),
+        ("GET", "github.com", 443, "/o/r.git/info/refs", Some("github")),
+        ("POST", "github.com", 443, "/o/r.git/git-upload-pack", Some("github-fetch")),
         ("GET", "raw.githubusercontent.com", 443, "/o/r/main/README.md", Some("github")),
-        ("DELETE", "api.github.com", 443, "/repos/o/r", Some("github")),
+        ("GET", "api.github.com", 443, "/repos/o/r", Some("github")),
     ];
     for (method, host, port, path, rule) in cases {
         let d = p.decide(&RequestFacts {
@@ -164,6 +165,13 @@ fn shipped_default_policy() {
         ("GET", "example.com", 443, "/"),
         ("GET", "githubusercontent.com", 443, "/"),
         ("GET", "gist.github.com", 443, "/"),
+        // Read-only GitHub: no push, no API write, no GraphQL, no upload.
+        ("POST", "github.com", 443, "/o/r.git/git-receive-pack"),
+        ("DELETE", "api.github.com", 443, "/repos/o/r"),
+        ("POST", "api.github.com", 443, "/repos/o/r/issues"),
+        ("POST", "api.github.com", 443, "/graphql"),
+        ("PUT", "api.github.com", 443, "/repos/o/r/contents/f"),
+        ("POST", "github.com", 443, "/o/r/git-upload-pack/x"),
     ];
     for (method, host, port, path) in denied {
         let d = p.decide(&RequestFacts {

@@ -13,5 +13,8 @@ export DENO_CERT='/opt/agenshield/certs/agent-ca-bundle.pem'
 export AWS_CA_BUNDLE='/opt/agenshield/certs/agent-ca-bundle.pem'
 export CODEX_CA_CERTIFICATE='/opt/agenshield/certs/agent-ca-bundle.pem'
 export HEX_CACERTS_PATH='/opt/agenshield/certs/agent-ca-bundle.pem'
+export CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE='/opt/agenshield/certs/agent-ca-bundle.pem'
+export HTTPLIB2_CA_CERTS='/opt/agenshield/certs/agent-ca-bundle.pem'
+export NIX_SSL_CERT_FILE='/opt/agenshield/certs/agent-ca-bundle.pem'
 case " ${JAVA_TOOL_OPTIONS-} " in *'-Djavax.net.ssl.trustStore=/opt/agenshield/certs/agent-truststore.p12 -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=changeit'*) ;; *) export JAVA_TOOL_OPTIONS="${JAVA_TOOL_OPTIONS:+$JAVA_TOOL_OPTIONS }"'-Djavax.net.ssl.trustStore=/opt/agenshield/certs/agent-truststore.p12 -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=changeit' ;; esac
 # <<< agenshield <<<

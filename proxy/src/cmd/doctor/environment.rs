@@ -187,7 +187,7 @@ mod tests {
         assert_eq!(f.status, Status::Fail);
         assert!(
             f.detail
-                .starts_with("1 of 15 variables are not set: GIT_SSL_CAINFO"),
+                .starts_with("1 of 18 variables are not set: GIT_SSL_CAINFO"),
             "{}",
             f.detail
         );

@@ -123,6 +123,13 @@ impl Report {
     pub fn new(mut findings: Vec<Finding>) -> Report {
         // Stable: within a section, findings keep the order they were made in.
         findings.sort_by_key(|f| f.area);
+        // A fix works as written: `agenshield` by its full path where the name finds nothing.
+        for f in &mut findings {
+            f.fix = f
+                .fix
+                .take()
+                .map(|fix| crate::cmd::invocation::rewrite(&fix));
+        }
         let count = |s: Status| findings.iter().filter(|f| f.status == s).count();
         let failed = count(Status::Fail);
         Report {

@@ -37,8 +37,27 @@ use contexts::{Context, ContextKind};
 use finding::{Area, Finding, Report};
 use installed::Installed;
 
+/// Doctor's exit code when AgenShield is not installed (documented in `--help`).
+pub const NOT_INSTALLED: u8 = 3;
+
 /// Runs every check; prints the report; the exit code.
 pub fn command(cfg: &Config, args: &DoctorArgs) -> u8 {
+    if let Some(why) = not_installed(cfg) {
+        let next = format!(
+            "`sudo {0} proxy install --dry-run` shows what install sets up, `sudo {0} proxy \
+             install` does it",
+            crate::cmd::invocation::for_root()
+        );
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "installed": false, "ok": false, "message": why, "next": next })
+            );
+        } else {
+            println!("AgenShield is not installed here: {why}.\n{next}.");
+        }
+        return NOT_INSTALLED;
+    }
     let report = diagnose(cfg, args.since.into());
     if args.json {
         println!(
@@ -49,11 +68,32 @@ pub fn command(cfg: &Config, args: &DoctorArgs) -> u8 {
         print!("{}", report.text());
         if report.skipped > 0 && !nix::unistd::geteuid().is_root() {
             println!(
-                "(run it as root, `sudo agenshield proxy doctor`, for the checks skipped here)"
+                "(run it as root, `sudo {} proxy doctor`, for the checks skipped here)",
+                crate::cmd::invocation::for_root()
             );
         }
     }
     u8::from(!report.ok)
+}
+
+/// Why there is nothing to check, if so: no install manifest, and no agent user (the first
+/// the config names). A machine set up by hand (the agent user made, `firewall up`) is
+/// checked.
+fn not_installed(cfg: &Config) -> Option<String> {
+    use crate::cmd::install::layout::MANIFEST_PATH;
+    if std::path::Path::new(MANIFEST_PATH).exists() {
+        return None;
+    }
+    let name = cfg.redirect.agent_users.iter().find_map(|u| match u {
+        AgentUser::Name(n) => Some(n.clone()),
+        AgentUser::Uid(_) => None,
+    })?;
+    if Agent::lookup(&name).is_some() {
+        return None;
+    }
+    Some(format!(
+        "no install manifest ({MANIFEST_PATH}) and no agent user {name}"
+    ))
 }
 
 fn diagnose(cfg: &Config, since: Duration) -> Report {

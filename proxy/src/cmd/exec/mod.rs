@@ -24,8 +24,14 @@
 //! there is no switch to run it unconfined. The process is replaced by the command (exec), so
 //! its exit status and signals are the command's own.
 //!
+//! Before the command runs, exec connects to the proxy once: when nothing answers (the daemon
+//! is not running) it says so and the command does not run, rather than failing later with
+//! whatever the command makes of a refused connection. As the agent behind the redirect, that
+//! connection (like the command's) reaches the daemon's transparent listener, which serves
+//! the agent's connections to the explicit listener as the explicit listener would.
+//!
 //! Exit codes of our own: 127 command not found, 126 found but not runnable, 1 the sandbox or
-//! the CA bundle could not be set up, 2 bad usage (no command, no port).
+//! the CA bundle could not be set up, or no proxy answers, 2 bad usage (no command, no port).
 
 use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
@@ -51,6 +57,9 @@ pub const PROXY_VARS: [&str; 6] = [
 /// Variables removed from the command's environment.
 pub const REMOVED_VARS: [&str; 2] = ["NO_PROXY", "no_proxy"];
 
+/// How long the check that the proxy answers may take (it is on this machine).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A bundle older than this is rebuilt (the system's roots may have changed).
 const BUNDLE_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
@@ -64,6 +73,11 @@ enum ExecError {
     CannotRun(String, io::Error),
     #[error("{0}")]
     Setup(String),
+    #[error(
+        "no proxy answers on {addr} ({error}): is the daemon running? (`systemctl status \
+         agenshield-proxy`, or start one with `agenshield proxy run`); the command was not run"
+    )]
+    NoProxy { addr: SocketAddr, error: io::Error },
 }
 
 impl ExecError {
@@ -72,7 +86,7 @@ impl ExecError {
             ExecError::Usage(_) => 2,
             ExecError::NotFound(_) => 127,
             ExecError::CannotRun(..) => 126,
-            ExecError::Setup(_) => 1,
+            ExecError::Setup(_) | ExecError::NoProxy { .. } => 1,
         }
     }
 }
@@ -108,6 +122,11 @@ fn run(cfg: &Config, command: Vec<OsString>) -> Result<Infallible, ExecError> {
     let path = std::env::var_os("PATH");
     let resolved =
         resolve_program(&program, path.as_deref()).ok_or(ExecError::NotFound(shown.clone()))?;
+
+    // Held until the exec closes it (close-on-exec): the daemon sees an open connection with
+    // a live owner, and then its end, never a refusal to record.
+    let _probe = std::net::TcpStream::connect_timeout(&proxy, PROBE_TIMEOUT)
+        .map_err(|error| ExecError::NoProxy { addr: proxy, error })?;
 
     let mut cmd = sandbox.command(&resolved, &program, &args);
     for (k, v) in child_env(proxy, &bundle) {

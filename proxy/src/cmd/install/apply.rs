@@ -61,7 +61,7 @@ pub fn apply(plan: &Plan, manifest: &mut Option<Manifest>, uninstall: bool) -> O
                 out.already += 1;
                 println!("{n:>2}. {why}: {}", step.summary);
             }
-            State::Note => println!("{n:>2}. note: {}", step.detail),
+            State::Note => println!("{n:>2}. note: {}: {}", step.summary, step.detail),
             State::Todo => match run(&step.action) {
                 Ok(ran) => {
                     out.carried_out += 1;
@@ -124,7 +124,7 @@ pub fn apply(plan: &Plan, manifest: &mut Option<Manifest>, uninstall: bool) -> O
 fn run(action: &Action) -> Result<Ran, ApplyError> {
     let mut ran = Ran::default();
     match action {
-        Action::Note => {}
+        Action::Note | Action::Keep { .. } => {}
         Action::Run { commands, .. } => {
             for c in commands {
                 run_command(c)?;
@@ -165,8 +165,16 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
             });
         }
         Action::CreateCa { dir, key_owner } => {
-            agenshield_certs::Ca::load_or_create(dir)
+            // Said in the step's own line, not as a log line in the middle of the plan.
+            let (ca, _) =
+                tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::new(), || {
+                    agenshield_certs::Ca::load_or_create(dir)
+                })
                 .map_err(|e| ApplyError::Failed(format!("CA in {}: {e}", dir.display())))?;
+            ran.note = Some(format!(
+                "done (SHA-256 fingerprint {})",
+                ca.fingerprint_sha256()
+            ));
             let key = dir.join("ca-key.pem");
             let (uid, _) = ids(key_owner, None)?;
             std::os::unix::fs::chown(&key, Some(uid), None)
@@ -260,8 +268,87 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
             }
         }
         Action::RemoveManifest => remove_file(Path::new(MANIFEST_PATH))?,
+        Action::Link { path, target } => std::os::unix::fs::symlink(target, path)
+            .map_err(io(format!("ln -s {} {}", target.display(), path.display())))?,
+        Action::RemoveLink { path, target } => match std::fs::read_link(path) {
+            Ok(t) if t == *target => remove_file(path)?,
+            Ok(_) => ran.note = Some("kept (not our link any more)".into()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                ran.note = Some("already gone".into())
+            }
+            Err(_) => ran.note = Some("kept (not a link any more)".into()),
+        },
+        Action::Retire { path, to } => {
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(ApplyError::Failed(format!("{} exists", to.display())));
+            }
+            std::fs::rename(path, to).map_err(io(format!(
+                "mv {} {}",
+                path.display(),
+                to.display()
+            )))?;
+            close_to_root(to)?;
+            ran.note = Some(format!("kept as {}", to.display()));
+        }
+        Action::CloseToRoot { paths, uids, gids } => {
+            let mut closed = Vec::new();
+            for p in paths {
+                close_tree(p, uids, gids, &mut closed)?;
+            }
+            ran.note = Some(if closed.is_empty() {
+                "done (nothing kept was theirs)".to_string()
+            } else {
+                let list: Vec<String> = closed.iter().map(|p| p.display().to_string()).collect();
+                format!("done ({} now root's alone)", list.join(", "))
+            });
+        }
     }
     Ok(ran)
+}
+
+/// Makes `path` root's with no access for group and others, without following a link.
+fn close_to_root(path: &Path) -> Result<(), ApplyError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(path).map_err(io(format!("stat {}", path.display())))?;
+    if m.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, Some(0), Some(0))
+        .map_err(io(format!("chown root:root {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode() & 0o700))
+        .map_err(io(format!("chmod go-rwx {}", path.display())))
+}
+
+/// [`Action::CloseToRoot`] under one path: what the ids own is closed (and not looked into:
+/// nobody else can reach its content now); only directories root owns alone are looked into.
+fn close_tree(
+    path: &Path,
+    uids: &[u32],
+    gids: &[u32],
+    closed: &mut Vec<PathBuf>,
+) -> Result<(), ApplyError> {
+    use std::os::unix::fs::MetadataExt as _;
+    const MAX_DEPTH: usize = 16;
+    let mut stack = vec![(path.to_path_buf(), 0)];
+    while let Some((p, depth)) = stack.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if m.file_type().is_symlink() {
+            continue;
+        }
+        if uids.contains(&m.uid()) || gids.contains(&m.gid()) {
+            close_to_root(&p)?;
+            closed.push(p);
+            continue;
+        }
+        if m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0 && depth < MAX_DEPTH {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| (e.path(), depth + 1)));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn run_command(argv: &[String]) -> Result<(), ApplyError> {

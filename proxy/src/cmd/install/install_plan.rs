@@ -5,10 +5,10 @@ use std::path::Path;
 
 use super::layout::{
     Layout, Platform, ADMIN_GID, ADMIN_GROUP, AGENT_PROFILE_PATH, BIN_DIR, BIN_PATH, INSTALL_ROOT,
-    LOG_DIR,
+    LOG_DIR, PATH_LINK,
 };
 use super::manifest::Created;
-use super::observe::{FirewallSeen, Observed};
+use super::observe::{FirewallSeen, Observed, PathLink};
 use super::plan::{
     command_line, meta, meta_ok, Action, Content, InstallInput, Plan, PlanError, State,
 };
@@ -63,6 +63,7 @@ pub fn plan_install(
         Content::CopyOf(seen.exe.clone()),
         true,
     );
+    path_link_step(&mut b);
     let adm = ADMIN_GROUP;
     b.dir(
         "the config directory",
@@ -186,6 +187,49 @@ pub fn plan_install(
         ),
         steps: b.steps,
     })
+}
+
+/// `agenshield` on PATH, sudo's included: a link in /usr/local/bin to the installed binary.
+/// Whatever else is there already stays, and the operator is told.
+fn path_link_step(b: &mut Builder) {
+    let (path, target) = (Path::new(PATH_LINK), Path::new(BIN_PATH));
+    let summary = format!("put agenshield on PATH: {PATH_LINK} -> {BIN_PATH}");
+    let detail = format!("ln -s {BIN_PATH} {PATH_LINK}");
+    match &b.seen.path_link {
+        PathLink::Ours => b.already(summary, detail),
+        PathLink::Missing => b.push_recorded(
+            summary,
+            detail,
+            Action::Link {
+                path: path.into(),
+                target: target.into(),
+            },
+            State::Todo,
+            Created::Link {
+                path: path.into(),
+                target: target.into(),
+            },
+        ),
+        PathLink::NoDir => b.push(
+            summary,
+            format!(
+                "there is no {}: run {BIN_PATH} by its full path",
+                path.parent().unwrap_or(path).display()
+            ),
+            Action::Note,
+            State::Note,
+        ),
+        PathLink::Foreign(what) => b.push(
+            summary,
+            format!(
+                "{PATH_LINK} is {what}, not ours: it is left alone, so `agenshield` may be \
+                 another program; run {BIN_PATH} by its full path (or remove {PATH_LINK} \
+                 and install again)"
+            ),
+            Action::Note,
+            State::Note,
+        ),
+    }
 }
 
 fn ca_steps(b: &mut Builder) {

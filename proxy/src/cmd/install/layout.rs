@@ -37,6 +37,9 @@ pub const INSTALL_ROOT: &str = "/opt/agenshield";
 /// operator happened to run `install` from.
 pub const BIN_DIR: &str = "/opt/agenshield/bin";
 pub const BIN_PATH: &str = "/opt/agenshield/bin/agenshield";
+/// The link that puts `agenshield` on everyone's PATH (and on sudo's `secure_path`), to
+/// [`BIN_PATH`]. A file of another's there is never replaced.
+pub const PATH_LINK: &str = "/usr/local/bin/agenshield";
 /// What install created, so uninstall removes exactly that (JSON, 0600 root).
 pub const MANIFEST_PATH: &str = "/opt/agenshield/.install-manifest.json";
 /// The bundle (system roots + our CA) the agent's tools are pointed at.
@@ -259,6 +262,15 @@ impl Layout {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default()
+    }
+
+    /// What uninstall keeps unless `--purge`: the agent's home and the log directories
+    /// (the audit log is there).
+    pub fn evidence_dirs(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.agent.home.clone(), PathBuf::from(LOG_DIR)];
+        v.extend(self.audit_dir.iter().cloned());
+        v.dedup();
+        v
     }
 
     /// The agent's login keychain (macOS).

@@ -60,6 +60,12 @@ pub enum Created {
         marker: PathBuf,
         undo: Vec<Vec<String>>,
     },
+    /// A symbolic link install made at `path`, to `target`; uninstall removes it only while
+    /// it still is that link.
+    Link {
+        path: PathBuf,
+        target: PathBuf,
+    },
     /// Our CA added to a user's keychain (macOS).
     Keychain {
         user: String,
@@ -111,7 +117,8 @@ impl Manifest {
         self.created.iter().any(|c| match c {
             Created::Dir { path: p, .. }
             | Created::File { path: p, .. }
-            | Created::EnvBlock { path: p, .. } => p == path,
+            | Created::EnvBlock { path: p, .. }
+            | Created::Link { path: p, .. } => p == path,
             _ => false,
         })
     }

@@ -33,6 +33,7 @@ impl From<UninstallArgs> for InstallArgs {
             dry_run: u.dry_run,
             config: u.config,
             trust_system_store: false,
+            purge: u.purge,
         }
     }
 }
@@ -190,12 +191,15 @@ pub fn command(args: &InstallArgs, uninstall: bool) -> u8 {
     };
     let root = nix::unistd::geteuid().is_root();
     if !args.dry_run && !root {
-        eprintln!("agenshield: {verb} needs root (try: sudo agenshield proxy {verb}; --dry-run shows the plan)");
+        eprintln!(
+            "agenshield: {verb} needs root (try: sudo {} proxy {verb}; --dry-run shows the plan)",
+            crate::cmd::invocation::for_root()
+        );
         return 1;
     }
     let seen = observe::observe(&layout, &cfg, Path::new(MANIFEST_PATH));
     let plan = if uninstall {
-        plan::plan_uninstall(&layout, &seen)
+        plan::plan_uninstall(&layout, &seen, args.purge)
     } else {
         match plan::plan_install(&layout, &input, &seen) {
             Ok(p) => p,
@@ -255,7 +259,43 @@ pub fn command(args: &InstallArgs, uninstall: bool) -> u8 {
             out.carried_out, out.already
         );
     }
+    if uninstall {
+        print!("{}", kept_summary(&plan));
+    }
     0
+}
+
+/// What an uninstall kept, for the operator: the evidence with its size, a renamed config,
+/// and how to delete them.
+fn kept_summary(plan: &plan::Plan) -> String {
+    use plan::{Action, State};
+    let mut lines = Vec::new();
+    let mut dirs = Vec::new();
+    for s in &plan.steps {
+        match (&s.action, &s.state) {
+            (Action::Keep { path }, State::Done(why)) if why == "kept" => {
+                lines.push(s.summary.trim_start_matches("keep ").to_string());
+                dirs.push(path.display().to_string());
+            }
+            (Action::Retire { to, .. }, _) => {
+                lines.push(format!("the config, as {}", to.display()));
+                dirs.push(to.display().to_string());
+            }
+            _ => {}
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("kept (root's alone now):\n");
+    for l in lines {
+        out.push_str(&format!("  {l}\n"));
+    }
+    out.push_str(&format!(
+        "delete them when you no longer need them: sudo rm -r {}\n",
+        dirs.join(" ")
+    ));
+    out
 }
 
 #[cfg(test)]

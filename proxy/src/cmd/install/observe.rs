@@ -43,6 +43,74 @@ pub struct ServiceSeen {
     pub active: bool,
 }
 
+/// What is at [`super::layout::PATH_LINK`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PathLink {
+    /// Nothing; its directory exists.
+    #[default]
+    Missing,
+    /// Nothing, and no directory to put it in.
+    NoDir,
+    /// Our link, to the installed binary.
+    Ours,
+    /// Someone else's: what it is ("a file", "a link to /x").
+    Foreign(String),
+}
+
+/// Files under a directory and their total size (what uninstall keeps or deletes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TreeSize {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for TreeSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = self.bytes as f64;
+        let size = if self.bytes < 1024 {
+            format!("{} bytes", self.bytes)
+        } else if b < 1024.0 * 1024.0 {
+            format!("{:.1} KiB", b / 1024.0)
+        } else if b < 1024.0 * 1024.0 * 1024.0 {
+            format!("{:.1} MiB", b / (1024.0 * 1024.0))
+        } else {
+            format!("{:.1} GiB", b / (1024.0 * 1024.0 * 1024.0))
+        };
+        let s = if self.files == 1 { "" } else { "s" };
+        write!(f, "{} file{s}, {size}", self.files)
+    }
+}
+
+/// Counts the regular files under `dir` and their bytes, without following links; at most
+/// `MAX_COUNTED` entries are looked at (then the count says "at least").
+pub fn tree_size(dir: &Path) -> TreeSize {
+    const MAX_COUNTED: usize = 200_000;
+    let mut size = TreeSize::default();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > MAX_COUNTED {
+                return size;
+            }
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                size.files += 1;
+                size.bytes += m.len();
+            }
+        }
+    }
+    size
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
     /// Existing users and groups among the names install manages: name → id.
@@ -80,6 +148,13 @@ pub struct Observed {
     pub manifest: Option<Manifest>,
     /// A daemon answers on the configured admin socket.
     pub daemon_alive: bool,
+    /// What is at `/usr/local/bin/agenshield`.
+    pub path_link: PathLink,
+    /// The sizes of the directories uninstall keeps unless `--purge` (the agent's home, the
+    /// log directories) that exist.
+    pub sizes: BTreeMap<PathBuf, TreeSize>,
+    /// Now, for names uninstall gives what it keeps (`20250102T030405Z`).
+    pub stamp: String,
 }
 
 impl Observed {
@@ -264,9 +339,39 @@ pub fn observe(layout: &Layout, cfg: &Config, manifest_path: &Path) -> Observed 
             o.keychain_has_ca = succeeds(&cmd) == Some(true);
         }
     }
+    o.path_link = path_link(Path::new(super::layout::PATH_LINK));
+    for d in layout.evidence_dirs() {
+        if Path::new(&d).is_dir() {
+            o.sizes.insert(d.clone(), tree_size(&d));
+        }
+    }
+    let t = time::OffsetDateTime::now_utc();
+    o.stamp = format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    );
     o.manifest = Manifest::load(manifest_path).ok().flatten();
     o.daemon_alive = std::os::unix::net::UnixStream::connect(&cfg.admin).is_ok();
     o
+}
+
+fn path_link(p: &Path) -> PathLink {
+    match std::fs::symlink_metadata(p) {
+        Err(_) if p.parent().is_some_and(Path::is_dir) => PathLink::Missing,
+        Err(_) => PathLink::NoDir,
+        Ok(m) if m.file_type().is_symlink() => match std::fs::read_link(p) {
+            Ok(t) if t == Path::new(BIN_PATH) => PathLink::Ours,
+            Ok(t) => PathLink::Foreign(format!("a link to {}", t.display())),
+            Err(e) => PathLink::Foreign(format!("a link ({e})")),
+        },
+        Ok(m) if m.is_dir() => PathLink::Foreign("a directory".into()),
+        Ok(_) => PathLink::Foreign("a file".into()),
+    }
 }
 
 fn firewall_seen(cfg: &Config, agent_exists: bool) -> FirewallSeen {

@@ -113,6 +113,37 @@ pub enum Action {
         command: Vec<String>,
     },
     RemoveManifest,
+    /// `ln -s target path`.
+    Link {
+        path: PathBuf,
+        target: PathBuf,
+    },
+    /// Removes `path` if it still is a link to `target`.
+    RemoveLink {
+        path: PathBuf,
+        target: PathBuf,
+    },
+    /// A config uninstall leaves: renamed to `to` (so no later start takes it for the
+    /// installed one) and made root's alone.
+    Retire {
+        path: PathBuf,
+        to: PathBuf,
+    },
+    /// What uninstall keeps, made unreachable for whoever later gets the ids of the accounts
+    /// it deleted: under each of `paths` (not following links), a directory or file owned by
+    /// one of `uids` or `gids` becomes root's with no access for group and others (a
+    /// directory's content is then out of reach, and keeps its ids for a reinstall);
+    /// directories root owns alone are looked into.
+    CloseToRoot {
+        paths: Vec<PathBuf>,
+        uids: Vec<u32>,
+        gids: Vec<u32>,
+    },
+    /// Evidence uninstall keeps (without `--purge`): nothing to run here; the final
+    /// [`Action::CloseToRoot`] closes it.
+    Keep {
+        path: PathBuf,
+    },
     /// Nothing to run: something the operator must know.
     Note,
 }

@@ -1,18 +1,27 @@
 //! The uninstall plan: stop the service, take the firewall down, then undo the manifest's
 //! records in reverse. Files changed since install are kept, directories that others put
 //! things in are kept, accounts that existed before install are never in the manifest.
+//!
+//! Evidence is kept unless `--purge`: the log directories (the audit log) and the agent's
+//! home stay, with their sizes in the plan. A config left at the installed path is renamed
+//! `proxy.toml.uninstalled-STAMP`, so neither a later `proxy run` nor any tool that reads the
+//! installed config by default takes it for an installation's (its users are gone). Last,
+//! whatever is kept that the deleted accounts' ids own is made root's alone
+//! ([`Action::CloseToRoot`]): ids are handed out again, and the next holder of the admin
+//! group's gid must not read a kept config with `upstream.proxy` credentials in it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::layout::{Layout, Platform, MANIFEST_PATH};
 use super::manifest::Created;
-use super::observe::{FirewallSeen, Observed};
+use super::observe::{FirewallSeen, Observed, PathLink};
 use super::plan::{command_line, meta_ok, Action, Meta, Plan, State, Step};
 use super::{linux, macos};
 
 /// The uninstall plan: the manifest's records undone in reverse, after the service is
-/// stopped and the firewall taken down. Without a manifest only the firewall goes.
-pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
+/// stopped and the firewall taken down. Without a manifest only the firewall goes. `purge`:
+/// the audit log's directory and the agent's home go too.
+pub fn plan_uninstall(layout: &Layout, seen: &Observed, purge_evidence: bool) -> Plan {
     let l = layout;
     let manifest = seen.manifest.clone().unwrap_or_default();
     let mut steps: Vec<Step> = Vec::new();
@@ -122,6 +131,34 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
             None,
         );
     };
+    let retired = retired_name(&l.config_file, &seen.stamp);
+    let retire_step = |push: &mut dyn FnMut(String, String, Action, State, Option<Created>),
+                       un: Option<Created>,
+                       why: &str| {
+        push(
+            format!(
+                "keep the config ({why}) under another name, root's alone, so no later start \
+                 takes it for an installation's"
+            ),
+            format!(
+                "mv {} {} && chown root:root and chmod go-rwx it",
+                l.config_file.display(),
+                retired.display()
+            ),
+            Action::Retire {
+                path: l.config_file.clone(),
+                to: retired.clone(),
+            },
+            State::Todo,
+            un,
+        );
+    };
+    let config_recorded = manifest
+        .created
+        .iter()
+        .any(|c| matches!(c, Created::File { path, .. } if *path == l.config_file));
+    let evidence = l.evidence_dirs();
+    let mut kept_paths: Vec<PathBuf> = Vec::new();
     for c in manifest.created.iter().rev() {
         let un = Some(c.clone());
         match c {
@@ -224,12 +261,20 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
                     (Some(now), Some(then)) => !then.is_empty() && now != then,
                     _ => false,
                 };
+                if changed && *path == l.config_file {
+                    retire_step(&mut push, un, "changed since install");
+                    kept_paths.push(retired.clone());
+                    continue;
+                }
                 let (state, action) = match st {
                     None => (done(), Action::Note),
-                    Some(_) if changed => (
-                        State::Done("kept: changed since install".into()),
-                        Action::Note,
-                    ),
+                    Some(_) if changed => {
+                        kept_paths.push(path.clone());
+                        (
+                            State::Done("kept: changed since install".into()),
+                            Action::Note,
+                        )
+                    }
                     Some(_) => (State::Todo, Action::RemoveFile { path: path.clone() }),
                 };
                 push(
@@ -240,10 +285,78 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
                     un,
                 );
             }
+            Created::Link { path, target } => {
+                let state = match &seen.path_link {
+                    PathLink::Ours => State::Todo,
+                    PathLink::Foreign(what) => {
+                        State::Done(format!("kept: it is {what} now, not our link"))
+                    }
+                    PathLink::Missing | PathLink::NoDir => done(),
+                };
+                push(
+                    format!("remove the link {}", path.display()),
+                    format!(
+                        "rm {} (only while it is our link to {})",
+                        path.display(),
+                        target.display()
+                    ),
+                    Action::RemoveLink {
+                        path: path.clone(),
+                        target: target.clone(),
+                    },
+                    state,
+                    un,
+                );
+            }
             Created::Dir { path, purge } => {
                 if path == manifest_dir && !manifest_step_done {
                     manifest_step(&mut push);
                     manifest_step_done = true;
+                }
+                if *path == l.config_dir()
+                    && !config_recorded
+                    && seen.path(&l.config_file).is_some()
+                {
+                    retire_step(&mut push, None, "not written by install");
+                    kept_paths.push(retired.clone());
+                }
+                kept_paths.push(path.clone());
+                if *purge && evidence.contains(path) {
+                    let what = if *path == l.agent.home {
+                        "the agent's home"
+                    } else {
+                        "the log directory (the audit log)"
+                    };
+                    let size = seen
+                        .sizes
+                        .get(path)
+                        .map_or_else(String::new, |s| format!(" ({s})"));
+                    let there = seen.path(path).is_some();
+                    if purge_evidence {
+                        push(
+                            format!("delete {what} {}{size}", path.display()),
+                            format!("rm -r {} (--purge)", path.display()),
+                            Action::RemoveDir {
+                                path: path.clone(),
+                                purge: true,
+                            },
+                            if there { State::Todo } else { done() },
+                            un,
+                        );
+                    } else {
+                        push(
+                            format!("keep {what} {}{size}", path.display()),
+                            "kept, root's alone (--purge deletes it)".into(),
+                            Action::Keep { path: path.clone() },
+                            if there {
+                                State::Done("kept".into())
+                            } else {
+                                done()
+                            },
+                            un,
+                        );
+                    }
+                    continue;
                 }
                 let detail = if *purge {
                     format!("rm -r {}", path.display())
@@ -298,6 +411,36 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
     if !manifest_step_done && seen.manifest.is_some() {
         manifest_step(&mut push);
     }
+    let (mut uids, mut gids) = (Vec::new(), Vec::new());
+    for c in &manifest.created {
+        match c {
+            Created::User { name } => uids.extend(seen.users.get(name)),
+            Created::Group { name } => gids.extend(seen.groups.get(name)),
+            _ => {}
+        }
+    }
+    if !uids.is_empty() || !gids.is_empty() {
+        let paths = outermost(kept_paths);
+        let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        push(
+            "make what is kept root's alone (the deleted accounts' ids will be handed out \
+             again)"
+                .into(),
+            format!(
+                "under {}: what uid {} or gid {} owns becomes root:root, go-rwx",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ids(&uids),
+                ids(&gids)
+            ),
+            Action::CloseToRoot { paths, uids, gids },
+            State::Todo,
+            None,
+        );
+    }
     let had_unit = manifest
         .created
         .iter()
@@ -319,4 +462,20 @@ pub fn plan_uninstall(layout: &Layout, seen: &Observed) -> Plan {
         title: format!("agenshield proxy uninstall ({})", l.platform.name()),
         steps,
     }
+}
+
+/// Where uninstall moves a config it keeps: `proxy.toml.uninstalled-STAMP`.
+fn retired_name(config: &Path, stamp: &str) -> PathBuf {
+    let mut name = config.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".uninstalled-{stamp}"));
+    config.with_file_name(name)
+}
+
+/// `paths` without those inside another of them, sorted.
+fn outermost(mut paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    paths.sort();
+    paths.dedup();
+    let all = paths.clone();
+    paths.retain(|p| !all.iter().any(|q| q != p && p.starts_with(q)));
+    paths
 }

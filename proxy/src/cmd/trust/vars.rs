@@ -11,8 +11,11 @@ use std::path::Path;
 /// (`CARGO_HTTP_CAINFO`); Bundler (`BUNDLE_SSL_CA_CERT`); gRPC C-core (python grpcio, Ruby,
 /// PHP, C++), which ships its own roots (`GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`); Deno
 /// (`DENO_CERT`); the AWS SDKs and CLI (`AWS_CA_BUNDLE`); OpenAI Codex
-/// (`CODEX_CA_CERTIFICATE`).
-pub const CA_FILE_VARS: [&str; 14] = [
+/// (`CODEX_CA_CERTIFICATE`); Elixir's Hex (`HEX_CACERTS_PATH`); the Google Cloud SDK
+/// (`CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE`); httplib2, under the older Google API clients
+/// (`HTTPLIB2_CA_CERTS`); Nix (`NIX_SSL_CERT_FILE`). Images that set some of these to the
+/// system bundle are common: any left unset here would keep pointing there.
+pub const CA_FILE_VARS: [&str; 17] = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
@@ -27,6 +30,9 @@ pub const CA_FILE_VARS: [&str; 14] = [
     "AWS_CA_BUNDLE",
     "CODEX_CA_CERTIFICATE",
     "HEX_CACERTS_PATH",
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
+    "HTTPLIB2_CA_CERTS",
+    "NIX_SSL_CERT_FILE",
 ];
 
 /// The JVM reads no CA variable: every launcher (java, javac, Gradle, Maven) reads this one,
