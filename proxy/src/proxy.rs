@@ -70,6 +70,8 @@ pub(crate) struct ProxyParts {
     pub approvals: Approvals,
     pub upgrades: Vec<String>,
     pub identities: Identities,
+    /// `dns.denied`: what the DNS stub answers for a name no rule allows.
+    pub denied_names: crate::config::DeniedAnswer,
 }
 
 impl Proxy {
@@ -94,7 +96,7 @@ impl Proxy {
             budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
-            dns: crate::dns::DnsState::default(),
+            dns: crate::dns::DnsState::new(p.denied_names),
             identities: p.identities,
             next_conn: AtomicU64::new(1),
         }

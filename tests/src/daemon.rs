@@ -23,6 +23,8 @@ pub struct DaemonOptions {
     pub orig_dst: Option<SocketAddr>,
     /// Extra `[limits]` lines, e.g. `first_bytes_timeout = "500ms"`.
     pub limits: Vec<String>,
+    /// `[dns]` lines, e.g. `denied = "nxdomain"`.
+    pub dns: Vec<String>,
     /// Ranges the private-address guard lets through, besides 127.0.0.0/8.
     pub allow_private: Vec<String>,
     /// Also listen on [::1] (transparent).
@@ -525,6 +527,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let _ = writeln!(c, "\n[limits]");
     for l in &opts.limits {
         let _ = writeln!(c, "{l}");
+    }
+    if !opts.dns.is_empty() {
+        let _ = writeln!(c, "\n[dns]\n{}", opts.dns.join("\n"));
     }
     let _ = writeln!(c, "\n[testing]");
     if !opts.strict_agents {

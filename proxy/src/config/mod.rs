@@ -11,7 +11,9 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+mod dns;
 mod upstream_proxy;
+pub use dns::{DeniedAnswer, DnsConfig};
 pub use upstream_proxy::{authority, UpstreamProxy};
 
 /// Where the installed product keeps its configuration.
@@ -63,6 +65,8 @@ struct FileConfig {
     upstream: Upstream,
     #[serde(default)]
     resolver: ResolverConfig,
+    #[serde(default)]
+    dns: DnsConfig,
     #[serde(default)]
     limits: Limits,
     #[serde(default)]
@@ -453,6 +457,8 @@ pub struct Config {
     pub certs: PathBuf,
     pub upstream: Upstream,
     pub resolver: ResolverConfig,
+    /// `[dns]`: how the DNS stub answers.
+    pub dns_answers: DnsConfig,
     pub limits: Limits,
     pub tls: TlsConfig,
     pub redirect: Redirect,
@@ -712,6 +718,7 @@ impl Config {
             certs: path_or(f.paths.certs, "certs"),
             upstream,
             resolver: f.resolver,
+            dns_answers: f.dns,
             limits: f.limits,
             tls: f.tls,
             redirect: f.redirect,

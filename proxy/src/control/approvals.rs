@@ -25,6 +25,8 @@ use crate::ratelimit::AgentKey;
 pub(crate) struct PendingRequest {
     pub id: String,
     pub since: String,
+    /// When it is refused unanswered (`approvals.timeout` after `since`).
+    pub expires: String,
     /// The local user whose request waits, when the OS could tell.
     pub agent_uid: Option<u32>,
     pub client: String,
@@ -142,6 +144,7 @@ impl Approvals {
         }
         req.id = format!("p{}", self.next.fetch_add(1, Ordering::Relaxed));
         req.since = now_rfc3339();
+        req.expires = crate::clock::rfc3339_after(self.timeout);
         let id = req.id.clone();
         let (tx, rx) = oneshot::channel();
         {

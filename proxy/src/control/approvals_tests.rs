@@ -13,6 +13,7 @@ fn ask_as(uid: Option<u32>, method: &str, path: &str) -> PendingRequest {
     PendingRequest {
         id: String::new(),
         since: String::new(),
+        expires: String::new(),
         agent_uid: uid,
         client: "127.0.0.1:1".into(),
         method: method.into(),

@@ -435,6 +435,7 @@ impl Metrics {
         for (decision, rcode) in [
             ("allow", "NOERROR"),
             ("allow", "NXDOMAIN"),
+            ("deny", "NOERROR"),
             ("deny", "NXDOMAIN"),
             ("deny", "REFUSED"),
             ("error", "SERVFAIL"),

@@ -121,6 +121,7 @@ pub(super) async fn build_proxy(
         approvals: Approvals::new(cfg.approvals.timeout),
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
+        denied_names: cfg.dns_answers.denied,
     }))
 }
 

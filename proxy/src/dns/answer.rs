@@ -1,7 +1,8 @@
 //! One DNS question, decided and answered: the secret guard on the name, the policy
 //! (`Policy::decide_name`), the question's type, then our own resolver and the
 //! private-address guard on what it returns. Nothing about a name leaves the machine unless
-//! the policy could allow a connection to it.
+//! the policy could allow a connection to it: a name no rule allows, and a name only an `ask`
+//! rule covers, are answered here (a synthetic address, or NXDOMAIN).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -10,6 +11,7 @@ use hickory_resolver::proto::rr::rdata::svcb::{IpHint, SvcParamKey, SvcParamValu
 use hickory_resolver::proto::rr::rdata::HTTPS;
 use hickory_resolver::proto::rr::{DNSClass, RData, Record, RecordType};
 
+use crate::config::DeniedAnswer;
 use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::pipeline::{record, secrets};
 use crate::policy::{Action, Decision, Policy};
@@ -89,18 +91,24 @@ pub(crate) async fn answer(
         return Outcome::refused(asked, ResponseCode::Refused, r);
     }
     let decision = policy.decide_name(&asked, agent);
-    let host = crate::policy::normalize_host(&asked).unwrap_or(asked);
+    let normalized = crate::policy::normalize_host(&asked);
+    let is_host = normalized.is_ok();
+    let host = normalized.unwrap_or(asked);
+    let rtype = query.query_type();
     if decision.action == Action::Deny {
         let r = Refusal {
             rule_id: decision.rule_id.as_deref().map(str::to_string),
             ..Refusal::new(ErrorCode::PolicyDenied, decision.explanation.clone())
         };
-        return Outcome {
+        let nxdomain = Outcome {
             decision: Some(decision),
             ..Outcome::refused(host, ResponseCode::NXDomain, r)
         };
+        return match proxy.dns.denied {
+            DeniedAnswer::Synthetic if is_host => denied(proxy, agent, rtype, nxdomain),
+            _ => nxdomain,
+        };
     }
-    let rtype = query.query_type();
     if !ANSWERED.contains(&rtype) {
         let r = Refusal::new(
             ErrorCode::QueryTypeRefused,
@@ -181,45 +189,78 @@ fn synthetic(
         answers: Vec::new(),
         addrs: Vec::new(),
         ttl: 0,
-        decision: None,
+        decision: Some(decision),
         refusal: None,
     };
     if rtype != RecordType::A {
-        return Outcome {
-            decision: Some(decision),
-            ..none
-        };
+        return none;
     }
-    let Some(ip) = proxy.dns.synthetic.address(agent, &host) else {
+    match synthetic_answer(proxy, agent, &host) {
+        Ok((record, ip)) => Outcome {
+            answers: vec![record],
+            addrs: vec![ip],
+            ttl: super::synthetic::TTL,
+            ..none
+        },
+        Err((rcode, r)) => Outcome {
+            decision: none.decision,
+            ..Outcome::refused(host, rcode, r)
+        },
+    }
+}
+
+/// A name no rule allows (`dns.denied = "synthetic"`, the default), answered as an `ask`
+/// name is, without asking anyone: an A question gets the synthetic address standing for the
+/// name, any other type an empty answer. The connection that follows comes back through the
+/// redirect, and the agent is told which rule refused it (a JSON 403 over HTTP) instead of
+/// failing a lookup as for a typo. Still a refusal, recorded as one. `nxdomain` (that
+/// refusal as NXDOMAIN) is the answer when no synthetic address is free.
+fn denied(proxy: &Proxy, agent: Option<u32>, rtype: RecordType, nxdomain: Outcome) -> Outcome {
+    let answered = Outcome {
+        rcode: ResponseCode::NoError,
+        ..nxdomain
+    };
+    if rtype != RecordType::A {
+        return answered;
+    }
+    match synthetic_answer(proxy, agent, &answered.host) {
+        Ok((record, ip)) => Outcome {
+            answers: vec![record],
+            addrs: vec![ip],
+            ttl: super::synthetic::TTL,
+            ..answered
+        },
+        Err(_) => Outcome {
+            rcode: ResponseCode::NXDomain,
+            ..answered
+        },
+    }
+}
+
+/// The A record giving `host` its synthetic address for `agent`, or why there is none (and
+/// the response code that says so).
+fn synthetic_answer(
+    proxy: &Proxy,
+    agent: Option<u32>,
+    host: &str,
+) -> Result<(Record, IpAddr), (ResponseCode, Refusal)> {
+    let Some(ip) = proxy.dns.synthetic.address(agent, host) else {
         let r = Refusal::new(
             ErrorCode::Busy,
             format!("no synthetic address is free for {host} (this agent holds them all)"),
         );
-        return Outcome {
-            decision: Some(decision),
-            ..Outcome::refused(host, ResponseCode::ServFail, r)
-        };
+        return Err((ResponseCode::ServFail, r));
     };
     let Ok(name) = hickory_resolver::proto::rr::Name::from_ascii(format!("{host}.")) else {
         let r = Refusal::new(ErrorCode::BadRequest, format!("{host:?} is no DNS name"));
-        return Outcome {
-            decision: Some(decision),
-            ..Outcome::refused(host, ResponseCode::FormErr, r)
-        };
+        return Err((ResponseCode::FormErr, r));
     };
-    let ttl = super::synthetic::TTL;
     let record = Record::from_rdata(
         name,
-        ttl,
+        super::synthetic::TTL,
         RData::A(hickory_resolver::proto::rr::rdata::A(ip)),
     );
-    Outcome {
-        answers: vec![record],
-        addrs: vec![IpAddr::V4(ip)],
-        ttl,
-        decision: Some(decision),
-        ..none
-    }
+    Ok((record, IpAddr::V4(ip)))
 }
 
 /// A secret's value or placeholder in the name: the query would carry it to whoever answers

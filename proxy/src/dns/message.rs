@@ -12,6 +12,7 @@ use hickory_resolver::proto::op::{
 use hickory_resolver::proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use super::answer::{answer, Outcome};
+use super::ede::ExtendedError;
 use super::record;
 use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::policy::Policy;
@@ -97,7 +98,13 @@ pub(crate) async fn respond(proxy: &Arc<Proxy>, asker: &Asker, bytes: &[u8]) -> 
                 .remember(asker.uid, *ip, &outcome.host, outcome.ttl);
         }
     }
-    Some(encode(&request, outcome, written, asker.udp))
+    // Why it was refused, for clients that read EDNS options (never a secret's value).
+    let ede = outcome.refusal.as_ref().map(|r| {
+        let mut e = ExtendedError::for_refusal(r, &outcome.host);
+        e.text = proxy.vault.current().redact(&e.text).into_owned();
+        e
+    });
+    Some(encode(&request, outcome, written, asker.udp, ede.as_ref()))
 }
 
 fn name_of(query: Option<&Query>) -> String {
@@ -105,8 +112,15 @@ fn name_of(query: Option<&Query>) -> String {
 }
 
 /// The response message: the question echoed, the outcome's answers (none when the audit
-/// log could not record it: then SERVFAIL), and truncated with TC set where UDP needs it.
-fn encode(request: &Message, outcome: Outcome, written: bool, udp: bool) -> Vec<u8> {
+/// log could not record it: then SERVFAIL) and, when the query had EDNS, the Extended DNS
+/// Error of a refusal; truncated with TC set where UDP needs it.
+fn encode(
+    request: &Message,
+    outcome: Outcome,
+    written: bool,
+    udp: bool,
+    ede: Option<&ExtendedError>,
+) -> Vec<u8> {
     let mut resp = Message::response(request.metadata.id, request.metadata.op_code);
     resp.metadata.recursion_desired = request.metadata.recursion_desired;
     resp.metadata.recursion_available = true;
@@ -122,6 +136,9 @@ fn encode(request: &Message, outcome: Outcome, written: bool, udp: bool) -> Vec<
         Some(edns) => {
             let mut ours = Edns::new();
             ours.set_max_payload(MAX_UDP_PAYLOAD);
+            if let Some(e) = ede.filter(|_| written) {
+                ours.options_mut().insert(e.option());
+            }
             resp.set_edns(ours);
             usize::from(edns.max_payload().clamp(512, MAX_UDP_PAYLOAD))
         }
@@ -178,26 +195,54 @@ mod tests {
     #[test]
     fn udp_answers_over_the_limit_are_truncated_and_tcp_ones_are_not() {
         let req = request(None);
-        let small = Message::from_vec(&encode(&req, outcome(1), true, true)).expect("parse");
+        let small = Message::from_vec(&encode(&req, outcome(1), true, true, None)).expect("parse");
         assert!(!small.metadata.truncation);
         assert_eq!(small.answers.len(), 1);
         assert_eq!(small.metadata.id, req.metadata.id);
-        let big = Message::from_vec(&encode(&req, outcome(5), true, true)).expect("parse");
+        let big = Message::from_vec(&encode(&req, outcome(5), true, true, None)).expect("parse");
         assert!(big.metadata.truncation, "over 512 bytes without EDNS");
         assert!(big.answers.is_empty());
-        let tcp = Message::from_vec(&encode(&req, outcome(5), true, false)).expect("parse");
+        let tcp = Message::from_vec(&encode(&req, outcome(5), true, false, None)).expect("parse");
         assert_eq!(tcp.answers.len(), 5);
         // With EDNS the client's size is honoured, up to 1232.
         let req = request(Some(4096));
-        let fits = Message::from_vec(&encode(&req, outcome(5), true, true)).expect("parse");
+        let fits = Message::from_vec(&encode(&req, outcome(5), true, true, None)).expect("parse");
         assert!(!fits.metadata.truncation);
         assert_eq!(fits.answers.len(), 5);
     }
 
     #[test]
+    fn a_refusal_carries_its_extended_error_to_an_edns_client_only() {
+        use super::super::ede::{InfoCode, OPTION_CODE};
+        use hickory_resolver::proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+        let ede = ExtendedError {
+            code: InfoCode::Blocked,
+            text: "denied by rule no-paste".into(),
+        };
+        let mut nx = outcome(0);
+        nx.rcode = ResponseCode::NXDomain;
+        let resp = encode(&request(Some(1232)), nx, true, true, Some(&ede));
+        let resp = Message::from_vec(&resp).expect("parse");
+        assert_eq!(resp.metadata.response_code, ResponseCode::NXDomain);
+        let opt = resp.edns.as_ref().expect("EDNS in the answer");
+        let Some(EdnsOption::Unknown(OPTION_CODE, payload)) =
+            opt.option(EdnsCode::Unknown(OPTION_CODE))
+        else {
+            panic!("no EDE in {opt:?}")
+        };
+        assert_eq!(&payload[..2], &15u16.to_be_bytes());
+        assert_eq!(&payload[2..], b"denied by rule no-paste");
+        // Without EDNS in the query there is no OPT record to carry it (RFC 8914 §3).
+        let mut nx = outcome(0);
+        nx.rcode = ResponseCode::NXDomain;
+        let plain = encode(&request(None), nx, true, true, Some(&ede));
+        assert!(Message::from_vec(&plain).expect("parse").edns.is_none());
+    }
+
+    #[test]
     fn an_unrecorded_answer_is_withheld() {
         let req = request(None);
-        let resp = Message::from_vec(&encode(&req, outcome(1), false, true)).expect("parse");
+        let resp = Message::from_vec(&encode(&req, outcome(1), false, true, None)).expect("parse");
         assert_eq!(resp.metadata.response_code, ResponseCode::ServFail);
         assert!(resp.answers.is_empty());
     }

@@ -1,20 +1,26 @@
 //! The agent's DNS stub. The firewall redirects all of the agent's DNS (UDP and TCP port 53,
-//! to any address) here; a question is answered only if some rule could allow a connection
-//! to the name (`Policy::decide_name`), from our own resolver, with the private-address
-//! guard applied to what it returns. A name no rule allows gets NXDOMAIN, answered here:
-//! it never reaches a resolver, so the lookup cannot carry data out of the machine.
+//! to any address) here; a question is answered from our own resolver only if some rule
+//! could allow a connection to the name (`Policy::decide_name`), with the private-address
+//! guard applied to what it returns. A name no rule allows is answered here, without asking
+//! anyone, so the lookup cannot carry data out of the machine: with a synthetic address that
+//! stands for it (default), so the connection that follows comes back through the redirect
+//! and the agent is told which rule refused it (a JSON 403 over HTTP), or with NXDOMAIN
+//! (`dns.denied = "nxdomain"`). Every refusal carries an Extended DNS Error (RFC 8914) saying
+//! why, for clients that speak EDNS.
 //!
 //! - `serve.rs`: the UDP and TCP loops (framing by hickory-net, messages by hickory-proto),
 //!   with the agent's uid and original destination for each question;
 //! - `message.rs`: one DNS message in, one out (opcode, question count, truncation);
 //! - `answer.rs`: the decision and the answer for one question;
+//! - `ede.rs`: the Extended DNS Error a refusal carries;
 //! - `record.rs`: the decision's record (every refusal; an allowed name once per TTL);
 //! - `names.rs`: which names each agent was given which addresses for, so that a raw TCP
 //!   connection to one is decided by name;
-//! - `synthetic.rs`: the addresses answered for names only an `ask` rule covers, which no
-//!   resolver is asked about.
+//! - `synthetic.rs`: the addresses answered for names only an `ask` rule covers, and for
+//!   names no rule allows, which no resolver is asked about.
 
 mod answer;
+mod ede;
 mod message;
 mod names;
 mod record;
@@ -25,6 +31,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::DeniedAnswer;
 use crate::ratelimit::{AgentKey, ConcurrencyCaps, ConcurrencyPermit};
 pub(crate) use names::NameMemory;
 pub(crate) use serve::{serve_tcp, serve_udp};
@@ -44,8 +51,11 @@ pub(crate) const MAX_UNATTRIBUTED: usize = 1024;
 /// The stub's state, shared by its loops and by the raw TCP path.
 pub(crate) struct DnsState {
     pub names: NameMemory,
-    /// The addresses standing for names only an `ask` rule covers.
+    /// The addresses standing for names only an `ask` rule covers, and (unless
+    /// `dns.denied = "nxdomain"`) for names no rule allows.
     pub synthetic: synthetic::Synthetic,
+    /// `dns.denied`: what a name no rule allows is answered with.
+    pub denied: DeniedAnswer,
     /// Allowed answers recorded lately: (uid, name, type, rcode) → until when.
     recorded: moka::sync::Cache<(Option<u32>, Arc<str>, u16, u16), std::time::Instant>,
     unattributed: Arc<Semaphore>,
@@ -90,9 +100,16 @@ impl DnsState {
 
 impl Default for DnsState {
     fn default() -> Self {
+        DnsState::new(DeniedAnswer::default())
+    }
+}
+
+impl DnsState {
+    pub(crate) fn new(denied: DeniedAnswer) -> Self {
         DnsState {
             names: NameMemory::default(),
             synthetic: synthetic::Synthetic::default(),
+            denied,
             recorded: moka::sync::Cache::builder()
                 .max_capacity(65_536)
                 .time_to_live(names::MAX_TTL)

@@ -85,6 +85,8 @@ pub(super) async fn record(
         rule,
         error_code: outcome.refusal.as_ref().map(|r| r.code),
         reason: reason.map(|r| secrets.redact(&r).into_owned()),
+        // Report mode answered a name enforcing would refuse: `ctl policy suggest` reads it.
+        would_deny: outcome.decision.as_ref().is_some_and(|d| d.reported_deny),
         ms: record::ms_since(asked.started),
         dns: Some(DnsFacts {
             qtype: qtype.map_or_else(|| "-".to_string(), |t| t.to_string()),

@@ -149,6 +149,7 @@ async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
         .ask(PendingRequest {
             id: String::new(),
             since: String::new(),
+            expires: String::new(),
             agent_uid: ctx.conn.agent_uid,
             client: ctx.conn.client.to_string(),
             method: shown.redact(req.method().as_str()).into_owned(),

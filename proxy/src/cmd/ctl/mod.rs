@@ -8,12 +8,11 @@ mod output;
 mod render;
 mod secrets;
 mod suggest;
+mod tail;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use http::Method;
-use http_body_util::BodyExt;
 
 pub use client::{Client, CtlError};
 
@@ -127,7 +126,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             host,
         } => {
             let lines = lines.or(follow.then_some(10));
-            tail(&client, follow, lines, decision, host, json).await
+            tail::run(&client, follow, lines, decision, host, json).await
         }
     }
 }
@@ -204,7 +203,8 @@ async fn policy_check(
 ) -> u8 {
     let offline = |path: &Path| -> Result<serde_json::Value, u8> {
         let p = load_policy(path).map_err(|e| policy_error(&e))?;
-        let r = crate::control::policy_check::check(&p, method, url, agent)
+        let denied = cfg.dns_answers.denied;
+        let r = crate::control::policy_check::check(&p, method, url, agent, denied)
             .map_err(output::bad_input)?;
         Ok(serde_json::to_value(&r).unwrap_or_default())
     };
@@ -385,65 +385,4 @@ pub(crate) fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
             Err("the keychain is only read by the daemon (see `ctl secrets list`)".into())
         }
     }
-}
-
-async fn tail(
-    client: &Client,
-    follow: bool,
-    lines: Option<usize>,
-    decision: Option<String>,
-    host: Option<String>,
-    json: bool,
-) -> u8 {
-    let mut path = format!("/v1/tail?follow={}", u8::from(follow));
-    if let Some(n) = lines {
-        path.push_str(&format!("&n={n}"));
-    }
-    for (k, v) in [("decision", decision), ("host", host)] {
-        if let Some(v) = v {
-            let enc = percent_encoding::utf8_percent_encode(&v, percent_encoding::NON_ALPHANUMERIC);
-            path.push_str(&format!("&{k}={enc}"));
-        }
-    }
-    let (status, mut body) = match client.send(Method::GET, &path, None).await {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    if !status.is_success() {
-        let text = match body.collect().await {
-            Ok(b) => serde_json::from_slice::<serde_json::Value>(&b.to_bytes())
-                .ok()
-                .and_then(|v| v["error"].as_str().map(str::to_string)),
-            Err(_) => None,
-        };
-        let msg = format!("tail: {}", text.unwrap_or_else(|| format!("HTTP {status}")));
-        return fail(if status == http::StatusCode::BAD_REQUEST {
-            CtlError::BadInput(msg)
-        } else {
-            CtlError::Refused(msg)
-        });
-    }
-    let mut pending = Vec::new();
-    let mut out = std::io::stdout().lock();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { break };
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        pending.extend_from_slice(data);
-        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=nl).collect();
-            let text = if json {
-                String::from_utf8_lossy(&line).trim_end().to_string()
-            } else {
-                serde_json::from_slice(&line)
-                    .map(|v| escape::render_safely(&v, render::event))
-                    .unwrap_or_default()
-            };
-            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
-                return OK; // stdout closed (e.g. piped into head)
-            }
-        }
-    }
-    OK
 }

@@ -161,16 +161,33 @@ pub(super) fn policy(v: &Value) -> String {
     }
     if let Some(rules) = v["rule_list"].as_array() {
         out.push(String::new());
+        // Each column as wide as its widest cell, so no id or priority pushes the rest.
+        let width = |head: &str, cell: &dyn Fn(&Value) -> String| {
+            rules
+                .iter()
+                .map(|r| cell(r).chars().count())
+                .chain([head.len()])
+                .max()
+                .unwrap_or(0)
+        };
+        let id = |r: &Value| s(&r["id"]).to_string();
+        let action = |r: &Value| s(&r["action"]).to_string();
+        let priority = |r: &Value| r["priority"].to_string();
+        let (w_id, w_action, w_priority) = (
+            width("RULE", &id),
+            width("ACTION", &action),
+            width("PRIORITY", &priority),
+        );
         out.push(format!(
-            "{:<28} {:<6} {:>8}  {}",
-            "RULE", "ACTION", "PRIORITY", "MATCHES"
+            "{:<w_id$}  {:<w_action$}  {:>w_priority$}  MATCHES",
+            "RULE", "ACTION", "PRIORITY"
         ));
         for r in rules {
             out.push(format!(
-                "{:<28} {:<6} {:>8}  {}",
-                s(&r["id"]),
-                s(&r["action"]),
-                r["priority"],
+                "{:<w_id$}  {:<w_action$}  {:>w_priority$}  {}",
+                id(r),
+                action(r),
+                priority(r),
                 s(&r["summary"])
             ));
         }
@@ -179,11 +196,24 @@ pub(super) fn policy(v: &Value) -> String {
 }
 
 pub(super) fn check(v: &Value) -> String {
+    let hint = v["hint"]
+        .as_str()
+        .map(|h| format!("\nhint          {h}"))
+        .unwrap_or_default();
     if v["scheme"] == "dns" {
-        let answered = if v["decision"] == "deny" {
-            "NXDOMAIN, answered locally: no resolver is asked"
-        } else {
-            "answered from the proxy's resolver (private addresses removed)"
+        let answered = match (v["answer"].as_str(), s(&v["decision"])) {
+            (Some("synthetic"), "ask") => {
+                "a synthetic address (198.18.0.0/15), answered locally: no resolver is asked; \
+                 the connection to it waits for an operator"
+            }
+            (Some("synthetic"), _) => {
+                "a synthetic address (198.18.0.0/15), answered locally: no resolver is asked; \
+                 the connection to it is refused naming the rule"
+            }
+            (Some("nxdomain"), _) | (None, "deny") => {
+                "NXDOMAIN, answered locally: no resolver is asked"
+            }
+            _ => "answered from the proxy's resolver (private addresses removed)",
         };
         return [
             format!("DNS {}", s(&v["host"])),
@@ -193,7 +223,7 @@ pub(super) fn check(v: &Value) -> String {
                 "rule          {}",
                 v["rule_id"].as_str().unwrap_or(crate::policy::NO_RULE)
             ),
-            format!("explanation   {}", s(&v["explanation"])),
+            format!("explanation   {}{hint}", s(&v["explanation"])),
             format!("policy        {}", s(&v["policy_hash"])),
         ]
         .join("\n");
@@ -220,7 +250,7 @@ pub(super) fn check(v: &Value) -> String {
             "rule          {}",
             v["rule_id"].as_str().unwrap_or(crate::policy::NO_RULE)
         ),
-        format!("explanation   {}", s(&v["explanation"])),
+        format!("explanation   {}{hint}", s(&v["explanation"])),
     ];
     if let Some(o) = v["obligations"].as_object() {
         let parts: Vec<String> = o
@@ -247,29 +277,104 @@ pub(super) fn pending(v: &Value) -> String {
     let Some(items) = v.as_array().filter(|a| !a.is_empty()) else {
         return "no requests are waiting for approval".into();
     };
-    let mut out = vec![format!(
-        "{:<6} {:<20} {:<7} {:<7} {:<40} {}",
-        "ID", "SINCE", "AGENT", "METHOD", "DESTINATION", "RULE"
-    )];
-    for p in items {
-        let since = s(&p["since"]);
-        out.push(format!(
-            "{:<6} {:<20} {:<7} {:<7} {:<40} {}",
-            s(&p["id"]),
-            since.get(..19).unwrap_or(since),
-            agent(&p["agent_uid"]),
-            s(&p["method"]),
-            format!("{}:{}{}", s(&p["host"]), p["port"], s(&p["path"])),
-            s(&p["rule_id"])
-        ));
+    let rows: Vec<[String; 7]> = items
+        .iter()
+        .map(|p| {
+            let date = |k: &str| {
+                let t = s(&p[k]);
+                t.get(..19).unwrap_or(t).to_string()
+            };
+            [
+                s(&p["id"]).to_string(),
+                date("since"),
+                date("expires"),
+                agent_name(p),
+                s(&p["method"]).to_string(),
+                format!("{}:{}{}", s(&p["host"]), p["port"], s(&p["path"])),
+                s(&p["rule_id"]).to_string(),
+            ]
+        })
+        .collect();
+    let head = [
+        "ID",
+        "SINCE",
+        "EXPIRES",
+        "AGENT",
+        "METHOD",
+        "DESTINATION",
+        "RULE",
+    ];
+    let widths: Vec<usize> = (0..head.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([head[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: [&str; 7]| {
+        let mut l: Vec<String> = cells[..6]
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        l.push(cells[6].to_string());
+        l.join("  ")
+    };
+    let mut out = vec![line(head)];
+    for r in &rows {
+        out.push(line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]]));
     }
+    out.push(
+        "approve with `agenshield proxy ctl pending approve ID`; unanswered by EXPIRES, it is \
+         refused (ask_timeout)"
+            .into(),
+    );
     out.join("\n")
 }
 
-/// One record of `ctl tail`, on one line: when, the decision, and what it was about.
+/// The agent of a pending request: uid and user name (`5200 (ash_default_agent)`), the uid
+/// alone when it has no name on this machine, `-` when the OS could not tell.
+fn agent_name(p: &Value) -> String {
+    let Some(uid) = p["agent_uid"].as_u64().and_then(|u| u32::try_from(u).ok()) else {
+        return "-".into();
+    };
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => format!("{uid} ({})", user.name),
+        _ => uid.to_string(),
+    }
+}
+
+/// When a record's line is placed in time: when its decision was made (`started`), and for
+/// a `close` when the tunnel ended (`started` + `ms`). `None` when the record has no time.
+pub(super) fn when(v: &Value) -> Option<time::OffsetDateTime> {
+    let started = time::OffsetDateTime::parse(
+        v["started"].as_str()?,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .ok()?;
+    let lasted = match (v["kind"].as_str(), v["ms"].as_f64()) {
+        (Some("close"), Some(ms)) if ms.is_finite() && ms >= 0.0 => {
+            time::Duration::seconds_f64(ms / 1000.0)
+        }
+        _ => time::Duration::ZERO,
+    };
+    Some(started + lasted)
+}
+
+/// One record of `ctl tail`, on one line: when (UTC), the decision, and what it was about.
 pub(super) fn event(v: &Value) -> String {
-    let started = s(&v["started"]);
-    let time = started.get(11..23).unwrap_or(started);
+    let time = match when(v) {
+        Some(t) => format!(
+            "{:02}:{:02}:{:02}.{:03}",
+            t.hour(),
+            t.minute(),
+            t.second(),
+            t.millisecond()
+        ),
+        None => s(&v["started"]).to_string(),
+    };
     let hostport = match v["host"].as_str() {
         Some(h) if h.contains(':') => format!("[{h}]:{}", v["port"]),
         Some(h) => format!("{h}:{}", v["port"]),
@@ -312,7 +417,8 @@ pub(super) fn event(v: &Value) -> String {
         ),
         _ if v["error_code"] == "client_rejected_ca" => format!(
             "{decision:<12} {:>3} {:<6} {hostport}  the client rejected the AgenShield CA for \
-             {}: this tool does not trust the CA; see the README (Trust){error}",
+             {}: this tool does not trust the CA; `agenshield proxy doctor` names the fix (README: \
+             \"The agent's tools trust the proxy\"){error}{agent}",
             "",
             "TLS",
             v["sni"].as_str().unwrap_or(s(&v["host"])),
@@ -320,7 +426,7 @@ pub(super) fn event(v: &Value) -> String {
         "query" => {
             let answers = list(&v["dns"]["answers"]);
             format!(
-                "{decision:<12} {:>3} {:<6} dns://{}  {} {}  answers={}  rule={rule}{error}",
+                "{decision:<12} {:>3} {:<6} dns://{}  {} {}  answers={}  rule={rule}{error}{tail}",
                 "",
                 "DNS",
                 s(&v["host"]),

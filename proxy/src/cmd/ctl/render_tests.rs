@@ -54,7 +54,8 @@ fn tail_escapes_path_host_sni_rule_and_agent_fields() {
 #[test]
 fn pending_list_shows_agent_method_and_path_escaped() {
     let v = json!([
-        {"id": "p1", "since": "2026-01-02T03:04:05Z", "agent_uid": 5200, "client": "127.0.0.1:5",
+        {"id": "p1", "since": "2026-01-02T03:04:05Z", "expires": "2026-01-02T03:06:05Z",
+         "agent_uid": 5200, "client": "127.0.0.1:5",
          "method": "POST", "host": "api.test", "port": 443, "path": "/repos/x", "rule_id": "ask"},
         {"id": "p2", "since": "2026-01-02T03:04:06Z", "agent_uid": null, "client": "127.0.0.1:6",
          "method": "GET", "host": "api.test", "port": 443, "path": format!("/{EVIL}"),
@@ -63,17 +64,26 @@ fn pending_list_shows_agent_method_and_path_escaped() {
     let out = render_safely(&v, pending);
     assert_inert(&out);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines.len(), 4, "{out}");
     let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     assert_eq!(
         cols(lines[0]),
-        ["ID", "SINCE", "AGENT", "METHOD", "DESTINATION", "RULE"]
+        [
+            "ID",
+            "SINCE",
+            "EXPIRES",
+            "AGENT",
+            "METHOD",
+            "DESTINATION",
+            "RULE"
+        ]
     );
     assert_eq!(
         cols(lines[1]),
         [
             "p1",
             "2026-01-02T03:04:05",
+            "2026-01-02T03:06:05",
             "5200",
             "POST",
             "api.test:443/repos/x",
@@ -81,7 +91,12 @@ fn pending_list_shows_agent_method_and_path_escaped() {
         ]
     );
     assert!(lines[2].starts_with("p2"), "{out}");
-    assert_eq!(cols(lines[2])[2], "-", "no uid is shown as -: {out}");
+    assert_eq!(cols(lines[2])[3], "-", "no uid is shown as -: {out}");
+    // Columns line up whatever their contents.
+    let at = |l: &str, col: &str| l.find(col).expect("column");
+    assert_eq!(at(lines[0], "METHOD"), at(lines[1], "POST"), "{out}");
+    assert_eq!(at(lines[0], "METHOD"), at(lines[2], "GET"), "{out}");
+    assert!(lines[3].contains("pending approve ID"), "{out}");
     assert!(
         lines[2].contains(&format!("api.test:443/{EVIL_SHOWN}")),
         "{out}"
@@ -142,6 +157,63 @@ fn status_policy_and_check_escape_daemon_text() {
         assert_inert(&out);
         assert!(out.contains(EVIL_SHOWN), "{out}");
     }
+}
+
+#[test]
+fn policy_show_columns_line_up_whatever_the_rule_ids() {
+    let v = json!({
+        "dir": "/p", "hash": "h", "rules": 2, "mode": "enforce", "loaded_at": "t",
+        "rule_list": [
+            {"id": "a-rule-id-much-longer-than-twenty-eight-characters", "action": "allow",
+             "priority": 1000000, "summary": "hosts a.test"},
+            {"id": "x", "action": "ask", "priority": -5, "summary": "hosts b.test"},
+        ],
+    });
+    let out = policy(&v);
+    let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("RULE")).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    let at = |l: &str, s: &str| l.find(s).unwrap_or_else(|| panic!("{s} in {l}"));
+    assert_eq!(at(rows[0], "MATCHES"), at(rows[1], "hosts a.test"), "{out}");
+    assert_eq!(at(rows[0], "MATCHES"), at(rows[2], "hosts b.test"), "{out}");
+    assert_eq!(at(rows[0], "ACTION"), at(rows[2], "ask"), "{out}");
+}
+
+#[test]
+fn dns_lines_name_the_agent_and_a_close_is_placed_when_it_ended() {
+    let q = json!({
+        "kind": "query", "started": "2026-01-02T03:04:05.678Z", "protocol": "dns",
+        "host": "x.test", "port": 53, "decision": "deny", "rule": "default",
+        "error_code": "policy_denied", "agent_uid": 5200,
+        "dns": {"qtype": "A", "rcode": "NOERROR", "answers": ["198.18.0.1"]},
+    });
+    let out = event(&q);
+    assert!(out.starts_with("03:04:05.678 "), "{out}");
+    assert!(out.contains("agent=5200"), "{out}");
+    let close = json!({
+        "kind": "close", "started": "2026-01-02T03:04:05.678Z", "protocol": "tcp",
+        "host": "x.test", "port": 22, "decision": "allow", "ms": 61_500.25, "end": "closed",
+    });
+    let out = event(&close);
+    assert!(out.starts_with("03:05:07.178 "), "{out}");
+    let rejected = json!({
+        "kind": "connection", "started": "2026-01-02T03:04:05.678Z", "protocol": "tls",
+        "host": "x.test", "port": 443, "decision": "error", "error_code": "client_rejected_ca",
+    });
+    let out = event(&rejected);
+    assert!(out.contains("agenshield proxy doctor"), "{out}");
+    assert!(!out.contains("README (Trust)"), "{out}");
+}
+
+#[test]
+fn a_refusal_check_shows_its_hint_and_how_the_stub_answers() {
+    let v = json!({
+        "method": "DNS", "scheme": "dns", "host": "x.test", "port": 53, "path": "",
+        "decision": "deny", "rule_id": "default", "explanation": "no rule could allow",
+        "answer": "synthetic", "hint": "no rule covers x.test", "policy_hash": "h",
+    });
+    let out = check(&v);
+    assert!(out.contains("a synthetic address"), "{out}");
+    assert!(out.contains("hint          no rule covers x.test"), "{out}");
 }
 
 #[test]

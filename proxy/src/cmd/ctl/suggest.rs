@@ -2,9 +2,12 @@
 //! `mode = "report"`, its would-be refusals, and drafts allow rules for them, one per host
 //! (and one per raw TCP host): the schemes, ports and methods seen, paths generalised to
 //! their first segment (`/repos/a/b` → `/repos/**`), each annotated with how often it was
-//! seen. The draft is checked by the policy loader before it is shown, and `--write` puts it
-//! only where it is not loaded, so nothing is allowed until the operator reviews and moves
-//! it into the policy directory.
+//! seen. A DNS refusal counts for its host's rule; a host only looked up gets a rule for
+//! HTTPS on 443, marked as assumed. What an explicit deny rule refused is never drafted
+//! (allowing it would work against that rule): the draft names the rule instead. The draft
+//! is checked by the policy loader before it is shown, and `--write` puts it only where it is
+//! not loaded, so nothing is allowed until the operator reviews and moves it into the policy
+//! directory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -33,7 +36,10 @@ struct Seen {
     ports: BTreeSet<u16>,
     methods: BTreeMap<String, usize>,
     paths: BTreeMap<String, usize>,
+    /// Connections and requests.
     count: usize,
+    /// DNS questions for the host.
+    lookups: usize,
 }
 
 pub(super) fn run(cfg: &Config, ask: Ask) -> u8 {
@@ -111,14 +117,22 @@ pub(super) fn run(cfg: &Config, ask: Ask) -> u8 {
     OK
 }
 
-/// A decision an allow rule could have changed: refused by policy, or let through by
-/// report mode only.
+/// A decision of the policy's that refused, or that only report mode let through: a request,
+/// a connection or a DNS question.
 fn learnable(r: &serde_json::Value) -> bool {
     let kind = r["kind"].as_str();
-    if !matches!(kind, Some("request") | Some("connection")) {
+    if !matches!(kind, Some("request" | "connection" | "query")) {
         return false;
     }
     r["would_deny"] == true || (r["decision"] == "deny" && r["error_code"] == "policy_denied")
+}
+
+/// The explicit deny rule that refused `r` (not the policy's default): an allow rule drafted
+/// for it would work against that rule, so it is named instead.
+fn denied_by_rule(r: &serde_json::Value) -> Option<&str> {
+    r["rule"]
+        .as_str()
+        .filter(|rule| *rule != crate::policy::DEFAULT_RULE && *rule != crate::policy::NO_RULE)
 }
 
 /// Not a file the daemon would load: not in the policy directory, not already there.
@@ -166,10 +180,23 @@ fn quoted(s: &str) -> String {
 /// The TOML draft.
 fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime>) -> String {
     let mut hosts: BTreeMap<(String, bool), Seen> = BTreeMap::new();
+    // (host, rule) → decisions an explicit deny rule made.
+    let mut denied: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut lookups: Vec<&str> = Vec::new();
     for r in picked {
         let Some(host) = r["host"].as_str() else {
             continue;
         };
+        if let Some(rule) = denied_by_rule(r) {
+            *denied
+                .entry((host.to_string(), rule.to_string()))
+                .or_default() += 1;
+            continue;
+        }
+        if r["kind"] == "query" {
+            lookups.push(host);
+            continue;
+        }
         let tcp = r["protocol"] == "tcp";
         let seen = hosts.entry((host.to_string(), tcp)).or_default();
         seen.count += 1;
@@ -192,8 +219,21 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
             *seen.paths.entry(pattern(p)).or_default() += 1;
         }
     }
+    // A lookup counts for its host's rule (HTTP, else raw TCP); a host only looked up gets
+    // one of its own.
+    for host in lookups {
+        let key = if hosts.contains_key(&(host.to_string(), false))
+            || !hosts.contains_key(&(host.to_string(), true))
+        {
+            (host.to_string(), false)
+        } else {
+            (host.to_string(), true)
+        };
+        hosts.entry(key).or_default().lookups += 1;
+    }
     let mut out = String::new();
     let since = cutoff
+        .map(|c| c.replace_nanosecond(0).unwrap_or(c))
         .and_then(|c| c.format(&Rfc3339).ok())
         .map(|c| format!(" since {c}"))
         .unwrap_or_default();
@@ -225,7 +265,16 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
             id.push('-');
         }
         let list = |items: Vec<String>| items.join(", ");
-        let _ = writeln!(out, "\n# {} decision(s)", seen.count);
+        let only_looked_up = seen.count == 0;
+        let _ = match (seen.count, seen.lookups) {
+            (0, n) => writeln!(
+                out,
+                "\n# {n} DNS lookup(s), no connection seen: HTTPS on 443 is assumed; adjust to \
+                 what it needs"
+            ),
+            (n, 0) => writeln!(out, "\n# {n} decision(s)"),
+            (n, l) => writeln!(out, "\n# {n} decision(s), {l} DNS lookup(s)"),
+        };
         let _ = writeln!(
             out,
             "[[rule]]\nid = {}\nhosts = [{}]",
@@ -234,6 +283,8 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
         );
         if *tcp {
             let _ = writeln!(out, "schemes = [\"tcp\"]");
+        } else if only_looked_up {
+            let _ = writeln!(out, "schemes = [\"https\"]\nports = [443]");
         } else if !seen.schemes.is_empty() {
             let s = seen.schemes.iter().map(|s| quoted(s)).collect();
             let _ = writeln!(out, "schemes = [{}]", list(s));
@@ -273,6 +324,21 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
         }
         let _ = writeln!(out, "action = \"allow\"");
     }
+    if !denied.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n# Not drafted: refused by an explicit deny rule (an allow rule here would work \
+             against it;\n# change that rule if it should pass):"
+        );
+        for ((host, rule), n) in &denied {
+            let _ = writeln!(
+                out,
+                "#   {} denied by rule {} ({n} decision(s))",
+                escape(host),
+                escape(rule)
+            );
+        }
+    }
     out
 }
 
@@ -311,6 +377,69 @@ mod tests {
         let text = draft(&picked, &ask, None);
         assert!(text.contains("hosts = [\"api.test\"]\nschemes = [\"https\"]\nports = [443]\nmethods = [\"GET\", \"POST\"]   # GET 2, POST 1\npaths = [\"/repos/**\", \"/user\"]   # /repos/** 2, /user 1\nagents = [1001]\naction = \"allow\""), "{text}");
         assert!(text.contains("id = \"suggested:tcp:db.test\"\nhosts = [\"db.test\"]\nschemes = [\"tcp\"]\nports = [5432]"), "{text}");
+        let p = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
+            name: "s.toml".into(),
+            text,
+        }]);
+        assert!(p.is_ok(), "{p:?}");
+    }
+
+    #[test]
+    fn dns_refusals_join_their_hosts_rule_and_explicit_denials_are_named_not_drafted() {
+        let recs: Vec<serde_json::Value> = [
+            r#"{"kind":"query","protocol":"dns","host":"denied.test","port":53,"decision":"deny","error_code":"policy_denied","rule":"default"}"#,
+            r#"{"kind":"request","protocol":"https","host":"denied.test","port":443,"method":"GET","path":"/","decision":"deny","error_code":"policy_denied","rule":"default"}"#,
+            r#"{"kind":"query","protocol":"dns","host":"only.test","port":53,"decision":"deny","error_code":"policy_denied","rule":"default"}"#,
+            r#"{"kind":"query","protocol":"dns","host":"db.test","port":53,"decision":"deny","error_code":"policy_denied","rule":"default"}"#,
+            r#"{"kind":"connection","protocol":"tcp","host":"db.test","port":5432,"decision":"deny","error_code":"policy_denied","rule":"default"}"#,
+            r#"{"kind":"query","protocol":"dns","host":"paste.test","port":53,"decision":"deny","error_code":"policy_denied","rule":"no-paste"}"#,
+            r#"{"kind":"request","protocol":"https","host":"paste.test","port":443,"method":"POST","path":"/x","decision":"deny","error_code":"policy_denied","rule":"no-paste"}"#,
+        ]
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+        let picked: Vec<&serde_json::Value> = recs.iter().filter(|r| learnable(r)).collect();
+        assert_eq!(picked.len(), recs.len());
+        let ask = Ask {
+            since: None,
+            agent: None,
+            write: None,
+        };
+        let at = time::Date::from_calendar_date(2026, time::Month::January, 2)
+            .and_then(|d| d.with_hms_nano(3, 4, 5, 123_456_789))
+            .expect("date")
+            .assume_utc();
+        let text = draft(&picked, &ask, Some(at));
+        assert!(
+            text.contains("since 2026-01-02T03:04:05Z."),
+            "seconds: {text}"
+        );
+        assert_eq!(
+            text.matches("hosts = [\"denied.test\"]").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "# 1 decision(s), 1 DNS lookup(s)\n[[rule]]\nid = \"suggested:denied.test\""
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("hosts = [\"only.test\"]\nschemes = [\"https\"]\nports = [443]\naction"),
+            "{text}"
+        );
+        assert!(text.contains("id = \"suggested:tcp:db.test\""), "{text}");
+        assert_eq!(
+            text.matches("db.test\"]").count(),
+            1,
+            "the lookup joins the tcp rule: {text}"
+        );
+        assert!(!text.contains("hosts = [\"paste.test\"]"), "{text}");
+        assert!(
+            text.contains("#   paste.test denied by rule no-paste (2 decision(s))"),
+            "{text}"
+        );
         let p = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
             name: "s.toml".into(),
             text,

@@ -214,7 +214,14 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
             )
         }
     };
-    match check(&admin.proxy.policy(), &ask.method, &ask.url, ask.agent) {
+    let denied = admin.proxy.dns.denied;
+    match check(
+        &admin.proxy.policy(),
+        &ask.method,
+        &ask.url,
+        ask.agent,
+        denied,
+    ) {
         Ok(r) => json(StatusCode::OK, &r),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
