@@ -52,8 +52,11 @@ impl Nginx {
                 .port();
             let addr = SocketAddr::new(LOCAL, port);
             let conf = dir.join("nginx.conf");
-            std::fs::write(&conf, config(dir, addr, &pem, &key, &access_log, &error_log))
-                .expect("write nginx.conf");
+            std::fs::write(
+                &conf,
+                config(dir, addr, &pem, &key, &access_log, &error_log),
+            )
+            .expect("write nginx.conf");
             let mut child = Command::new("nginx")
                 .arg("-p")
                 .arg(dir)
@@ -336,7 +339,14 @@ async fn nginx_goaway_every_hundred_requests_costs_no_request_and_none_runs_twic
         missing.len(),
         missing.first()
     );
-    assert_eq!(processed.len(), sent.len(), "nginx processed only what we sent");
-    assert!(counted > 0, "the upstream's GOAWAY raced new streams: retries were counted");
+    assert_eq!(
+        processed.len(),
+        sent.len(),
+        "nginx processed only what we sent"
+    );
+    assert!(
+        counted > 0,
+        "the upstream's GOAWAY raced new streams: retries were counted"
+    );
     assert_eq!(counted, logged, "every retry the daemon logged is counted");
 }
