@@ -184,8 +184,13 @@ impl Way {
 }
 
 /// `PER_WAY` POSTs with ids `r{run}-{way}-{n}`, a hundred at a time, through `way`: each
-/// request's (status, id).
-async fn post_all(d: &Daemon, up: SocketAddr, run: usize, way: Way) -> Vec<(u16, String)> {
+/// request's (status, id), and what curl said on stderr.
+async fn post_all(
+    d: &Daemon,
+    up: SocketAddr,
+    run: usize,
+    way: Way,
+) -> (Vec<(u16, String)>, String) {
     let ca = d.ca_path.display().to_string();
     let proxy = format!("http://{}", d.explicit);
     let connect_to = format!("api.test:{}:127.0.0.1:{}", up.port(), d.transparent.port());
@@ -234,7 +239,7 @@ async fn post_all(d: &Daemon, up: SocketAddr, run: usize, way: Way) -> Vec<(u16,
         "curl reported every request: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    got
+    (got, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// The sum of `agenshield_proxy_upstream_retries_total` over its reasons.
@@ -272,11 +277,23 @@ async fn nginx_goaway_every_hundred_requests_costs_no_request_and_none_runs_twic
         let run_started = Instant::now();
         let mut failures = Vec::new();
         for way in Way::ALL {
-            for (status, id) in post_all(&daemon, nginx.addr, run, way).await {
+            let (got, stderr) = post_all(&daemon, nginx.addr, run, way).await;
+            let mut statuses: Vec<u16> = Vec::new();
+            for (status, id) in got {
                 if status != 200 {
+                    statuses.push(status);
                     failures.push(format!("{status} {id}"));
                 }
                 sent.push(id);
+            }
+            if !statuses.is_empty() {
+                statuses.sort_unstable();
+                statuses.dedup();
+                let said: Vec<&str> = stderr.lines().take(3).collect();
+                eprintln!(
+                    "run {run} {}: statuses {statuses:?}; curl: {said:?}",
+                    way.name()
+                );
             }
         }
         eprintln!(
@@ -314,8 +331,8 @@ async fn nginx_goaway_every_hundred_requests_costs_no_request_and_none_runs_twic
     eprintln!("retries: {counted} counted, {logged} logged");
     let failed_logs: Vec<&str> = logs
         .lines()
-        .filter(|l| l.contains("status=502"))
-        .take(3)
+        .filter(|l| l.contains("status=502") || l.contains(" WARN ") || l.contains(" ERROR "))
+        .take(5)
         .collect();
 
     let failures: usize = failed_runs.iter().map(|(_, f)| f.len()).sum();
