@@ -64,6 +64,8 @@ pub struct DaemonOptions {
     /// `[listen] explicit_users` / `explicit_groups`, by name.
     pub explicit_users: Vec<String>,
     pub explicit_groups: Vec<String>,
+    /// The daemon's log filter (`AGENSHIELD_LOG`); default: `$AGENSHIELD_TEST_LOG`, or `debug`.
+    pub log: Option<String>,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -89,6 +91,7 @@ pub struct Daemon {
     audit_path: PathBuf,
     /// The command prefix the daemon runs under (empty: as this process).
     prefix: Vec<String>,
+    log: Option<String>,
 }
 
 /// The binary cargo built beside this test executable (target/<profile>/agenshield).
@@ -135,7 +138,8 @@ impl Daemon {
             }
             None => Vec::new(),
         };
-        let (child, transparent, explicit, metrics, dns) = spawn(dir.path(), &prefix);
+        let (child, transparent, explicit, metrics, dns) =
+            spawn(dir.path(), &prefix, opts.log.as_deref());
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -153,6 +157,7 @@ impl Daemon {
             ca_pem,
             ca_path,
             prefix,
+            log: opts.log,
         }
     }
 
@@ -160,7 +165,8 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit, metrics, dns) = spawn(self.dir.path(), &self.prefix);
+        let (child, transparent, explicit, metrics, dns) =
+            spawn(self.dir.path(), &self.prefix, self.log.as_deref());
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
@@ -258,6 +264,7 @@ impl Daemon {
 fn spawn(
     dir: &Path,
     prefix: &[String],
+    filter: Option<&str>,
 ) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
     let config = dir.join("proxy.toml");
     let log_path = dir.join("daemon.log");
@@ -279,7 +286,9 @@ fn spawn(
         .arg(&config)
         .env(
             "AGENSHIELD_LOG",
-            std::env::var("AGENSHIELD_TEST_LOG").unwrap_or_else(|_| "debug".into()),
+            filter.map(str::to_string).unwrap_or_else(|| {
+                std::env::var("AGENSHIELD_TEST_LOG").unwrap_or_else(|_| "debug".into())
+            }),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))

@@ -217,8 +217,9 @@ impl Metrics {
                     opts(
                         "upstream_retries_total",
                         "Requests sent again because the upstream provably did not process \
-                         them: not_sent (a pooled connection closed before taking it), refused \
-                         (REFUSED_STREAM, or above a GOAWAY's last stream)."
+                         them: not_sent (a pooled connection closed or went away before taking \
+                         it), refused (REFUSED_STREAM), goaway (above the last stream id of the \
+                         upstream's GOAWAY)."
                     ),
                     &["reason"],
                 )
@@ -429,8 +430,8 @@ impl Metrics {
         for result in ["ok", "error"] {
             m.reloads.with_label_values(&[result]);
         }
-        for reason in ["not_sent", "refused"] {
-            m.upstream_retries.with_label_values(&[reason]);
+        for reason in crate::upstream::pool::Retry::ALL {
+            m.upstream_retries.with_label_values(&[reason.as_str()]);
         }
         for (decision, rcode) in [
             ("allow", "NOERROR"),

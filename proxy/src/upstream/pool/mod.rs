@@ -10,23 +10,25 @@
 //! wait for slow readers). HTTP/1.1 connections carry one request at a time and go back to the
 //! pool when its response has been read to the end.
 //!
-//! A request the upstream provably did not process is sent again, once, on another
-//! connection: one a closed connection never took (HTTP/1.1 and HTTP/2), and, when its body is
-//! small enough to have been kept ([`replay::REPLAY_LIMIT`]), one refused with `REFUSED_STREAM` or
-//! above the last stream a `GOAWAY(NO_ERROR)` said was processed (servers such as nginx close
-//! connections this way every thousand requests).
+//! A request the upstream provably did not process is sent again on another connection, up to
+//! [`ATTEMPTS`] times in all ([`retry`]): one a closed connection never took (HTTP/1.1 and
+//! HTTP/2), and, when its body is small enough to have been kept ([`replay::REPLAY_LIMIT`]),
+//! one refused with `REFUSED_STREAM` or above the last stream id of the upstream's `GOAWAY`
+//! (servers such as nginx close connections this way every thousand requests). Both are
+//! protocol facts h2 reports ([`h2_client`]), never guesses from timing. A connection that has
+//! received a `GOAWAY` lends no new stream ([`Shared::usable`], asked at every checkout).
 
 mod h2_client;
 mod replay;
+mod retry;
 mod returning;
-mod transport_end;
+mod shared;
 
 use crate::flush_coalesce::Coalesced;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -39,8 +41,11 @@ use crate::body::joined::Joined;
 use crate::body::ProxyBody;
 use crate::upstream::dial::Dialer;
 use h2_client::StreamFailure;
+use retry::{Failed, ATTEMPTS};
 use returning::Returning;
-use transport_end::{TransportEnd, Watched};
+use shared::{Shared, Stream};
+
+pub(crate) use retry::Retry;
 
 /// HTTP/2 stream window towards upstreams: enough for ~100 MB/s per stream at 10 ms RTT.
 const STREAM_WINDOW: u32 = 1024 * 1024;
@@ -106,45 +111,6 @@ struct Host {
     dial_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// An HTTP/2 connection shared by concurrent requests.
-struct Shared {
-    id: u64,
-    send: h2::client::SendRequest<Bytes>,
-    active: Arc<AtomicUsize>,
-    addr: SocketAddr,
-    end: TransportEnd,
-    last_used: Instant,
-}
-
-impl Shared {
-    /// Whether it can open streams: not going away, not closed.
-    fn usable(&mut self) -> bool {
-        if self.end.ended() {
-            return false;
-        }
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        // The pool's own handle never has a stream waiting to open, so this only asks whether
-        // the connection has failed or been told to go away.
-        !matches!(self.send.poll_ready(&mut cx), Poll::Ready(Err(_)))
-    }
-
-    fn idle_for(&self, now: Instant) -> Option<Duration> {
-        (self.active.load(Ordering::Relaxed) == 0).then(|| now.duration_since(self.last_used))
-    }
-
-    fn stream(&mut self, now: Instant) -> Stream {
-        self.active.fetch_add(1, Ordering::Relaxed);
-        self.last_used = now;
-        Stream {
-            id: self.id,
-            send: self.send.clone(),
-            in_flight: InFlight(self.active.clone()),
-            addr: self.addr,
-            end: self.end.clone(),
-        }
-    }
-}
-
 /// An HTTP/1.1 connection, carrying one request at a time.
 struct Own {
     send: http1::SendRequest<ProxyBody>,
@@ -172,43 +138,6 @@ struct Idle {
 enum Conn {
     Shared(Stream),
     Own(Own),
-}
-
-/// A stream of a shared connection.
-struct Stream {
-    /// Which connection: the one to forget if it fails.
-    id: u64,
-    send: h2::client::SendRequest<Bytes>,
-    in_flight: InFlight,
-    addr: SocketAddr,
-    end: TransportEnd,
-}
-
-/// One stream of a shared connection, counted until its response body ends.
-struct InFlight(Arc<AtomicUsize>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A request that failed on its connection.
-enum Failed {
-    /// The connection closed before the request was written: it comes back whole.
-    NotSent(Box<Request<ProxyBody>>, PoolError),
-    /// Not processed, but its body is gone: refused (`REFUSED_STREAM`, or above a
-    /// `GOAWAY(NO_ERROR)`'s last stream). Sent again only if it was kept.
-    Refused(PoolError),
-    Other(PoolError),
-}
-
-impl Failed {
-    fn into_error(self) -> PoolError {
-        match self {
-            Failed::NotSent(_, e) | Failed::Refused(e) | Failed::Other(e) => e,
-        }
-    }
 }
 
 impl Pool {
@@ -239,37 +168,39 @@ impl Pool {
     }
 
     /// Sends `req` to `key`, on a shared HTTP/2 connection when the upstream speaks it (never
-    /// for an `upgrade`), and once more on another connection if the upstream provably did not
-    /// process it.
+    /// for an `upgrade`), and again on another connection while the upstream provably did not
+    /// process it (up to [`ATTEMPTS`] times in all).
     pub(crate) async fn send(
         self: &Arc<Self>,
         key: &Key,
         req: Request<ProxyBody>,
         upgrade: bool,
     ) -> Result<Response<ProxyBody>, PoolError> {
-        let (req, replay) = replay::replayable(req, upgrade).await;
-        let conn = self.checkout(key, upgrade).await?;
-        let again = match self.send_on(key, conn, req).await {
-            Ok(resp) => return Ok(resp),
-            Err(Failed::NotSent(req, e)) => {
-                tracing::debug!("upstream connection closed before the request was sent ({e}); sending it again");
-                self.retries.with_label_values(&["not_sent"]).inc();
-                *req
-            }
-            Err(Failed::Refused(e)) => match replay {
-                Some(replay) => {
-                    tracing::debug!("upstream did not process the request ({e}); sending it again");
-                    self.retries.with_label_values(&["refused"]).inc();
-                    replay.request()
-                }
-                None => return Err(e),
-            },
-            Err(Failed::Other(e)) => return Err(e),
-        };
-        let conn = self.checkout(key, upgrade).await?;
-        self.send_on(key, conn, again)
-            .await
-            .map_err(Failed::into_error)
+        let (mut req, replay) = replay::replayable(req, upgrade).await;
+        let mut attempt = 1;
+        loop {
+            let conn = self.checkout(key, upgrade).await?;
+            let failed = match self.send_on(key, conn, req).await {
+                Ok(resp) => return Ok(resp),
+                Err(failed) => failed,
+            };
+            let (again, why, e) = match failed {
+                Failed::NotSent(req, e) if attempt < ATTEMPTS => (*req, Retry::NotSent, e),
+                Failed::Unprocessed(why, e) if attempt < ATTEMPTS => match &replay {
+                    Some(replay) => (replay.request(), why.into(), e),
+                    None => return Err(e),
+                },
+                failed => return Err(failed.into_error()),
+            };
+            tracing::debug!(
+                attempt,
+                reason = why.as_str(),
+                "the upstream did not process the request ({e}); sending it again"
+            );
+            self.retries.with_label_values(&[why.as_str()]).inc();
+            req = again;
+            attempt += 1;
+        }
     }
 
     async fn send_on(
@@ -279,7 +210,7 @@ impl Pool {
         req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, Failed> {
         match conn {
-            Conn::Shared(s) => match h2_client::send(&s.send, req, &s.end).await {
+            Conn::Shared(s) => match h2_client::send(&s.send, req).await {
                 Ok(resp) => Ok(finish(resp, s.addr, move |b| {
                     crate::body::guarded(crate::body::stream(b), s.in_flight)
                 })),
@@ -287,9 +218,27 @@ impl Pool {
                     // It is going away (or gone): no further request goes there.
                     self.forget(key, s.id);
                     Err(match failure {
-                        StreamFailure::NotOpened(req, e) => Failed::NotSent(req, e.into()),
-                        StreamFailure::Refused(e) => Failed::Refused(e.into()),
-                        StreamFailure::Failed(e) => Failed::Other(e.into()),
+                        StreamFailure::NotOpened(req, e) => {
+                            tracing::debug!(conn = s.id, "upstream connection took no stream: {e}");
+                            Failed::NotSent(req, e.into())
+                        }
+                        StreamFailure::Unprocessed(why, stream, e) => {
+                            tracing::debug!(
+                                conn = s.id,
+                                stream = u32::from(stream),
+                                ?why,
+                                "upstream stream not processed: {e}"
+                            );
+                            Failed::Unprocessed(why, e.into())
+                        }
+                        StreamFailure::Failed(stream, e) => {
+                            tracing::debug!(
+                                conn = s.id,
+                                stream = u32::from(stream),
+                                "upstream stream failed: {e}"
+                            );
+                            Failed::Other(e.into())
+                        }
                     })
                 }
             },
@@ -412,27 +361,22 @@ impl Pool {
         if !h2 {
             return own(TokioIo::new(stream), addr, Form::Origin).await;
         }
-        let end = TransportEnd::default();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (send, conn) = h2::client::Builder::new()
             .enable_push(false)
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_header_list_size(MAX_HEADER_LIST)
-            .handshake::<_, Bytes>(Watched::new(Coalesced::new(stream), end.clone()))
+            .handshake::<_, Bytes>(Coalesced::new(stream))
             .await?;
+        tracing::debug!(conn = id, %addr, "upstream HTTP/2 connection open");
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("upstream HTTP/2 connection ended: {e}");
+            match conn.await {
+                Ok(()) => tracing::debug!(conn = id, "upstream HTTP/2 connection ended"),
+                Err(e) => tracing::debug!(conn = id, "upstream HTTP/2 connection ended: {e}"),
             }
         });
-        let mut shared = Shared {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            send,
-            active: Arc::new(AtomicUsize::new(0)),
-            addr,
-            end,
-            last_used: Instant::now(),
-        };
+        let mut shared = Shared::new(id, send, addr);
         let stream = shared.stream(Instant::now());
         self.lock()
             .entry(key.clone())

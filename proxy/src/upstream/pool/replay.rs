@@ -21,12 +21,13 @@ pub(super) struct Replay {
 }
 
 impl Replay {
-    pub(super) fn request(self) -> Request<ProxyBody> {
-        let mut req = Request::new(crate::body::full(self.body));
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
+    /// The request again, as many times as it is sent (the body is shared, not copied).
+    pub(super) fn request(&self) -> Request<ProxyBody> {
+        let mut req = Request::new(crate::body::full(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers;
+        *req.headers_mut() = self.headers.clone();
         req
     }
 }
