@@ -4,9 +4,9 @@
 //! verifies, and `ctl audit verify` names a line the test edits; after kill -9, every request
 //! that completed is in the log.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agenshield_e2e::curl::{curl, CurlOut};

@@ -131,9 +131,9 @@ pub(crate) fn parse_per(s: &str) -> Result<Duration, String> {
 /// The shortest exact spelling: `1h`, `1m`, `90s`.
 fn format_per(d: Duration) -> String {
     let s = d.as_secs();
-    if s > 0 && s % 3600 == 0 {
+    if s > 0 && s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s > 0 && s % 60 == 0 {
+    } else if s > 0 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

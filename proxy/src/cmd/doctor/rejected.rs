@@ -125,8 +125,8 @@ pub fn scan(files: &[PathBuf], since: Duration, now: SystemTime) -> std::io::Res
 fn window(d: Duration) -> String {
     let s = d.as_secs();
     match s {
-        _ if s >= 172_800 && s % 86_400 == 0 => format!("{}d", s / 86_400),
-        _ if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ if s >= 172_800 && s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s >= 3_600 && s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
         _ => humantime::format_duration(d).to_string(),
     }
 }
