@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
     about = "AgenShield: a TLS-intercepting egress proxy that decides, by policy, what an AI agent may reach",
     long_about = None,
     propagate_version = true,
-    after_help = "Examples:\n  agenshield proxy run                      # the daemon, on built-in defaults\n  agenshield proxy ctl status               # is it running, what does it enforce\n  agenshield proxy exec -- curl https://example.com/\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield",
+    after_help = "Examples:\n  agenshield proxy run                      # the daemon, on built-in defaults\n  agenshield proxy ctl status               # running? what does it enforce?\n  agenshield proxy exec -- curl https://example.com/\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield",
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -75,7 +75,7 @@ pub enum ProxyCommand {
     /// Uses the admin socket (listen.admin in the config; exit 1 with one line if the daemon
     /// is not running). Root and members of agenshield-admin may use it; agent users never.
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl tail -f --decision deny\n  agenshield proxy ctl policy check GET https://api.github.com/user --exit-code\n  agenshield proxy ctl policy suggest --since 1d --write /tmp/suggested.toml\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl ca export > agenshield-ca.pem"
+        after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl tail -f --decision deny\n  agenshield proxy ctl policy check GET https://api.github.com/ --exit-code\n  agenshield proxy ctl policy suggest --since 1d --write /tmp/suggested.toml\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl ca export > agenshield-ca.pem"
     )]
     Ctl(CtlArgs),
 
@@ -83,7 +83,7 @@ pub enum ProxyCommand {
     /// config and default policies, the agent's CA trust, the service unit (launchd on macOS,
     /// systemd on Linux) and the firewall redirect. Idempotent. Needs root.
     #[command(
-        after_help = "Examples:\n  sudo agenshield proxy install\n  sudo agenshield proxy install --help   # the users, paths and options it takes"
+        after_help = "Examples:\n  sudo agenshield proxy install\n  sudo agenshield proxy install --help   # its users, paths and options"
     )]
     Install(InstallArgs),
 
@@ -120,7 +120,7 @@ pub enum ProxyCommand {
 
     /// Shell completions for agenshield, on stdout
     #[command(
-        after_help = "Examples:\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield\n  agenshield proxy completions zsh > \"${fpath[1]}/_agenshield\"\n  agenshield proxy completions fish > ~/.config/fish/completions/agenshield.fish"
+        after_help = "Examples:\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield\n  agenshield proxy completions zsh > \"${fpath[1]}/_agenshield\"\n  agenshield proxy completions fish \\\n      > ~/.config/fish/completions/agenshield.fish"
     )]
     Completions {
         /// The shell to complete for
@@ -261,7 +261,7 @@ pub enum CtlCommand {
     /// Requests held by `ask` rules
     #[command(subcommand)]
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl pending list\n  agenshield proxy ctl pending approve 7f3c9a01"
+        after_help = "Examples:\n  agenshield proxy ctl pending list\n  agenshield proxy ctl pending approve p1"
     )]
     Pending(PendingCommand),
     /// The CA whose leaves the agent sees (read from the certificate directory)
@@ -296,7 +296,7 @@ pub enum AuditCommand {
     /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
     /// log and its rotated files, oldest first; or FILEs, in the order given
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify /var/log/agenshield/proxy-audit.jsonl.1 /var/log/agenshield/proxy-audit.jsonl"
+        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify \\\n      /var/log/agenshield/proxy-audit.jsonl.1 \\\n      /var/log/agenshield/proxy-audit.jsonl"
     )]
     Verify {
         /// Audit log files in order, oldest first (default: the configured log and its
@@ -314,12 +314,13 @@ pub enum SecretsCommand {
     /// secret is fetched once at once (and refused, with why, if that fails), then again on
     /// the first use after its time to live.
     #[command(after_help = "Examples:\n  \
+        agenshield proxy ctl secrets set openai              # prompts, no echo\n  \
+        agenshield proxy ctl secrets set openai < key.txt\n  \
         printf %s \"$TOKEN\" | agenshield proxy ctl secrets set github\n  \
-        agenshield proxy ctl secrets set gh --from-command 'gh auth token' --ttl 55m\n  \
-        agenshield proxy ctl secrets set api --oauth2-token-url https://auth.example.com/oauth/token --client-id my-client < client-secret.txt")]
-    #[command(
-        after_help = "Examples:\n  agenshield proxy ctl secrets set openai                 # prompts, no echo\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl secrets set github --from-command 'gh auth token' --ttl 55m\n  agenshield proxy ctl secrets set api --oauth2-token-url https://auth.example.com/token --client-id agent < client-secret.txt"
-    )]
+        agenshield proxy ctl secrets set gh \\\n      \
+        --from-command 'gh auth token' --ttl 55m\n  \
+        agenshield proxy ctl secrets set api --client-id agent \\\n      \
+        --oauth2-token-url https://auth.example.com/token < client-secret.txt")]
     Set {
         /// 1-64 of A-Z a-z 0-9 _ -; the agent's placeholder is agenshield:secret:NAME
         name: String,
@@ -368,7 +369,7 @@ pub enum PolicyCommand {
     /// `check DNS NAME`: whether the agent's DNS stub answers NAME (allow) or says NXDOMAIN
     /// without asking any resolver (deny)
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy check POST https://api.openai.com/v1/chat/completions --agent coder\n  agenshield proxy ctl policy check GET https://x.test/ --policy ./policies --exit-code\n  agenshield proxy ctl policy check DNS github.com"
+        after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy check POST \\\n      https://api.openai.com/v1/chat/completions --agent coder\n  agenshield proxy ctl policy check GET https://x.test/ \\\n      --policy ./policies --exit-code\n  agenshield proxy ctl policy check DNS github.com"
     )]
     Check {
         /// The request's method (GET, POST, …), or DNS to ask about a name
@@ -406,11 +407,12 @@ pub enum PolicyCommand {
     /// would-be refusals, grouped by host, with counts. Run with `mode = "report"` for a
     /// while, suggest, review, move the file into the policy directory, enforce
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl policy suggest\n  agenshield proxy ctl policy suggest --since 1d --agent coder --write /tmp/suggested.toml"
+        after_help = "Examples:\n  agenshield proxy ctl policy suggest\n  agenshield proxy ctl policy suggest --since 1d --agent coder \\\n      --write /tmp/suggested.toml"
     )]
     Suggest {
-        /// Only decisions this recent (e.g. 1d, 6h)
-        #[arg(long, value_name = "DURATION")]
+        /// Only decisions this recent: how far back from now, as a number and a unit (s, m,
+        /// h, d, w), e.g. 30m, 6h, 1d, 1w, 1d12h
+        #[arg(long, value_name = "DURATION", value_parser = back_from_now)]
         since: Option<humantime::Duration>,
         /// Only this agent's decisions (its name or uid); the rules then name it in `agents`
         #[arg(long, value_name = "NAME|UID")]
@@ -438,18 +440,18 @@ pub enum PendingCommand {
     List,
     /// Let a held request through
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl pending approve 7f3c9a01\n  agenshield proxy ctl pending approve 7f3c9a01 --remember"
+        after_help = "Examples:\n  agenshield proxy ctl pending list   # the ids: p1, p2, …\n  agenshield proxy ctl pending approve p1\n  agenshield proxy ctl pending approve p1 --remember"
     )]
     Approve {
         /// The held request's id (`ctl pending list`)
         id: String,
-        /// Also let later requests that rule asks about, to the same host and port, through
-        /// until the daemon restarts
+        /// Also let this agent's later requests with the same method, host, port and path
+        /// (the query may differ) through, until the daemon restarts
         #[arg(long)]
         remember: bool,
     },
     /// Refuse a held request (the agent gets a 403)
-    #[command(after_help = "Example:\n  agenshield proxy ctl pending deny 7f3c9a01")]
+    #[command(after_help = "Example:\n  agenshield proxy ctl pending deny p1")]
     Deny {
         /// The held request's id (`ctl pending list`)
         id: String,
@@ -525,3 +527,14 @@ pub struct RunArgs {
 #[cfg(test)]
 #[path = "cli_tests.rs"]
 mod tests;
+
+/// `--since`: a duration back from now; anything else is refused with the forms it takes.
+fn back_from_now(text: &str) -> Result<humantime::Duration, String> {
+    text.parse::<humantime::Duration>().map_err(|_| {
+        format!(
+            "{text:?} is not a duration back from now; give a number and a unit (s, m, h, d, \
+             w), e.g. --since 30m, --since 6h, --since 1d (yesterday and since), --since 1w, \
+             --since 1d12h"
+        )
+    })
+}

@@ -13,6 +13,18 @@ fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
     {
         out.push(format!("{name}: no examples"));
     }
+    // An example line wider than an 80-column terminal is wrapped by clap mid-command, and
+    // copying it then fails: longer commands continue on the next line after a `\`.
+    for line in cmd
+        .get_after_help()
+        .map(|h| h.to_string())
+        .unwrap_or_default()
+        .lines()
+    {
+        if line.chars().count() > 78 {
+            out.push(format!("{name}: example line over 78 columns: {line}"));
+        }
+    }
     if cmd.get_about().is_none() && path.contains(' ') {
         out.push(format!("{name}: no description"));
     }
@@ -66,5 +78,56 @@ fn test_only_flags_are_hidden_and_version_is_everywhere() {
     ] {
         let e = Cli::try_parse_from(argv).expect_err("prints the version");
         assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion, "{argv:?}");
+    }
+}
+
+#[test]
+fn since_takes_a_duration_and_says_which_forms_when_given_another() {
+    let parse = |since: &str| {
+        Cli::try_parse_from([
+            "agenshield",
+            "proxy",
+            "ctl",
+            "policy",
+            "suggest",
+            "--since",
+            since,
+        ])
+    };
+    assert!(parse("1d12h").is_ok());
+    let err = parse("yesterday").expect_err("not a duration").to_string();
+    assert!(
+        err.contains("\"yesterday\" is not a duration back from now")
+            && err.contains("--since 1d")
+            && err.contains("--since 30m"),
+        "{err}"
+    );
+}
+
+#[test]
+fn pending_examples_use_ids_as_the_daemon_gives_them() {
+    let cmd = Cli::command();
+    let pending = cmd
+        .find_subcommand("proxy")
+        .and_then(|c| c.find_subcommand("ctl"))
+        .and_then(|c| c.find_subcommand("pending"))
+        .expect("ctl pending");
+    for sub in pending.get_subcommands().chain([pending]) {
+        let help = sub
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        for id in help
+            .split_whitespace()
+            .skip_while(|w| *w != "approve" && *w != "deny")
+            .skip(1)
+            .take(1)
+        {
+            assert!(
+                id.starts_with('p') && id[1..].chars().all(|c| c.is_ascii_digit()),
+                "{}: {help}",
+                sub.get_name()
+            );
+        }
     }
 }
