@@ -62,6 +62,9 @@ pub struct DaemonOptions {
     /// `[listen] explicit_users` / `explicit_groups`, by name.
     pub explicit_users: Vec<String>,
     pub explicit_groups: Vec<String>,
+    /// The config names its paths relative to itself (`policies = "policies"`, …), and the
+    /// daemon is started from its directory with `--config proxy.toml`, relative too.
+    pub relative_config: bool,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -87,6 +90,8 @@ pub struct Daemon {
     audit_path: PathBuf,
     /// The command prefix the daemon runs under (empty: as this process).
     prefix: Vec<String>,
+    /// Started from `dir` with a relative `--config` (see `DaemonOptions::relative_config`).
+    relative: bool,
 }
 
 /// The binary cargo built beside this test executable (target/<profile>/agenshield).
@@ -133,7 +138,8 @@ impl Daemon {
             }
             None => Vec::new(),
         };
-        let (child, transparent, explicit, metrics, dns) = spawn(dir.path(), &prefix);
+        let relative = opts.relative_config;
+        let (child, transparent, explicit, metrics, dns) = spawn(dir.path(), &prefix, relative);
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -151,6 +157,7 @@ impl Daemon {
             ca_pem,
             ca_path,
             prefix,
+            relative,
         }
     }
 
@@ -158,7 +165,8 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit, metrics, dns) = spawn(self.dir.path(), &self.prefix);
+        let (child, transparent, explicit, metrics, dns) =
+            spawn(self.dir.path(), &self.prefix, self.relative);
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
@@ -256,8 +264,13 @@ impl Daemon {
 fn spawn(
     dir: &Path,
     prefix: &[String],
+    relative: bool,
 ) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
-    let config = dir.join("proxy.toml");
+    let config = if relative {
+        PathBuf::from("proxy.toml")
+    } else {
+        dir.join("proxy.toml")
+    };
     let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -272,6 +285,9 @@ fn spawn(
         }
         None => Command::new(binary()),
     };
+    if relative {
+        command.current_dir(dir);
+    }
     let mut child = command
         .args(["proxy", "run", "--config"])
         .arg(&config)
@@ -430,10 +446,18 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
         let _ = writeln!(c, "[daemon]\nworker_user = {name:?}\n");
     }
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
+    // Relative paths name the same files: they are taken relative to the config's directory.
+    let at = |name: &str| {
+        if opts.relative_config {
+            PathBuf::from(name)
+        } else {
+            dir.join(name)
+        }
+    };
     let _ = writeln!(
         c,
         "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\ndns = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}",
-        dir.join("proxy.sock")
+        at("proxy.sock")
     );
     let names = |list: &[String]| {
         list.iter()
@@ -450,12 +474,10 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let _ = writeln!(
         c,
         "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
-        dir.join("policies"),
-        dir.join("certs"),
-        dir.join("vault"),
-        opts.audit_path
-            .clone()
-            .unwrap_or_else(|| dir.join("audit.jsonl"))
+        at("policies"),
+        at("certs"),
+        at("vault"),
+        opts.audit_path.clone().unwrap_or_else(|| at("audit.jsonl"))
     );
     if let Some(n) = opts.scan_body_bytes {
         let _ = writeln!(c, "[secrets]\nscan_body_bytes = {n}\n");

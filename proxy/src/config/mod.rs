@@ -495,7 +495,9 @@ fn default_explicit() -> SocketAddr {
 }
 
 impl Config {
-    /// Loads `path`. Relative paths inside it are taken relative to the file's directory.
+    /// Loads `path`. Relative paths inside it are taken relative to the file's directory
+    /// (never the working directory), and every path of the result is absolute: the config
+    /// file's own too, when it was given relative to the working directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -505,6 +507,13 @@ impl Config {
     }
 
     fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        // Absolute first: a relative path compared with what the OS reports (the policy
+        // watcher's events, say) never matches, and the worker of a split daemon may start
+        // elsewhere.
+        let path = &std::path::absolute(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
             ConfigError::Parse {
@@ -739,22 +748,30 @@ pub fn parse_nameserver(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// Chooses the state directory for a run on built-in defaults.
+/// Always absolute: a relative `AGENSHIELD_STATE_DIR` or `HOME` is taken from the working
+/// directory; a relative `XDG_STATE_HOME` is ignored, as the XDG specification says.
 pub fn default_state_dir() -> Result<PathBuf, ConfigError> {
-    if let Some(dir) = std::env::var_os("AGENSHIELD_STATE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if nix::unistd::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/agenshield"));
-    }
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
-        return Ok(PathBuf::from(dir).join("agenshield"));
-    }
-    match std::env::var_os("HOME") {
-        Some(home) => Ok(PathBuf::from(home).join(".local/state/agenshield")),
-        None => Err(ConfigError::NoStateDir(
-            "set AGENSHIELD_STATE_DIR or HOME".into(),
-        )),
-    }
+    let dir = if let Some(dir) = std::env::var_os("AGENSHIELD_STATE_DIR") {
+        PathBuf::from(dir)
+    } else if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/lib/agenshield")
+    } else if let Some(dir) = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        dir.join("agenshield")
+    } else {
+        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/state/agenshield"),
+            None => {
+                return Err(ConfigError::NoStateDir(
+                    "set AGENSHIELD_STATE_DIR or HOME".into(),
+                ))
+            }
+        }
+    };
+    std::path::absolute(&dir)
+        .map_err(|e| ConfigError::NoStateDir(format!("{}: {e}", dir.display())))
 }
 
 /// 1-based line and column of byte offset `at` in `text`.

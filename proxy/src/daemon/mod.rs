@@ -159,9 +159,10 @@ pub async fn serve(
     ));
     tasks.spawn(admin::serve(admin_listener, admin));
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.
-    if let Err(e) = watch_policies(proxy.clone()) {
+    if let Err(e) = watch_policies(proxy.clone()).await {
         tracing::warn!(
-            "policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work",
+            "policy hot reload has no watcher ({}: {e}); the directory is compared every few \
+             seconds, and SIGHUP and ctl reload apply at once",
             cfg.policies.display()
         );
     }
