@@ -55,11 +55,24 @@ impl Ca {
     /// the certificate with 0644. A key readable or writable by group/others is refused,
     /// as is a directory holding only one of the two files.
     pub fn load_or_create(dir: &Path) -> Result<(Ca, CaOrigin), CaError> {
+        match Self::load_existing(dir)? {
+            Some(ca) => Ok((ca, CaOrigin::Loaded)),
+            None => Ok((
+                create(dir, &dir.join(CERT_FILE), &dir.join(KEY_FILE))?,
+                CaOrigin::Created,
+            )),
+        }
+    }
+
+    /// What [`Ca::load_or_create`] would load, without creating anything: the CA in `dir`,
+    /// `None` if neither file exists (a new one would be made), an error for anything that
+    /// `load_or_create` refuses.
+    pub fn load_existing(dir: &Path) -> Result<Option<Ca>, CaError> {
         let cert_path = dir.join(CERT_FILE);
         let key_path = dir.join(KEY_FILE);
         match (exists(&cert_path)?, exists(&key_path)?) {
-            (true, true) => Ok((load(&cert_path, &key_path)?, CaOrigin::Loaded)),
-            (false, false) => Ok((create(dir, &cert_path, &key_path)?, CaOrigin::Created)),
+            (true, true) => Ok(Some(load(&cert_path, &key_path)?)),
+            (false, false) => Ok(None),
             (true, false) => Err(CaError::HalfPresent {
                 present: cert_path,
                 missing: key_path,

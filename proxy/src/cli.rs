@@ -494,10 +494,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR", hide = true)]
     pub orig_dst_override: Option<SocketAddr>,
 
-    /// Check the configuration, policy, secrets, CA and worker user as `run` would read
-    /// them, without binding a port or touching the firewall; exit 0 (ready) or 2
+    /// Give `run`'s verdict on the configuration, part by part (config file read, worker
+    /// user, listeners, admin socket, redirect, audit log, policy, secrets, CA, upstream
+    /// trust, users), without starting: each listener is bound and released at once, the
+    /// firewall is asked and not changed, nothing is created; exit 0 (would start) or 2
     #[arg(long)]
     pub check: bool,
+
+    /// With --check: one JSON object (`ok`, `config`, `parts` with part, verdict, detail)
+    #[arg(long, requires = "check")]
+    pub json: bool,
 
     /// Internal: the unprivileged half of a split daemon, started by its supervisor with the
     /// bound sockets on stdin

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod daemon;
+pub mod log_filter;
 pub mod policy;
 
 mod audit;

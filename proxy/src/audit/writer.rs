@@ -334,6 +334,34 @@ pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     }
 }
 
+/// What [`Writer::open`] would find at `path`, without creating or writing anything: the
+/// live file's size, opened as the writer opens it (append, no symlink); `None` if it does not
+/// exist yet and the nearest existing directory above it lets this user create it.
+pub(crate) fn preflight(path: &Path) -> io::Result<Option<u64>> {
+    match OpenOptions::new()
+        .append(true)
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f.metadata()?.len())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let mut dir = path.parent();
+            while let Some(d) = dir.filter(|d| !d.exists()) {
+                dir = d.parent();
+            }
+            let dir = dir.unwrap_or(Path::new("/"));
+            nix::unistd::access(
+                dir,
+                nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+            )
+            .map_err(|e| io::Error::other(format!("cannot create it in {}: {e}", dir.display())))?;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub(super) fn open_log(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)

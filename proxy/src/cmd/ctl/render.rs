@@ -60,7 +60,7 @@ pub(super) fn status(v: &Value) -> String {
         (Some(true), None) => format!("watching {}", s(&p["dir"])),
         (Some(true), Some(e)) => format!("watching {} ({e})", s(&p["dir"])),
         (_, e) => format!(
-            "NOT WATCHING: {}; SIGHUP or ctl reload to apply edits",
+            "NOT WATCHING: {}; SIGHUP or ctl reload apply edits at once",
             e.unwrap_or("unknown")
         ),
     } + &match w["rearmed"].as_u64() {
@@ -76,6 +76,20 @@ pub(super) fn status(v: &Value) -> String {
         ),
         format!("transparent   {}", list(&v["listeners"]["transparent"])),
         format!("explicit      {}", s(&v["listeners"]["explicit"])),
+        format!(
+            "DNS stub      {}",
+            match v["listeners"]["dns"].as_array() {
+                Some(a) if a.is_empty() => "off".to_string(),
+                _ => list(&v["listeners"]["dns"]),
+            }
+        ),
+        format!(
+            "metrics       {}",
+            match v["listeners"]["metrics"].as_str() {
+                Some(m) => format!("http://{m}/metrics"),
+                None => "off".to_string(),
+            }
+        ),
         format!("admin socket  {}", s(&v["listeners"]["admin"])),
         format!("firewall      {firewall}"),
         format!(

@@ -111,6 +111,10 @@ struct CaInfo {
 struct Listeners {
     transparent: Vec<String>,
     explicit: String,
+    /// The DNS stub's addresses (UDP and TCP on each); empty: no stub.
+    dns: Vec<String>,
+    /// `None`: no metrics listener.
+    metrics: Option<String>,
     admin: String,
 }
 
@@ -157,6 +161,8 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             listeners: Listeners {
                 transparent: info.transparent.iter().map(ToString::to_string).collect(),
                 explicit: info.explicit.to_string(),
+                dns: info.dns.iter().map(ToString::to_string).collect(),
+                metrics: info.metrics.map(|m| m.to_string()),
                 admin: info.socket.display().to_string(),
             },
             firewall,
