@@ -131,7 +131,7 @@ fn load(cert_path: &Path, key_path: &Path) -> Result<Ca, CaError> {
     })?;
     let cert_pem = read_to_string(cert_path)?;
     let ca = from_parts(cert_path, key_path, cert_pem, key)?;
-    tracing::debug!(cert = %cert_path.display(), fingerprint = %ca.fingerprint_sha256(), "loaded CA");
+    tracing::debug!(cert = ?cert_path, fingerprint = %ca.fingerprint_sha256(), "loaded CA");
     Ok(ca)
 }
 
@@ -174,9 +174,9 @@ fn from_parts(
     let not_after = x509.validity().not_after.to_datetime();
     let now = OffsetDateTime::now_utc();
     if not_after < now {
-        tracing::warn!(cert = %cert_path.display(), %not_after, "CA certificate has expired; clients will reject every leaf");
+        tracing::warn!(cert = ?cert_path, not_after = %not_after.date(), "CA certificate has expired; clients will reject every leaf");
     } else if not_after < now + time::Duration::days(EXPIRY_WARNING_DAYS) {
-        tracing::warn!(cert = %cert_path.display(), %not_after, "CA certificate expires soon");
+        tracing::warn!(cert = ?cert_path, not_after = %not_after.date(), "CA certificate expires soon");
     }
     let issuer = Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| not_ca(e.to_string()))?;
     Ok(Ca {
@@ -221,7 +221,7 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<Ca, CaError> 
     }
 
     let ca = from_parts(cert_path, key_path, cert_pem, key)?;
-    tracing::info!(cert = %cert_path.display(), fingerprint = %ca.fingerprint_sha256(), "created new CA");
+    tracing::info!(cert = ?cert_path, fingerprint = %ca.fingerprint_sha256(), "created new CA");
     Ok(ca)
 }
 

@@ -33,5 +33,6 @@ mod pipeline;
 mod proxy;
 mod ratelimit;
 mod secrets;
+mod toml_errors;
 mod upstream;
 mod write_through;

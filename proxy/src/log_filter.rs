@@ -20,7 +20,10 @@ const DEFAULT: &str = "info,rustls=error";
 pub fn parse(var: &str, value: &str) -> Result<EnvFilter, String> {
     let filter = EnvFilter::try_new(value)
         .map_err(|e| format!("{var}={value:?} is not a log filter ({e}); {EXAMPLES}"))?;
-    if value.trim().eq_ignore_ascii_case("off") || enables_our_errors(value) {
+    if value.trim().eq_ignore_ascii_case("off")
+        || enables_our_errors(value)
+        || names_a_module_of_ours(value)
+    {
         return Ok(filter);
     }
     let words: Vec<&str> = value
@@ -53,6 +56,16 @@ pub fn from_env() -> Result<EnvFilter, String> {
         Some((var, v)) => parse(var, &v),
         None => Ok(EnvFilter::new(DEFAULT)),
     }
+}
+
+/// Whether a directive enables one of our modules (`agenshield_proxy::dns=debug`), which the
+/// crate-level probe below does not see.
+fn names_a_module_of_ours(value: &str) -> bool {
+    value.split(',').any(|d| {
+        let (target, level) = d.split_once('=').unwrap_or((d, "trace"));
+        let target = target.split('[').next().unwrap_or("").trim();
+        target.starts_with("agenshield") && !level.trim().eq_ignore_ascii_case("off")
+    })
 }
 
 /// Whether an error logged by any of our crates passes `value`.

@@ -51,10 +51,10 @@ fn main() -> ExitCode {
                 args.action,
                 args.json,
             )),
-            Err(e) => {
-                eprintln!("agenshield: {e}");
-                ExitCode::from(2)
-            }
+            Err(e) => ExitCode::from(agenshield_proxy::cmd::firewall::config_error(
+                &e.to_string(),
+                args.json,
+            )),
         },
         Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
             Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::ctl::run(args, &cfg)),

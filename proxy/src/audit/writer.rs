@@ -183,9 +183,9 @@ impl Writer {
                     // chain stays whole at the last record written, and the batch's requests
                     // are not told "written" (their responses fail: fail closed).
                     self.metrics.audit_write_errors.inc();
-                    tracing::error!(path = %self.path.display(), records, "audit log write failed; those requests' responses are refused: {e}");
+                    tracing::error!(path = ?self.path, records, "audit log write failed; those requests' responses are refused: {e}");
                     if let Err(t) = self.file.set_len(self.size) {
-                        tracing::error!(path = %self.path.display(), "audit log: cutting off a partly written batch failed: {t}");
+                        tracing::error!(path = ?self.path, "audit log: cutting off a partly written batch failed: {t}");
                         self.size = self.file.metadata().map_or(self.size, |m| m.len());
                     }
                     acks.clear();
@@ -235,7 +235,7 @@ impl Writer {
             }
             Err(e) => {
                 self.metrics.audit_write_errors.inc();
-                tracing::error!(path = %self.path.display(), "audit log fsync failed: {e}");
+                tracing::error!(path = ?self.path, "audit log fsync failed: {e}");
                 None
             }
         }
@@ -285,7 +285,7 @@ impl Writer {
         }
         if let Err(e) = self.rotate() {
             self.metrics.audit_write_errors.inc();
-            tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
+            tracing::error!(path = ?self.path, "audit log rotation failed, writing on: {e}");
         }
     }
 
@@ -330,7 +330,7 @@ impl Writer {
 pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     if let Err(e) = file.sync_data() {
         metrics.audit_write_errors.inc();
-        tracing::error!(path = %path.display(), "audit log fsync failed: {e}");
+        tracing::error!(path = ?path, "audit log fsync failed: {e}");
     }
 }
 

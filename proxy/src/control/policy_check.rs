@@ -54,6 +54,12 @@ pub(crate) fn check(
         _ => 80,
     });
     let path = normalize_path(uri.path()).map_err(|e| format!("path: {e}"))?;
+    // A method is one token (RFC 9110): "G E T" is none, and no request could carry it.
+    if http::Method::from_bytes(method.as_bytes()).is_err() {
+        return Err(format!(
+            "invalid HTTP method {method:?}: a method is one token, e.g. GET, POST, DELETE"
+        ));
+    }
     let method = method.to_ascii_uppercase();
     let d = policy.decide(&RequestFacts {
         host: &host,
@@ -131,5 +137,22 @@ mod tests {
         assert_eq!(r.rule_id.as_deref(), Some("ssh"));
         let r = check(&p, "DNS", "exfil.evil.test", None).expect("check");
         assert_eq!(r.decision, "deny");
+    }
+
+    /// Issue 34: `policy check "G E T" …` was answered as if a request could carry it.
+    #[test]
+    fn a_method_must_be_one_token() {
+        let p = Policy::from_sources(&[PolicySource {
+            name: "t.toml".into(),
+            text: "version = 1\ndefault = \"allow\"\n".into(),
+        }])
+        .expect("policy");
+        for bad in ["G E T", "", "GET\r\n", "GE\"T"] {
+            let e = check(&p, bad, "https://x.test/", None).expect_err(bad);
+            assert!(e.contains("a method is one token, e.g. GET"), "{e}");
+        }
+        let r = check(&p, "get", "https://x.test/", None).expect("a token");
+        assert_eq!(r.method, "GET");
+        assert!(check(&p, "PROPFIND", "https://x.test/", None).is_ok());
     }
 }

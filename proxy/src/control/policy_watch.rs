@@ -191,7 +191,7 @@ async fn watch(
             probe.rearmed(Instant::now());
             health.rearmed.fetch_add(1, Ordering::Relaxed);
             proxy.metrics.policy_watch_rearms.inc();
-            tracing::info!(dir = %dir.display(), "policy directory replaced: watching the new one");
+            tracing::info!(dir = ?dir, "policy directory replaced: watching the new one");
             listing = self::listing(&dir);
             let _ = proxy.reload("policy directory replaced");
             continue;
@@ -205,7 +205,7 @@ async fn watch(
         } else if now_listing != listing {
             listing = now_listing;
             tracing::info!(
-                dir = %dir.display(),
+                dir = ?dir,
                 "policy change found by comparing the directory (no event reported it)"
             );
             let _ = proxy.reload("file change (found by polling)");
@@ -218,7 +218,7 @@ fn report(proxy: &Proxy, health: &WatchHealth, dir: &Path, state: Liveness) {
     match state {
         Liveness::Heard => {
             if health.status().error.is_some() {
-                tracing::info!(dir = %dir.display(), "policy watcher: events arrive again");
+                tracing::info!(dir = ?dir, "policy watcher: events arrive again");
             }
             health.set(&proxy.metrics, true, true, None);
         }

@@ -50,7 +50,7 @@ pub(super) async fn build_proxy(
             .map_err(|e| BadInput(format!("secrets: {e}")))?,
     );
     tracing::info!(
-        store = %vault.describe(),
+        store = vault.describe().as_str(),
         secrets = vault.current().len(),
         "secrets loaded"
     );
@@ -59,7 +59,7 @@ pub(super) async fn build_proxy(
         .map_err(|e| BadInput(format!("policy: {e}")))?;
     let policy = policies.current();
     tracing::info!(
-        dir = %cfg.policies.display(),
+        dir = ?cfg.policies,
         hash = policy.hash(),
         rules = policy.rule_count(),
         "policy loaded"

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use super::store::{SecretStore, StoreError, StoreResult, StoredSecret};
+use super::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
 use super::value::{SecretName, SecretValue, MAX_VALUE_LEN};
 
 const SUFFIX: &str = ".secret";
@@ -134,6 +134,12 @@ impl FileStore {
             .take(limit)
             .read_to_end(&mut bytes)
             .map_err(StoreError::io(&path))?;
+        if bytes.len() as u64 == limit {
+            return Err(StoreError::BadValue {
+                name: name.to_string(),
+                why: super::value::too_long(super::value::full_len(&bytes, &mut file)),
+            });
+        }
         if bytes.last() == Some(&b'\n') {
             bytes.pop();
             if bytes.last() == Some(&b'\r') {
@@ -184,8 +190,10 @@ impl FileStore {
 }
 
 impl SecretStore for FileStore {
-    fn describe(&self) -> String {
-        format!("file vault {}", self.dir.display())
+    fn location(&self) -> StoreLocation {
+        StoreLocation::File {
+            path: self.dir.clone(),
+        }
     }
 
     fn list(&self) -> StoreResult<'_, Vec<StoredSecret>> {

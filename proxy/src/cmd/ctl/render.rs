@@ -358,9 +358,18 @@ pub(super) fn event(v: &Value) -> String {
     format!("{time} {what}")
 }
 
+/// `{"kind": "file", "path": …}` as a phrase.
+fn store(v: &Value) -> String {
+    match (s(&v["kind"]), &v["service"]) {
+        ("file", _) => format!("file vault {}", s(&v["path"])),
+        ("keychain", svc) => format!("keychain {} (service {})", s(&v["path"]), s(svc)),
+        (kind, _) => format!("{kind} {}", s(&v["path"])),
+    }
+}
+
 pub(super) fn secrets(v: &Value) -> String {
     let Some(items) = v["secrets"].as_array().filter(|a| !a.is_empty()) else {
-        return format!("no secrets in {}", s(&v["store"]));
+        return format!("no secrets in {}", store(&v["store"]));
     };
     let row = |cols: [&str; 8]| {
         format!(
@@ -403,7 +412,7 @@ pub(super) fn secrets(v: &Value) -> String {
         }
     }
     out.extend(notes);
-    out.push(format!("store: {}", s(&v["store"])));
+    out.push(format!("store: {}", store(&v["store"])));
     out.join("\n")
 }
 
