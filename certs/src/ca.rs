@@ -55,11 +55,24 @@ impl Ca {
     /// the certificate with 0644. A key readable or writable by group/others is refused,
     /// as is a directory holding only one of the two files.
     pub fn load_or_create(dir: &Path) -> Result<(Ca, CaOrigin), CaError> {
+        match Self::load_existing(dir)? {
+            Some(ca) => Ok((ca, CaOrigin::Loaded)),
+            None => Ok((
+                create(dir, &dir.join(CERT_FILE), &dir.join(KEY_FILE))?,
+                CaOrigin::Created,
+            )),
+        }
+    }
+
+    /// What [`Ca::load_or_create`] would load, without creating anything: the CA in `dir`,
+    /// `None` if neither file exists (a new one would be made), an error for anything that
+    /// `load_or_create` refuses.
+    pub fn load_existing(dir: &Path) -> Result<Option<Ca>, CaError> {
         let cert_path = dir.join(CERT_FILE);
         let key_path = dir.join(KEY_FILE);
         match (exists(&cert_path)?, exists(&key_path)?) {
-            (true, true) => Ok((load(&cert_path, &key_path)?, CaOrigin::Loaded)),
-            (false, false) => Ok((create(dir, &cert_path, &key_path)?, CaOrigin::Created)),
+            (true, true) => Ok(Some(load(&cert_path, &key_path)?)),
+            (false, false) => Ok(None),
             (true, false) => Err(CaError::HalfPresent {
                 present: cert_path,
                 missing: key_path,
@@ -118,7 +131,7 @@ fn load(cert_path: &Path, key_path: &Path) -> Result<Ca, CaError> {
     })?;
     let cert_pem = read_to_string(cert_path)?;
     let ca = from_parts(cert_path, key_path, cert_pem, key)?;
-    tracing::debug!(cert = %cert_path.display(), fingerprint = %ca.fingerprint_sha256(), "loaded CA");
+    tracing::debug!(cert = ?cert_path, fingerprint = %ca.fingerprint_sha256(), "loaded CA");
     Ok(ca)
 }
 
@@ -161,9 +174,9 @@ fn from_parts(
     let not_after = x509.validity().not_after.to_datetime();
     let now = OffsetDateTime::now_utc();
     if not_after < now {
-        tracing::warn!(cert = %cert_path.display(), %not_after, "CA certificate has expired; clients will reject every leaf");
+        tracing::warn!(cert = ?cert_path, not_after = %not_after.date(), "CA certificate has expired; clients will reject every leaf");
     } else if not_after < now + time::Duration::days(EXPIRY_WARNING_DAYS) {
-        tracing::warn!(cert = %cert_path.display(), %not_after, "CA certificate expires soon");
+        tracing::warn!(cert = ?cert_path, not_after = %not_after.date(), "CA certificate expires soon");
     }
     let issuer = Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| not_ca(e.to_string()))?;
     Ok(Ca {
@@ -208,7 +221,7 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<Ca, CaError> 
     }
 
     let ca = from_parts(cert_path, key_path, cert_pem, key)?;
-    tracing::info!(cert = %cert_path.display(), fingerprint = %ca.fingerprint_sha256(), "created new CA");
+    tracing::info!(cert = ?cert_path, fingerprint = %ca.fingerprint_sha256(), "created new CA");
     Ok(ca)
 }
 

@@ -48,7 +48,10 @@ fn hosts(n: usize) -> Vec<String> {
         .map(|i| {
             let r = (i * 37) % n;
             match i % 3 {
-                0 => format!("h{}.example.com", if r.is_multiple_of(10) { r + 1 } else { r }),
+                0 => format!(
+                    "h{}.example.com",
+                    if r.is_multiple_of(10) { r + 1 } else { r }
+                ),
                 1 => format!("a.b.w{}.example.com", r / 10 * 10),
                 _ => format!("miss{i}.other.org"),
             }

@@ -48,10 +48,13 @@ pub enum ProxyCommand {
     /// With --config, reads that file. Without it, reads /opt/agenshield/config/proxy.toml
     /// when it exists; otherwise runs on built-in defaults with its state (CA, policies) in
     /// $AGENSHIELD_STATE_DIR, /var/lib/agenshield (root) or ~/.local/state/agenshield.
-    /// Listens on 127.0.0.1:15001 and [::1]:15001 (transparent) and 127.0.0.1:15080
-    /// (explicit HTTP proxy) unless configured otherwise. SIGHUP reloads the policy.
+    /// Relative paths in a config file are taken relative to the file's directory. Listens,
+    /// unless configured otherwise, on 127.0.0.1:15001 and [::1]:15001 (transparent),
+    /// 127.0.0.1:15080 (explicit HTTP proxy), 127.0.0.1:15053 and [::1]:15053 (the agent's
+    /// DNS stub, UDP and TCP) and 127.0.0.1:15090 (Prometheus metrics, /metrics), plus the
+    /// admin socket. Policy edits are picked up by themselves; SIGHUP reloads at once.
     #[command(
-        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy run --config /opt/agenshield/config/proxy.toml\n  agenshield proxy run --check --config proxy.toml   # validate, bind nothing\n  AGENSHIELD_LOG=debug agenshield --log-format json proxy run"
+        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy run --config /opt/agenshield/config/proxy.toml\n  agenshield proxy run --check --config proxy.toml   # run's verdict; starts nothing\n  AGENSHIELD_LOG=debug agenshield --log-format json proxy run"
     )]
     Run(RunArgs),
 
@@ -160,7 +163,9 @@ pub struct InstallArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Daemon configuration file (TOML); default as for `run`
+    /// The config to install as /opt/agenshield/config/proxy.toml (TOML; its paths must be
+    /// absolute). Without it: the config already installed there (a re-run keeps it), else
+    /// the shipped example with the redirect on and daemon.worker_user = "ash_default_broker"
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -513,10 +518,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR", hide = true)]
     pub orig_dst_override: Option<SocketAddr>,
 
-    /// Check the configuration, policy, secrets, CA and worker user as `run` would read
-    /// them, without binding a port or touching the firewall; exit 0 (ready) or 2
+    /// Give `run`'s verdict on the configuration, part by part (config file read, worker
+    /// user, listeners, admin socket, redirect, audit log, policy, secrets, CA, upstream
+    /// trust, users), without starting: each listener is bound and released at once, the
+    /// firewall is asked and not changed, nothing is created; exit 0 (would start) or 2
     #[arg(long)]
     pub check: bool,
+
+    /// With --check: one JSON object (`ok`, `config`, `parts` with part, verdict, detail)
+    #[arg(long, requires = "check")]
+    pub json: bool,
 
     /// Internal: the unprivileged half of a split daemon, started by its supervisor with the
     /// bound sockets on stdin

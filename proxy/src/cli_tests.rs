@@ -131,3 +131,20 @@ fn pending_examples_use_ids_as_the_daemon_gives_them() {
         }
     }
 }
+
+/// Issue 34: `run --help` named the transparent and explicit listeners only.
+#[test]
+fn run_help_names_every_listener() {
+    let cmd = Cli::command();
+    let run = cmd
+        .find_subcommand("proxy")
+        .and_then(|p| p.find_subcommand("run"))
+        .expect("proxy run");
+    let help = run
+        .get_long_about()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    for listener in ["15001", "15080", "15053", "15090", "admin socket"] {
+        assert!(help.contains(listener), "{listener} missing from:\n{help}");
+    }
+}

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod daemon;
+pub mod log_filter;
 pub mod policy;
 
 mod audit;
@@ -32,5 +33,6 @@ mod pipeline;
 mod proxy;
 mod ratelimit;
 mod secrets;
+mod toml_errors;
 mod upstream;
 mod write_through;

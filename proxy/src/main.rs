@@ -51,10 +51,10 @@ fn main() -> ExitCode {
                 args.action,
                 args.json,
             )),
-            Err(e) => {
-                eprintln!("agenshield: {e}");
-                ExitCode::from(2)
-            }
+            Err(e) => ExitCode::from(agenshield_proxy::cmd::firewall::config_error(
+                &e.to_string(),
+                args.json,
+            )),
         },
         Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
             Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::ctl::run(args, &cfg)),
@@ -92,17 +92,20 @@ fn main() -> ExitCode {
                     }
                     cfg
                 }
+                Err(e) if args.check => {
+                    return ExitCode::from(agenshield_proxy::cmd::check::config_failed(
+                        args.config.as_deref(),
+                        &e.to_string(),
+                        args.json,
+                    ))
+                }
                 Err(e) => {
                     eprintln!("agenshield: {e}");
                     return ExitCode::from(2);
                 }
             };
             if args.check {
-                let shown = args.config.as_ref().map_or_else(
-                    || "built-in defaults or the installed config".to_string(),
-                    |p| p.display().to_string(),
-                );
-                return ExitCode::from(agenshield_proxy::cmd::check::command(&cfg, &shown));
+                return ExitCode::from(agenshield_proxy::cmd::check::command(&cfg, args.json));
             }
             let who = match privsep::worker_user(&cfg) {
                 Ok(who) => who,
@@ -206,19 +209,10 @@ fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
 }
 
 /// Logging to stderr, filtered by AGENSHIELD_LOG (else RUST_LOG, else `info`). A filter
-/// that is set but does not parse is an error, not a silent fallback.
+/// that is set but does not parse, or enables not even our errors, is an error, not a silent
+/// fallback (see `log_filter`).
 fn init_logging(format: LogFormat) -> Result<(), String> {
-    use tracing_subscriber::EnvFilter;
-    let filter = match ["AGENSHIELD_LOG", "RUST_LOG"]
-        .iter()
-        .find_map(|var| std::env::var(var).ok().map(|v| (var, v)))
-    {
-        Some((var, v)) => EnvFilter::try_new(&v).map_err(|e| {
-            format!("{var}={v:?} is not a log filter ({e}); e.g. info, debug,rustls=error")
-        })?,
-        // rustls warns about client quirks (an IP literal sent as SNI) once per connection.
-        None => EnvFilter::new("info,rustls=error"),
-    };
+    let filter = agenshield_proxy::log_filter::from_env()?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -66,6 +66,9 @@ pub struct DaemonOptions {
     pub explicit_groups: Vec<String>,
     /// The daemon's log filter (`AGENSHIELD_LOG`); default: `$AGENSHIELD_TEST_LOG`, or `debug`.
     pub log: Option<String>,
+    /// The config names its paths relative to itself (`policies = "policies"`, …), and the
+    /// daemon is started from its directory with `--config proxy.toml`, relative too.
+    pub relative_config: bool,
 }
 
 /// Who an unprivileged daemon runs as: the owner of its state and the command that becomes it.
@@ -92,6 +95,8 @@ pub struct Daemon {
     /// The command prefix the daemon runs under (empty: as this process).
     prefix: Vec<String>,
     log: Option<String>,
+    /// Started from `dir` with a relative `--config` (see `DaemonOptions::relative_config`).
+    relative: bool,
 }
 
 /// The binary cargo built beside this test executable (target/<profile>/agenshield).
@@ -138,8 +143,9 @@ impl Daemon {
             }
             None => Vec::new(),
         };
+        let relative = opts.relative_config;
         let (child, transparent, explicit, metrics, dns) =
-            spawn(dir.path(), &prefix, opts.log.as_deref());
+            spawn(dir.path(), &prefix, opts.log.as_deref(), relative);
         let ca_path = dir.path().join("certs/ca.pem");
         let ca_pem = std::fs::read_to_string(&ca_path).expect("daemon CA");
         Daemon {
@@ -158,6 +164,7 @@ impl Daemon {
             ca_path,
             prefix,
             log: opts.log,
+            relative,
         }
     }
 
@@ -165,8 +172,12 @@ impl Daemon {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, transparent, explicit, metrics, dns) =
-            spawn(self.dir.path(), &self.prefix, self.log.as_deref());
+        let (child, transparent, explicit, metrics, dns) = spawn(
+            self.dir.path(),
+            &self.prefix,
+            self.log.as_deref(),
+            self.relative,
+        );
         self.child = child;
         self.transparent = transparent;
         self.explicit = explicit;
@@ -265,8 +276,13 @@ fn spawn(
     dir: &Path,
     prefix: &[String],
     filter: Option<&str>,
+    relative: bool,
 ) -> (Child, SocketAddr, SocketAddr, SocketAddr, Vec<SocketAddr>) {
-    let config = dir.join("proxy.toml");
+    let config = if relative {
+        PathBuf::from("proxy.toml")
+    } else {
+        dir.join("proxy.toml")
+    };
     let log_path = dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -281,6 +297,9 @@ fn spawn(
         }
         None => Command::new(binary()),
     };
+    if relative {
+        command.current_dir(dir);
+    }
     let mut child = command
         .args(["proxy", "run", "--config"])
         .arg(&config)
@@ -441,10 +460,18 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
         let _ = writeln!(c, "[daemon]\nworker_user = {name:?}\n");
     }
     let v6 = if opts.ipv6 { ", \"[::1]:0\"" } else { "" };
+    // Relative paths name the same files: they are taken relative to the config's directory.
+    let at = |name: &str| {
+        if opts.relative_config {
+            PathBuf::from(name)
+        } else {
+            dir.join(name)
+        }
+    };
     let _ = writeln!(
         c,
         "[listen]\ntransparent = [\"127.0.0.1:0\"{v6}]\ndns = [\"127.0.0.1:0\"{v6}]\nexplicit = \"127.0.0.1:0\"\nmetrics = \"127.0.0.1:0\"\nadmin = {:?}",
-        dir.join("proxy.sock")
+        at("proxy.sock")
     );
     let names = |list: &[String]| {
         list.iter()
@@ -461,12 +488,10 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     let _ = writeln!(
         c,
         "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",
-        dir.join("policies"),
-        dir.join("certs"),
-        dir.join("vault"),
-        opts.audit_path
-            .clone()
-            .unwrap_or_else(|| dir.join("audit.jsonl"))
+        at("policies"),
+        at("certs"),
+        at("vault"),
+        opts.audit_path.clone().unwrap_or_else(|| at("audit.jsonl"))
     );
     if let Some(n) = opts.scan_body_bytes {
         let _ = writeln!(c, "[secrets]\nscan_body_bytes = {n}\n");

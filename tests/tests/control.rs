@@ -550,3 +550,136 @@ async fn tail_follow_names_dns_agents_and_fails_when_the_daemon_stops() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("the live feed ended"), "{err}");
 }
+
+/// The value of one unlabelled metric in a scrape of the daemon.
+async fn metric(daemon: &Daemon, name: &str) -> Option<f64> {
+    let scrape =
+        agenshield_e2e::curl::curl(&[&format!("http://{}/metrics", daemon.metrics)], false)
+            .await
+            .text();
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Polls `ctl status --json` (bounded) until `want` holds of it; returns it.
+fn status_until(
+    daemon: &Daemon,
+    within: Duration,
+    what: &str,
+    want: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let (code, out, err) = daemon.ctl(&[], &["status", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
+        if want(&v) {
+            return v;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what} not within {within:?}: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 34: `cd lab; agenshield proxy run --config proxy.toml` with `policies = "policies"`
+/// reloaded nothing (the watcher compared absolute event paths with a relative directory)
+/// while status said "watching". Every path is absolute now, edits, renames and a broken file
+/// are seen, and "watching" is proven by a probe, not assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_config_reloads_its_relative_policy_directory() {
+    let daemon = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), policy("deny", ""))],
+        hosts: vec![("x.test".into(), LOCAL)],
+        relative_config: true,
+        ..Default::default()
+    });
+    let policies = daemon.dir.path().join("policies");
+    let rule = |d: &Daemon| {
+        let (code, out, err) = d.ctl(
+            &[],
+            &["policy", "check", "GET", "https://x.test/", "--json"],
+        );
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        (
+            v["decision"].as_str().unwrap_or("").to_string(),
+            v["rule_id"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let until = |d: &Daemon, want: (&str, &str)| {
+        let started = Instant::now();
+        while rule(d) != (want.0.to_string(), want.1.to_string()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{want:?} never in force: {:?}",
+                rule(d)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The paths the daemon reports are absolute, under the config's directory.
+    let v = status_until(&daemon, Duration::from_secs(5), "a proven watch", |v| {
+        v["policy"]["watch"]["active"] == true
+    });
+    let dir = daemon.dir.path().canonicalize().expect("canonical");
+    let shown = std::path::PathBuf::from(v["policy"]["dir"].as_str().expect("dir"));
+    assert!(shown.is_absolute(), "{v}");
+    assert_eq!(
+        shown.canonicalize().expect("exists"),
+        dir.join("policies"),
+        "{v}"
+    );
+    assert!(
+        v["listeners"]["admin"]
+            .as_str()
+            .is_some_and(|a| a.starts_with('/')),
+        "{v}"
+    );
+    assert_eq!(v["policy"]["watch"]["verified"], true, "{v}");
+    assert_eq!(
+        metric(&daemon, "agenshield_proxy_policy_watch_active").await,
+        Some(1.0)
+    );
+    assert_eq!(rule(&daemon), ("deny".into(), "x".into()));
+
+    // An edit in place.
+    std::fs::write(policies.join("main.toml"), policy("allow", "")).expect("edit");
+    until(&daemon, ("allow", "x"));
+    // A save by rename (write a temporary file, rename it over the old one).
+    std::fs::write(policies.join(".main.toml.tmp"), policy("deny", "")).expect("tmp");
+    std::fs::rename(policies.join(".main.toml.tmp"), policies.join("main.toml")).expect("mv");
+    until(&daemon, ("deny", "x"));
+    // A broken file: reported, the last good policy stays.
+    std::fs::write(
+        policies.join("zz-broken.toml"),
+        "version = 1\n[[rule]]\nid = \n",
+    )
+    .expect("broken");
+    let v = status_until(
+        &daemon,
+        Duration::from_secs(5),
+        "the broken file reported",
+        |v| {
+            v["policy"]["last_error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("zz-broken.toml"))
+        },
+    );
+    assert_eq!(v["policy"]["watch"]["active"], true, "{v}");
+    assert_eq!(rule(&daemon), ("deny".into(), "x".into()));
+    let (_, human, _) = daemon.ctl(&[], &["status"]);
+    assert!(human.contains("hot reload    watching /"), "{human}");
+    assert!(human.contains("last reload   FAILED"), "{human}");
+    std::fs::remove_file(policies.join("zz-broken.toml")).expect("rm");
+    status_until(&daemon, Duration::from_secs(5), "recovered", |v| {
+        v["policy"]["last_error"].is_null()
+    });
+    assert_eq!(
+        metric(&daemon, "agenshield_proxy_policy_watch_active").await,
+        Some(1.0)
+    );
+}

@@ -353,3 +353,260 @@ fn logging_is_checked_and_can_be_json() {
         );
     }
 }
+
+/// Issue 34: `AGENSHIELD_LOG=verbose` parsed as a module name and silenced every line, errors
+/// included. A filter that enables not even our errors stops the daemon at once, with
+/// examples of the right form; `debug` runs and logs.
+#[test]
+fn a_log_filter_that_enables_nothing_of_ours_is_refused() {
+    let dir = agenshield_e2e::daemon::prepare(&DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    });
+    let run = |filter: &str| {
+        std::process::Command::new(agenshield_e2e::daemon::binary())
+            .args(["proxy", "run", "--config"])
+            .arg(dir.path().join("proxy.toml"))
+            .env("AGENSHIELD_LOG", filter)
+            .output()
+            .expect("run")
+    };
+    for filter in ["verbose", "h2=debug"] {
+        let out = run(filter);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{filter}: {err}");
+        assert!(
+            err.contains(&format!(
+                "AGENSHIELD_LOG={filter:?} enables no log line of agenshield"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains("e.g. info, debug") && err.contains("agenshield_proxy=debug,h2=info"),
+            "{err}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).is_empty(),
+            "nothing started"
+        );
+    }
+    assert!(String::from_utf8_lossy(&run("verbose").stderr)
+        .contains("\"verbose\" read as a module name"));
+    // `debug` is a filter that works: the daemon starts and logs at debug.
+    let daemon = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    });
+    let logs = daemon.logs();
+    assert!(logs.contains("DEBUG") && logs.contains("INFO"), "{logs}");
+}
+
+/// `agenshield` with `args` and `envs`: (exit code, stdout, stderr).
+fn agenshield(args: &[&str], envs: &[(&str, &std::path::Path)]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(agenshield_e2e::daemon::binary());
+    cmd.args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("agenshield");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The part named `name` of a `run --check --json` report.
+fn check_part<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["parts"]
+        .as_array()
+        .and_then(|parts| parts.iter().find(|p| p["part"] == name))
+        .unwrap_or_else(|| panic!("no part {name} in {report}"))
+}
+
+/// The `sha256:…` policy hash in `text`.
+fn policy_hash(text: &str) -> String {
+    let at = text
+        .find("sha256:")
+        .unwrap_or_else(|| panic!("no hash in {text}"));
+    text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == ':')
+        .collect()
+}
+
+/// A daemon started by hand, stopped (SIGTERM) when dropped.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 34: on a fresh machine (no config file, no state yet) `--check` said FAILED for the
+/// policy directory `run` itself seeds, and never said which config it read. Now it gives
+/// `run`'s verdict part by part, creates nothing, and the policy it announces is the one
+/// `run` then enforces. Root: `run` on built-in defaults binds the default ports.
+#[test]
+fn run_check_gives_runs_verdict_on_a_fresh_machine() {
+    let Some(_root) = agenshield_e2e::netlab::root_or_skip("run_check_fresh_machine") else {
+        return;
+    };
+    assert!(
+        !std::path::Path::new("/opt/agenshield/config/proxy.toml").exists(),
+        "not a fresh machine: an installed config is in place"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let env = [("AGENSHIELD_STATE_DIR", state.as_path())];
+    let (code, out, err) = agenshield(&["proxy", "run", "--check", "--json"], &env);
+    assert_eq!(code, 0, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["ok"], true, "{report}");
+    assert!(report["config"].is_null(), "{report}");
+    let config = check_part(&report, "config");
+    assert!(
+        config["detail"].as_str().is_some_and(
+            |d| d.contains("no config file") && d.contains(&state.display().to_string())
+        ),
+        "{report}"
+    );
+    let policy = check_part(&report, "policy");
+    assert_eq!(policy["verdict"], "note", "{report}");
+    let detail = policy["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("writes the shipped default policy"),
+        "{report}"
+    );
+    let announced = policy_hash(detail);
+    assert_eq!(check_part(&report, "CA")["verdict"], "note", "{report}");
+    for p in report["parts"].as_array().expect("parts") {
+        assert_ne!(p["verdict"], "failed", "{report}");
+    }
+    assert!(!state.exists(), "--check created {}", state.display());
+    let (code, text, _) = agenshield(&["proxy", "run", "--check"], &env);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("policy   note"), "{text}");
+
+    // `run` agrees: it starts, seeds that policy and creates the CA.
+    let mut child = std::process::Command::new(agenshield_e2e::daemon::binary())
+        .args(["proxy", "run"])
+        .env("AGENSHIELD_STATE_DIR", &state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run");
+    let stdout = child.stdout.take().expect("stdout");
+    let _daemon = Started(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut said = String::new();
+    let ready = loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("run did not become ready; it said:\n{said}"));
+        said.push_str(&line);
+        said.push('\n');
+        if line.starts_with("agenshield: ready ") {
+            break line;
+        }
+    };
+    assert!(said.contains("wrote the default policy to"), "{said}");
+    assert!(said.contains("CA created"), "{said}");
+    assert_eq!(policy_hash(&ready), announced, "{said}");
+    drop(_daemon);
+    // And on the state it left, each part is plain `ok`.
+    let (code, out, err) = agenshield(&["proxy", "run", "--check", "--json"], &env);
+    assert_eq!(code, 0, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(check_part(&report, "policy")["verdict"], "ok", "{report}");
+    assert_eq!(check_part(&report, "CA")["verdict"], "ok", "{report}");
+    assert_eq!(
+        policy_hash(
+            check_part(&report, "policy")["detail"]
+                .as_str()
+                .unwrap_or("")
+        ),
+        announced
+    );
+}
+
+/// Issue 34: `--check` said "ready" for a redirect whose agent user does not exist, or is
+/// root (the proxy's own uid), which `run` refuses. Now both refuse, with the same reason, and
+/// `--check --json` names the config file it read. `run` stops before any rule is written.
+#[test]
+fn run_check_gives_runs_verdict_on_a_missing_or_root_agent_user() {
+    let Some(_root) = agenshield_e2e::netlab::root_or_skip("run_check_agent_users") else {
+        return;
+    };
+    for (user, reason) in [
+        (
+            "ash_no_such_agent",
+            "firewall: agent user \"ash_no_such_agent\" does not exist",
+        ),
+        ("root", "firewall: agent uid 0 is the proxy's own uid"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("pol")).expect("mkdir");
+        std::fs::write(d.join("pol/a.toml"), POLICY).expect("policy");
+        let config = d.join("proxy.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"127.0.0.1:0\"\ndns = [\"127.0.0.1:0\"]\nmetrics = \"off\"\nadmin = \"{d}/admin.sock\"\n\
+                 [paths]\npolicies = \"{d}/pol\"\ncerts = \"{d}/certs\"\nvault = \"{d}/vault\"\naudit = \"{d}/audit.jsonl\"\n\
+                 [redirect]\nenabled = true\nagent_users = [\"{user}\"]\n",
+                d = d.display()
+            ),
+        )
+        .expect("config");
+        let config_arg = config.display().to_string();
+        let (code, out, err) = agenshield(
+            &["proxy", "run", "--check", "--json", "--config", &config_arg],
+            &[],
+        );
+        assert_eq!(code, 2, "{user}: {out}{err}");
+        let report = json(&out);
+        assert_eq!(report["ok"], false, "{report}");
+        assert_eq!(report["config"], config_arg.as_str(), "{report}");
+        let redirect = check_part(&report, "redirect");
+        assert_eq!(redirect["verdict"], "failed", "{report}");
+        assert!(
+            redirect["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with(reason)),
+            "{report}"
+        );
+        let failed: Vec<&serde_json::Value> = report["parts"]
+            .as_array()
+            .expect("parts")
+            .iter()
+            .filter(|p| p["verdict"] == "failed")
+            .collect();
+        assert_eq!(failed.len(), 1, "only the redirect fails: {report}");
+        let (code, text, _) =
+            agenshield(&["proxy", "run", "--check", "--config", &config_arg], &[]);
+        assert_eq!(code, 2);
+        assert!(
+            text.contains(&format!("redirect FAILED {reason}")),
+            "{text}"
+        );
+        // `run` refuses it for the same reason.
+        let (code, out, err) = agenshield(&["proxy", "run", "--config", &config_arg], &[]);
+        assert_eq!(code, 2, "{user}: {out}{err}");
+        assert!(err.contains(reason), "{user}: {err}");
+        assert!(!out.contains("agenshield: ready"), "{out}");
+    }
+}

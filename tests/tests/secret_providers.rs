@@ -215,6 +215,29 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
         .daemon
         .ctl_stdin(&["secrets", "set", "x", "--ttl", "1m"], b"12345678");
     assert_eq!(code, 2, "{err}");
+    // A value too long is refused at its real size (issue 34: "8195 bytes" for 9000), and a
+    // command printing too much says how much it printed.
+    let (code, _, err) = w.daemon.ctl_stdin(&["secrets", "set", "x"], &[b'x'; 9000]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("the value is 9000 bytes; at most 8192 fit in a request header"),
+        "{err}"
+    );
+    let (code, _, err) = w.daemon.ctl(
+        &[],
+        &[
+            "secrets",
+            "set",
+            "x",
+            "--from-command",
+            "head -c 9000 /dev/zero | tr '\\0' x",
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the command printed 9000 bytes; at most 8192"),
+        "{err}"
+    );
 
     // 2. An OAuth2 client: the client secret from stdin; a token fetched at once.
     let token_url = format!("https://auth.test:{}/oauth/token", w.api.up.addr.port());

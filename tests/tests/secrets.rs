@@ -449,6 +449,17 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     assert_eq!(github["uses"], 3);
     assert!(github["last_used"].is_string());
     assert_eq!(github["rate"], "3 per 1h, burst 3");
+    // The store is structured (issue 34), not one "file vault <path>" string.
+    assert_eq!(v["store"]["kind"], "file", "{v}");
+    assert_eq!(
+        v["store"]["path"].as_str(),
+        Some(w.daemon.vault().display().to_string().as_str()),
+        "{v}"
+    );
+    assert!(
+        list.contains(&format!("store: file vault {}", w.daemon.vault().display())),
+        "{list}"
+    );
     ctl_out.push_str(&list);
     ctl_out.push_str(&json);
     for args in [

@@ -43,7 +43,7 @@ pub(super) fn held_until(
         Ok(n) => n?,
         // Unreadable: keep it (deleting what we cannot date would be a guess).
         Err(e) => {
-            tracing::warn!(path = %path.display(), "audit log rotation: cannot date the oldest file, keeping it: {e}");
+            tracing::warn!(path = ?path, "audit log rotation: cannot date the oldest file, keeping it: {e}");
             now
         }
     };

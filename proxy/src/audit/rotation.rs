@@ -105,7 +105,7 @@ impl Leftover {
         fsync(&self.old, &self.path, &self.metrics);
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-                tracing::warn!(dir = %dir.display(), "audit log rotation: syncing the directory failed: {e}");
+                tracing::warn!(dir = ?dir, "audit log rotation: syncing the directory failed: {e}");
             }
         }
         // The new file may be fsynced from here on; freeing the expired file can take long.

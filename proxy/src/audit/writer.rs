@@ -183,9 +183,9 @@ impl Writer {
                     // chain stays whole at the last record written, and the batch's requests
                     // are not told "written" (their responses fail: fail closed).
                     self.metrics.audit_write_errors.inc();
-                    tracing::error!(path = %self.path.display(), records, "audit log write failed; those requests' responses are refused: {e}");
+                    tracing::error!(path = ?self.path, records, "audit log write failed; those requests' responses are refused: {e}");
                     if let Err(t) = self.file.set_len(self.size) {
-                        tracing::error!(path = %self.path.display(), "audit log: cutting off a partly written batch failed: {t}");
+                        tracing::error!(path = ?self.path, "audit log: cutting off a partly written batch failed: {t}");
                         self.size = self.file.metadata().map_or(self.size, |m| m.len());
                     }
                     acks.clear();
@@ -235,7 +235,7 @@ impl Writer {
             }
             Err(e) => {
                 self.metrics.audit_write_errors.inc();
-                tracing::error!(path = %self.path.display(), "audit log fsync failed: {e}");
+                tracing::error!(path = ?self.path, "audit log fsync failed: {e}");
                 None
             }
         }
@@ -285,7 +285,7 @@ impl Writer {
         }
         if let Err(e) = self.rotate() {
             self.metrics.audit_write_errors.inc();
-            tracing::error!(path = %self.path.display(), "audit log rotation failed, writing on: {e}");
+            tracing::error!(path = ?self.path, "audit log rotation failed, writing on: {e}");
         }
     }
 
@@ -330,7 +330,35 @@ impl Writer {
 pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
     if let Err(e) = file.sync_data() {
         metrics.audit_write_errors.inc();
-        tracing::error!(path = %path.display(), "audit log fsync failed: {e}");
+        tracing::error!(path = ?path, "audit log fsync failed: {e}");
+    }
+}
+
+/// What [`Writer::open`] would find at `path`, without creating or writing anything: the
+/// live file's size, opened as the writer opens it (append, no symlink); `None` if it does not
+/// exist yet and the nearest existing directory above it lets this user create it.
+pub(crate) fn preflight(path: &Path) -> io::Result<Option<u64>> {
+    match OpenOptions::new()
+        .append(true)
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f.metadata()?.len())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let mut dir = path.parent();
+            while let Some(d) = dir.filter(|d| !d.exists()) {
+                dir = d.parent();
+            }
+            let dir = dir.unwrap_or(Path::new("/"));
+            nix::unistd::access(
+                dir,
+                nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+            )
+            .map_err(|e| io::Error::other(format!("cannot create it in {}: {e}", dir.display())))?;
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 

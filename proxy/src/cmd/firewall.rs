@@ -3,16 +3,24 @@
 //! ([`crate::cmd::install::resolvers`]).
 
 use crate::cli::FirewallAction;
+use crate::cmd::ctl::output::{self, ErrorCode};
 use crate::config::Config;
 use crate::daemon::firewall::{report, spec};
 
-/// `agenshield proxy firewall ACTION`: prints the outcome, returns the exit code.
+/// The config did not load: said on stderr and, with `--json`, as JSON on stdout (exit 2).
+pub fn config_error(message: &str, json: bool) -> u8 {
+    output::set_json(json);
+    output::error(ErrorCode::BadInput, message)
+}
+
+/// `agenshield proxy firewall ACTION`: prints the outcome, returns the exit code. Failures go
+/// to stderr and, with `--json`, to stdout as `{"ok": false, "error": {"code", "message"}}`.
 pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> u8 {
+    output::set_json(json);
     let backend = agenshield_pf::platform_redirector();
     let spec = || {
-        spec(cfg, &cfg.transparent, &cfg.dns).map_err(|e| {
-            eprintln!("agenshield: firewall: {e}");
-        })
+        spec(cfg, &cfg.transparent, &cfg.dns)
+            .map_err(|e| output::error(ErrorCode::BadInput, &format!("firewall: {e}")))
     };
     let outcome = match action {
         // Removing needs no spec: whatever we own goes.
@@ -25,7 +33,10 @@ pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> 
             format!("firewall: {} {verb}", backend.describe())
         }),
         FirewallAction::Up => {
-            let Ok(spec) = spec() else { return 2 };
+            let spec = match spec() {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
             backend.apply(&spec).map(|()| {
                 format!(
                     "firewall: {} installed for uids {:?}",
@@ -52,7 +63,10 @@ pub fn command(cfg: &Config, action: crate::cli::FirewallAction, json: bool) -> 
                 }
                 return NOT_INSTALLED;
             }
-            let Ok(spec) = spec() else { return 2 };
+            let spec = match spec() {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
             match backend.status(&spec) {
                 Ok(st) => {
                     let r = report(backend.as_ref(), &spec, &st);
@@ -109,10 +123,7 @@ fn finish(outcome: Result<String, agenshield_pf::RedirectError>, json: bool) -> 
             println!("{msg}");
             0
         }
-        Err(e) => {
-            eprintln!("agenshield: firewall: {e}");
-            1
-        }
+        Err(e) => output::error(ErrorCode::Failed, &format!("firewall: {e}")),
     }
 }
 
@@ -122,10 +133,7 @@ fn resolvers(cfg: &Config, open: bool, sockets: Vec<std::path::PathBuf>, json: b
     use crate::cmd::install::resolvers::{apply, socket_paths, Outcome};
     let uids = match crate::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
         Ok(u) => u,
-        Err(e) => {
-            eprintln!("agenshield: firewall resolvers: {e}");
-            return 2;
-        }
+        Err(e) => return output::error(ErrorCode::BadInput, &format!("firewall resolvers: {e}")),
     };
     let paths = if sockets.is_empty() {
         socket_paths()

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 mod dns;
+mod forms;
 mod upstream_proxy;
 pub use dns::{DeniedAnswer, DnsConfig};
 pub use upstream_proxy::{authority, UpstreamProxy};
@@ -106,11 +107,11 @@ pub struct AuditConfig {
     pub query_values: QueryValues,
     /// Rotation never deletes a file holding a record younger than this; past it, new
     /// requests are refused (`audit_unavailable`) instead. 0 turns the guard off.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub retention: Duration,
     /// The same refusal repeated by one agent within this window is one `repeated` record
     /// with a count (the first is still recorded in full, at once). 0: every one in full.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub refusal_window: Duration,
 }
 
@@ -171,7 +172,7 @@ impl Default for SecretsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct Approvals {
     /// How long a held request waits for an operator; then it is denied.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub timeout: Duration,
 }
 
@@ -186,10 +187,13 @@ impl Default for Approvals {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileListen {
+    #[serde(default, deserialize_with = "forms::socket_addrs")]
     transparent: Option<Vec<SocketAddr>>,
+    #[serde(default, deserialize_with = "forms::opt_socket_addr")]
     explicit: Option<SocketAddr>,
     /// One address or a list; `[]` turns the DNS stub off.
-    dns: Option<OneOrMany>,
+    #[serde(default, deserialize_with = "forms::one_or_many_addrs")]
+    dns: Option<Vec<SocketAddr>>,
     /// `IP:port`, or `"off"`.
     metrics: Option<String>,
     admin: Option<PathBuf>,
@@ -198,14 +202,6 @@ struct FileListen {
     explicit_users: Vec<NameOrId>,
     #[serde(default)]
     explicit_groups: Vec<NameOrId>,
-}
-
-/// `"IP:port"` or `["IP:port", …]`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(SocketAddr),
-    Many(Vec<SocketAddr>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -235,9 +231,10 @@ pub struct Redirect {
     #[serde(default)]
     dns_servers: Option<Vec<IpAddr>>,
     /// Destinations the agent reaches directly, without the proxy.
+    #[serde(deserialize_with = "forms::ip_nets")]
     pub exempt: Vec<IpNet>,
     /// How often `run` checks that the rules are still in place (and restores them).
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub reconcile_interval: Duration,
 }
 
@@ -297,7 +294,7 @@ pub struct Upstream {
     #[serde(default)]
     pub extra_ca: Vec<PathBuf>,
     /// Ranges the private-address guard lets through.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "forms::ip_nets")]
     pub allow_private: Vec<IpNet>,
     /// Protocols a request may switch to (`Upgrade`), compared without regard to case.
     /// Anything else is refused (`upgrade_refused`): after a switch, bytes flow with no path
@@ -332,7 +329,7 @@ pub struct ResolverConfig {
     #[serde(default)]
     pub nameservers: Vec<String>,
     /// Static name → addresses, consulted before DNS.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "forms::hosts")]
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
 }
 
@@ -347,34 +344,34 @@ pub struct Limits {
     pub max_connections_per_agent: usize,
     /// How long a new connection may take to send enough bytes to be classified, when raw
     /// TCP to its destination is refused.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub first_bytes_timeout: Duration,
     /// How long a silent client is given when raw TCP to its destination is allowed and an
     /// HTTP request could be too: then it is taken for a protocol whose server speaks first
     /// (SMTP, MySQL…) and relayed. (Allowed as raw TCP and never as HTTP: relayed at once.)
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub server_first_wait: Duration,
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub tls_handshake_timeout: Duration,
     /// How long a client may take to send a request's headers once they start (HTTP/1).
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub header_read_timeout: Duration,
     /// How long an HTTP connection may wait for its first request (after the TLS handshake).
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub first_request_timeout: Duration,
     /// How long an HTTP connection may sit with no request in flight (keep-alive, HTTP/2).
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub idle_timeout: Duration,
     /// Largest request head accepted (HTTP/1 request line and headers; HTTP/2 fields as h2
     /// counts them): above it, a JSON 431. The HTTP server's own caps are twice this.
     pub max_header_bytes: usize,
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub upstream_connect_timeout: Duration,
     /// Idle pooled upstream connections are closed after this long.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub upstream_idle_timeout: Duration,
     /// An opaque (non-HTTP) tunnel with no traffic either way for this long is closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub tunnel_idle_timeout: Duration,
 }
 
@@ -401,10 +398,10 @@ impl Default for Limits {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub leaf_validity: Duration,
     pub leaf_cache_capacity: u64,
-    #[serde(with = "humantime_serde")]
+    #[serde(deserialize_with = "forms::duration")]
     pub leaf_cache_ttl: Duration,
 }
 
@@ -501,7 +498,9 @@ fn default_explicit() -> SocketAddr {
 }
 
 impl Config {
-    /// Loads `path`. Relative paths inside it are taken relative to the file's directory.
+    /// Loads `path`. Relative paths inside it are taken relative to the file's directory
+    /// (never the working directory), and every path of the result is absolute: the config
+    /// file's own too, when it was given relative to the working directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -511,13 +510,20 @@ impl Config {
     }
 
     fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        // Absolute first: a relative path compared with what the OS reports (the policy
+        // watcher's events, say) never matches, and the worker of a split daemon may start
+        // elsewhere.
+        let path = &std::path::absolute(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
             ConfigError::Parse {
                 path: path.to_path_buf(),
                 line,
                 column,
-                message: e.message().to_string(),
+                message: crate::toml_errors::explain(e.message()),
             }
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -610,11 +616,7 @@ impl Config {
             }
         }
         let dns_is_default = f.listen.dns.is_none();
-        let dns = match f.listen.dns {
-            None => default_dns(),
-            Some(OneOrMany::One(a)) => vec![a],
-            Some(OneOrMany::Many(list)) => list,
-        };
+        let dns = f.listen.dns.unwrap_or_else(default_dns);
         let transparent_is_default = f.listen.transparent.is_none();
         let transparent = f.listen.transparent.unwrap_or_else(default_transparent);
         for ns in &f.resolver.nameservers {
@@ -622,7 +624,10 @@ impl Config {
         }
         for name in f.resolver.hosts.keys() {
             if name.is_empty() || name.contains(['/', ' ', ':']) {
-                return Err(invalid(format!("resolver.hosts: invalid name {name:?}")));
+                return Err(invalid(format!(
+                    "resolver.hosts: {name:?} is not a host name; write the name alone (no \
+                     scheme, port or path), e.g. \"api.example.com\" = [\"10.0.0.5\"]"
+                )));
             }
         }
         if f.limits.max_connections_per_agent == 0 {
@@ -682,9 +687,9 @@ impl Config {
         let metrics = match f.listen.metrics.as_deref() {
             None => Some(default_metrics()),
             Some("off") => None,
-            Some(text) => Some(text.parse::<SocketAddr>().map_err(|e| {
+            Some(text) => Some(forms::socket_addr_text(text).map_err(|e| {
                 invalid(format!(
-                    "listen.metrics: {text:?} is not IP:port or \"off\": {e}"
+                    "listen.metrics: {e}; or \"off\" for no metrics listener"
                 ))
             })?),
         };
@@ -742,26 +747,39 @@ pub fn parse_nameserver(s: &str) -> Result<SocketAddr, String> {
     }
     s.parse::<IpAddr>()
         .map(|ip| SocketAddr::new(ip, 53))
-        .map_err(|_| format!("{s:?} is not an IP address or IP:port"))
+        .map_err(|_| {
+            format!(
+                "{s:?} is not an IP address or IP:port, e.g. \"10.0.0.53\" or \
+                 \"10.0.0.53:5353\" (a name is not looked up)"
+            )
+        })
 }
 
 /// Chooses the state directory for a run on built-in defaults.
+/// Always absolute: a relative `AGENSHIELD_STATE_DIR` or `HOME` is taken from the working
+/// directory; a relative `XDG_STATE_HOME` is ignored, as the XDG specification says.
 pub fn default_state_dir() -> Result<PathBuf, ConfigError> {
-    if let Some(dir) = std::env::var_os("AGENSHIELD_STATE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if nix::unistd::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/agenshield"));
-    }
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
-        return Ok(PathBuf::from(dir).join("agenshield"));
-    }
-    match std::env::var_os("HOME") {
-        Some(home) => Ok(PathBuf::from(home).join(".local/state/agenshield")),
-        None => Err(ConfigError::NoStateDir(
-            "set AGENSHIELD_STATE_DIR or HOME".into(),
-        )),
-    }
+    let dir = if let Some(dir) = std::env::var_os("AGENSHIELD_STATE_DIR") {
+        PathBuf::from(dir)
+    } else if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/var/lib/agenshield")
+    } else if let Some(dir) = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        dir.join("agenshield")
+    } else {
+        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/state/agenshield"),
+            None => {
+                return Err(ConfigError::NoStateDir(
+                    "set AGENSHIELD_STATE_DIR or HOME".into(),
+                ))
+            }
+        }
+    };
+    std::path::absolute(&dir)
+        .map_err(|e| ConfigError::NoStateDir(format!("{}: {e}", dir.display())))
 }
 
 /// 1-based line and column of byte offset `at` in `text`.
@@ -881,6 +899,93 @@ mod tests {
         assert_eq!(cfg.policies, Path::new("/etc/a/pol"));
         assert_eq!(cfg.upstream.extra_ca, vec![PathBuf::from("/etc/a/ca.pem")]);
         assert_eq!(cfg.upstream.allow_private.len(), 1);
+    }
+
+    /// Issue 34: `cd lab; proxy run --config proxy.toml` kept every path relative, and the
+    /// policy watcher never matched one. Every path of a loaded config is absolute, relative
+    /// ones taken from the config file's directory.
+    #[test]
+    fn every_path_is_absolute_from_a_relative_config_path() {
+        let lab = std::env::current_dir().expect("cwd").join("lab");
+        let cfg = Config::parse(
+            "[listen]\nadmin = \"run/a.sock\"\n[paths]\npolicies = \"pol\"\ncerts = \"c\"\nvault = \"v\"\naudit = \"log/a.jsonl\"\n[upstream]\nextra_ca = [\"ca.pem\"]\n",
+            Path::new("lab/proxy.toml"),
+        )
+        .expect("valid");
+        assert_eq!(
+            cfg.source.as_deref(),
+            Some(lab.join("proxy.toml").as_path())
+        );
+        assert_eq!(cfg.policies, lab.join("pol"));
+        assert_eq!(cfg.certs, lab.join("c"));
+        assert_eq!(cfg.vault, lab.join("v"));
+        assert_eq!(cfg.admin, lab.join("run/a.sock"));
+        assert_eq!(
+            cfg.audit_path.as_deref(),
+            Some(lab.join("log/a.jsonl").as_path())
+        );
+        assert_eq!(cfg.upstream.extra_ca, vec![lab.join("ca.pem")]);
+        let bare = Config::parse("", Path::new("proxy.toml")).expect("valid");
+        for p in [&bare.policies, &bare.certs, &bare.vault, &bare.admin] {
+            assert!(p.is_absolute(), "{}", p.display());
+        }
+        assert!(bare.source.as_deref().is_some_and(Path::is_absolute));
+    }
+
+    /// Issue 34: each mistake is answered with the form wanted and an example, at its place.
+    #[test]
+    fn mistakes_are_answered_with_the_right_form_and_an_example() {
+        for (text, said) in [
+            (
+                "[listen]\nexplicit = \"localhost:27080\"\n",
+                "e.g. \"127.0.0.1:27080\"",
+            ),
+            (
+                "[listen]\ntransparent = \"127.0.0.1:1\"\n",
+                "e.g. [\"127.0.0.1:15001\"",
+            ),
+            (
+                "[listen]\ndns = \"localhost:53\"\n",
+                "e.g. \"127.0.0.1:53\"",
+            ),
+            (
+                "[listen]\nmetrics = \"localhost:9090\"\n",
+                "e.g. \"127.0.0.1:9090\"",
+            ),
+            (
+                "[upstream]\nallow_private = [\"10.0.0.0/33\"]\n",
+                "e.g. \"10.99.0.0/24\"",
+            ),
+            ("[redirect]\nexempt = [\"10.0.0.1\"]\n", "\"10.0.0.1/32\""),
+            ("[redirect]\nreconcile_interval = \"90\"\n", "e.g. \"90s\""),
+            ("[approvals]\ntimeout = 90\n", "in quotes, e.g. \"90s\""),
+            ("[resolver]\nhosts = \"x\"\n", "[resolver.hosts]"),
+            (
+                "[resolver.hosts]\n\"https://x.test/\" = [\"127.0.0.1\"]\n",
+                "write the name alone",
+            ),
+            (
+                "[resolver]\nnameservers = [\"localhost:53\"]\n",
+                "e.g. \"10.0.0.53\"",
+            ),
+            (
+                "[redirect]\nagent_users = \"x\"\n",
+                "write a list in brackets, e.g. [\"x\"]",
+            ),
+        ] {
+            let err = Config::parse(text, Path::new("/etc/a/proxy.toml"))
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(said), "{text}: {err}");
+            assert!(err.starts_with("/etc/a/proxy.toml:"), "{err}");
+        }
+        let at = Config::parse(
+            "[listen]\nexplicit = \"localhost:1\"\n",
+            Path::new("/p.toml"),
+        )
+        .expect_err("bad")
+        .to_string();
+        assert!(at.starts_with("/p.toml:2:12:"), "the value's place: {at}");
     }
 
     #[test]

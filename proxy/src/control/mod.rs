@@ -11,3 +11,4 @@ pub(crate) mod policy_check;
 pub(crate) mod policy_store;
 pub(crate) mod policy_watch;
 pub(crate) mod tunnels;
+pub(crate) mod watch_health;

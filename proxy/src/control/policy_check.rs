@@ -68,6 +68,12 @@ pub(crate) fn check(
         _ => 80,
     });
     let path = normalize_path(uri.path()).map_err(|e| format!("path: {e}"))?;
+    // A method is one token (RFC 9110): "G E T" is none, and no request could carry it.
+    if http::Method::from_bytes(method.as_bytes()).is_err() {
+        return Err(format!(
+            "invalid HTTP method {method:?}: a method is one token, e.g. GET, POST, DELETE"
+        ));
+    }
     let method = method.to_ascii_uppercase();
     let d = policy.decide(&RequestFacts {
         host: &host,
@@ -242,5 +248,31 @@ mod tests {
         // A rule decided, or it was allowed: nothing to hint.
         assert_eq!(ask("GET", "https://x.test/"), "");
         assert_eq!(ask("GET", "https://github.com/"), "");
+    }
+
+    /// Issue 34: `policy check "G E T" …` was answered as if a request could carry it.
+    #[test]
+    fn a_method_must_be_one_token() {
+        let p = Policy::from_sources(&[PolicySource {
+            name: "t.toml".into(),
+            text: "version = 1\ndefault = \"allow\"\n".into(),
+        }])
+        .expect("policy");
+        for bad in ["G E T", "", "GET\r\n", "GE\"T"] {
+            let e =
+                check(&p, bad, "https://x.test/", None, DeniedAnswer::Synthetic).expect_err(bad);
+            assert!(e.contains("a method is one token, e.g. GET"), "{e}");
+        }
+        let r =
+            check(&p, "get", "https://x.test/", None, DeniedAnswer::Synthetic).expect("a token");
+        assert_eq!(r.method, "GET");
+        assert!(check(
+            &p,
+            "PROPFIND",
+            "https://x.test/",
+            None,
+            DeniedAnswer::Synthetic
+        )
+        .is_ok());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::policy_watch::{WatchHealth, WatchStatus};
+use super::watch_health::{WatchHealth, WatchStatus};
 use crate::clock::now_rfc3339;
 use crate::policy::{Policy, PolicyError};
 

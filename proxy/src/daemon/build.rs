@@ -41,14 +41,16 @@ pub(super) async fn build_proxy(
             None
         }
     };
-    let store = crate::secrets::open_store(cfg).map_err(|e| BadInput(format!("secrets: {e}")))?;
+    let store = crate::secrets::open_store(cfg, true)
+        .map_err(|e| BadInput(format!("secrets: {e}")))?
+        .context("the secret store was not created")?;
     let vault = Arc::new(
         Vault::open_with(store, reserved_values(cfg))
             .await
             .map_err(|e| BadInput(format!("secrets: {e}")))?,
     );
     tracing::info!(
-        store = %vault.describe(),
+        store = vault.describe().as_str(),
         secrets = vault.current().len(),
         "secrets loaded"
     );
@@ -57,7 +59,7 @@ pub(super) async fn build_proxy(
         .map_err(|e| BadInput(format!("policy: {e}")))?;
     let policy = policies.current();
     tracing::info!(
-        dir = %cfg.policies.display(),
+        dir = ?cfg.policies,
         hash = policy.hash(),
         rules = policy.rule_count(),
         "policy loaded"
@@ -128,7 +130,7 @@ pub(super) async fn build_proxy(
 /// Who may use which listener (see `conn::identity`): agent users, the explicit listener's
 /// extra users and groups, resolved now. An agent user that does not exist is no agent (said
 /// at start); an extra user or group that does not exist stops the start, with its name.
-fn identities(cfg: &Config) -> anyhow::Result<Identities> {
+pub(crate) fn identities(cfg: &Config) -> anyhow::Result<Identities> {
     let mut agents = Vec::new();
     for u in &cfg.redirect.agent_users {
         match firewall::resolve_uids(std::slice::from_ref(u)) {
@@ -213,7 +215,7 @@ pub(super) fn admin_auth(cfg: &Config) -> AdminAuth {
 /// that reflects our `Proxy-Authorization`, in a TRACE or an error page, would otherwise hand
 /// it to the agent). A part too short to be told from ordinary text (under 8 bytes) or not
 /// printable ASCII is left out, with a warning.
-fn reserved_values(
+pub(crate) fn reserved_values(
     cfg: &Config,
 ) -> Vec<(crate::secrets::SecretName, Arc<crate::secrets::SecretValue>)> {
     let Some(proxy) = &cfg.upstream.proxy else {
@@ -236,7 +238,10 @@ fn reserved_values(
 
 /// An upstream proxy given as an address the guard forbids is refused at start, with the fix;
 /// one given by name is guarded each time it is dialed.
-fn check_proxy(proxy: &crate::config::UpstreamProxy, guard: &AddressGuard) -> anyhow::Result<()> {
+pub(crate) fn check_proxy(
+    proxy: &crate::config::UpstreamProxy,
+    guard: &AddressGuard,
+) -> anyhow::Result<()> {
     let Ok(ip) = proxy.host.parse::<std::net::IpAddr>() else {
         return Ok(());
     };

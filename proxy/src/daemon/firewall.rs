@@ -278,7 +278,7 @@ pub fn install_firewall(
     let spec = spec(cfg, transparent, dns).map_err(|e| BadInput(format!("firewall: {e}")))?;
     if !spec.dns_passthrough.is_empty() {
         tracing::warn!(
-            resolvers = ?spec.dns_passthrough,
+            resolvers = %list(&spec.dns_passthrough),
             "firewall: redirect.dns_passthrough is set: the agent's DNS to these resolvers \
              bypasses the DNS stub and policy; every name it asks for leaves the machine"
         );
@@ -294,11 +294,11 @@ pub fn install_firewall(
         .apply(&spec)
         .with_context(|| format!("installing {}", backend.describe()))?;
     tracing::info!(
-        uids = ?spec.agent_uids,
-        v4 = ?spec.redirect_v4,
-        v6 = ?spec.redirect_v6,
-        dns_v4 = ?spec.dns_v4,
-        dns_v6 = ?spec.dns_v6,
+        uids = %list(&spec.agent_uids),
+        v4 = %port(spec.redirect_v4),
+        v6 = %port(spec.redirect_v6),
+        dns_v4 = %port(spec.dns_v4),
+        dns_v6 = %port(spec.dns_v6),
         "firewall: {} in place",
         backend.describe()
     );
@@ -312,9 +312,35 @@ pub fn install_firewall(
     Ok((backend, spec))
 }
 
+/// `a,b,c` for a log field (`-` for none).
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "-".into();
+    }
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A redirect's port for a log field: the port, or `refused` (that family is not redirected
+/// to a listener, so it is refused).
+fn port(p: Option<u16>) -> String {
+    p.map_or_else(|| "refused".into(), |p| p.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_fields_are_display_forms() {
+        assert_eq!(port(Some(15001)), "15001");
+        assert_eq!(port(None), "refused");
+        assert_eq!(list(&[5200u32, 5201]), "5200,5201");
+        assert_eq!(list::<u32>(&[]), "-");
+    }
 
     fn cfg(extra: &str) -> Config {
         let text = format!("[redirect]\nagent_users = [4242]\n{extra}");

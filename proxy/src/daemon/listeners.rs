@@ -41,39 +41,137 @@ pub struct DnsSockets {
     pub addr: SocketAddr,
 }
 
+/// What a listener is for, as its errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Transparent,
+    Explicit,
+    Dns,
+    Metrics,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Transparent => "transparent listener",
+            Role::Explicit => "explicit listener",
+            Role::Dns => "DNS stub",
+            Role::Metrics => "metrics listener",
+        })
+    }
+}
+
+/// A listener that could not be bound: which, where, and (for an address in use) how to find
+/// who holds it.
+#[derive(Debug, thiserror::Error)]
+#[error("binding the {role} on {addr}: {source}{}", self.hint())]
+pub struct BindError {
+    pub role: Role,
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
+impl BindError {
+    pub fn in_use(&self) -> bool {
+        self.source.kind() == std::io::ErrorKind::AddrInUse
+    }
+
+    fn hint(&self) -> String {
+        let port = self.addr.port();
+        match self.source.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                let ss = if self.role == Role::Dns {
+                    format!("ss -ltunp 'sport = :{port}'")
+                } else {
+                    format!("ss -ltnp 'sport = :{port}'")
+                };
+                format!(
+                    ": another agenshield daemon, or another program, holds {addr}; see which \
+                     with: {ss}",
+                    addr = self.addr
+                )
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                format!(": no interface of this machine has {}", self.addr.ip())
+            }
+            std::io::ErrorKind::PermissionDenied if port < 1024 => {
+                format!(": port {port} needs root")
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+/// Every address `cfg` asks to listen on: (role, address, whether a failure is tolerated:
+/// the default [::1] listeners are optional on hosts without IPv6 loopback).
+fn wanted(cfg: &Config) -> Vec<(Role, SocketAddr, bool)> {
+    let mut out: Vec<_> = cfg
+        .transparent
+        .iter()
+        .map(|a| {
+            (
+                Role::Transparent,
+                *a,
+                cfg.transparent_is_default && a.is_ipv6(),
+            )
+        })
+        .collect();
+    out.push((Role::Explicit, cfg.explicit, false));
+    out.extend(
+        cfg.dns
+            .iter()
+            .map(|a| (Role::Dns, *a, cfg.dns_is_default && a.is_ipv6())),
+    );
+    out.extend(cfg.metrics.map(|a| (Role::Metrics, a, false)));
+    out
+}
+
+/// One listener of `role` on `addr`.
+enum One {
+    Tcp(TcpListener),
+    Dns(DnsSockets),
+}
+
+fn bind_one(role: Role, addr: SocketAddr) -> Result<One, BindError> {
+    let bound = match role {
+        Role::Dns => bind_dns(addr).map(One::Dns),
+        _ => listen(addr).map(One::Tcp),
+    };
+    bound.map_err(|source| BindError { role, addr, source })
+}
+
+/// What binding each address of `cfg` gives right now, each released at once: `run --check`
+/// learns what `run` would, holding nothing. An optional listener that fails is `Ok(None)`.
+pub async fn probe(cfg: &Config) -> Vec<(Role, SocketAddr, Result<Option<SocketAddr>, BindError>)> {
+    wanted(cfg)
+        .into_iter()
+        .map(|(role, addr, optional)| {
+            let got = match bind_one(role, addr) {
+                Ok(One::Tcp(l)) => Ok(l.local_addr().ok()),
+                Ok(One::Dns(d)) => Ok(Some(d.addr)),
+                Err(_) if optional => Ok(None),
+                Err(e) => Err(e),
+            };
+            (role, addr, got)
+        })
+        .collect()
+}
+
 impl Listeners {
     pub async fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
-        let mut transparent = Vec::new();
-        for addr in &cfg.transparent {
-            match listen(*addr) {
-                Ok(l) => transparent.push(l),
-                // The default [::1] listener is optional on hosts without IPv6 loopback.
-                Err(e) if cfg.transparent_is_default && addr.is_ipv6() => {
-                    tracing::warn!("not listening on {addr}: {e}");
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("binding transparent listener {addr}"))
-                }
+        let (mut transparent, mut explicit, mut dns, mut metrics) =
+            (Vec::new(), None, Vec::new(), None);
+        for (role, addr, optional) in wanted(cfg) {
+            match (bind_one(role, addr), role) {
+                (Ok(One::Tcp(l)), Role::Transparent) => transparent.push(l),
+                (Ok(One::Tcp(l)), Role::Explicit) => explicit = Some(l),
+                (Ok(One::Tcp(l)), _) => metrics = Some(l),
+                (Ok(One::Dns(d)), _) => dns.push(d),
+                (Err(e), _) if optional => tracing::warn!("not listening: {e}"),
+                (Err(e), _) => return Err(e.into()),
             }
         }
-        let explicit = listen(cfg.explicit)
-            .with_context(|| format!("binding explicit listener {}", cfg.explicit))?;
-        let mut dns = Vec::new();
-        for addr in &cfg.dns {
-            match bind_dns(*addr) {
-                Ok(d) => dns.push(d),
-                Err(e) if cfg.dns_is_default && addr.is_ipv6() => {
-                    tracing::warn!("DNS stub: not listening on {addr}: {e}");
-                }
-                Err(e) => return Err(e).with_context(|| format!("binding the DNS stub on {addr}")),
-            }
-        }
-        let metrics = match cfg.metrics {
-            Some(addr) => {
-                Some(listen(addr).with_context(|| format!("binding metrics listener {addr}"))?)
-            }
-            None => None,
-        };
+        let explicit = explicit.context("no explicit listener")?;
         Ok(Listeners {
             metrics,
             transparent_addrs: transparent

@@ -3,9 +3,9 @@
 //! redirect and its reconcile loop), `privsep` + `orig_broker` (the root supervisor and its
 //! unprivileged worker).
 
-mod build;
+pub(crate) mod build;
 pub mod firewall;
-mod listeners;
+pub mod listeners;
 pub mod orig_broker;
 pub mod privsep;
 pub mod readiness;
@@ -69,7 +69,11 @@ pub fn prepare(cfg: &Config) -> anyhow::Result<()> {
             "agenshield: no config file; running on built-in defaults with state in {}",
             dir.display()
         );
-        seed_default_policy(&cfg.policies)?;
+    }
+    if seeds_default_policy(cfg) {
+        if let Some(file) = seed_default_policy(&cfg.policies)? {
+            println!("agenshield: wrote the default policy to {}", file.display());
+        }
     }
     for key in &cfg.not_yet_effective {
         tracing::warn!("config key {key} is set but has no effect in this build");
@@ -145,14 +149,15 @@ pub async fn serve(
         tasks.spawn(crate::dns::serve_udp(proxy.clone(), d.udp));
         tasks.spawn(crate::dns::serve_tcp(proxy.clone(), d.tcp, orig.clone()));
     }
-    let metrics_addr = match listeners.metrics {
+    let metrics_bound = match listeners.metrics {
         Some(l) => {
             let addr = l.local_addr()?;
             tasks.spawn(crate::control::metrics_http::serve(l, proxy.clone()));
-            addr.to_string()
+            Some(addr)
         }
-        None => "off".to_string(),
+        None => None,
     };
+    let metrics_addr = metrics_bound.map_or_else(|| "off".to_string(), |a| a.to_string());
 
     let admin = Arc::new(Admin::new(
         proxy.clone(),
@@ -160,6 +165,8 @@ pub async fn serve(
             started: std::time::Instant::now(),
             transparent: transparent_addrs.clone(),
             explicit: explicit_addr,
+            dns: dns_addrs.clone(),
+            metrics: metrics_bound,
             socket: cfg.admin.clone(),
             firewall,
             ca_path: cfg.certs.join("ca.pem"),
@@ -168,9 +175,10 @@ pub async fn serve(
     ));
     tasks.spawn(admin::serve(admin_listener, admin));
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.
-    if let Err(e) = watch_policies(proxy.clone()) {
+    if let Err(e) = watch_policies(proxy.clone()).await {
         tracing::warn!(
-            "policy hot reload is off (watching {} failed: {e}); SIGHUP and ctl reload still work",
+            "policy hot reload has no watcher ({}: {e}); the directory is compared every few \
+             seconds, and SIGHUP and ctl reload apply at once",
             cfg.policies.display()
         );
     }
@@ -288,14 +296,20 @@ fn raise_open_files(limits: &crate::config::Limits) {
     }
 }
 
+/// Whether this start writes the shipped policy: a first run on built-in defaults, whose
+/// policy directory does not exist yet (a config file's directory must exist).
+pub(crate) fn seeds_default_policy(cfg: &Config) -> bool {
+    cfg.state_dir.is_some() && !cfg.policies.exists()
+}
+
 /// On a first run with built-in defaults, give the operator the shipped policy to edit.
-fn seed_default_policy(dir: &Path) -> anyhow::Result<()> {
+/// Returns the file written (`None`: the directory was there already).
+pub(crate) fn seed_default_policy(dir: &Path) -> anyhow::Result<Option<std::path::PathBuf>> {
     if dir.exists() {
-        return Ok(());
+        return Ok(None);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let file = dir.join("default.toml");
     std::fs::write(&file, DEFAULT_POLICY).with_context(|| format!("writing {}", file.display()))?;
-    println!("agenshield: wrote the default policy to {}", file.display());
-    Ok(())
+    Ok(Some(file))
 }

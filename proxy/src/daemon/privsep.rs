@@ -220,7 +220,20 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
         }
     };
     let _ = std::fs::remove_file(&cfg.admin);
-    tracing::info!(%status, "supervisor: worker exited; the redirect stays in place");
+    // `exit=0` or `exit=SIGKILL`: one word, not `exit status: 0`.
+    let exit = match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(sig)) => nix::sys::signal::Signal::try_from(sig)
+            .map_or_else(|_| format!("signal{sig}"), |s| s.as_str().to_string()),
+        (None, None) => "unknown".to_string(),
+    };
+    tracing::info!(
+        exit = exit.as_str(),
+        "supervisor: worker exited; the redirect stays in place"
+    );
     Ok(match status.code() {
         Some(c) => u8::try_from(c).unwrap_or(1),
         None => 1,

@@ -78,7 +78,7 @@ pub(super) async fn apply(
 /// The agent's view of a leak-guard refusal, and a warning for the operator.
 pub(super) fn refused(ctx: &RequestCtx, e: &SecretRefusal) -> Refusal {
     let r = refusal(e, ctx.rule().map(|r| &**r));
-    tracing::warn!(secret = %e.secret, place = %e.place, code = r.code.as_str(), "refused: {}", r.message);
+    tracing::warn!(secret = %e.secret, place = e.place.as_str(), code = r.code.as_str(), "refused: {}", r.message);
     r
 }
 

@@ -167,6 +167,21 @@ pub(crate) fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
     if raw == "*" {
         return Ok(HostPattern::Any);
     }
+    // A URL or `host:port` where a host name goes: say where each part belongs.
+    if raw.contains("://") || raw.contains('/') {
+        return Err(format!(
+            "invalid host {raw:?}: write the host name alone, e.g. \"api.github.com\" (a port \
+             goes in `ports`, a path in `paths`, the scheme in `schemes`)"
+        ));
+    }
+    if let Some((host, port)) = raw.rsplit_once(':') {
+        if !host.contains(':') && port.parse::<u16>().is_ok() {
+            return Err(format!(
+                "invalid host {raw:?}: write the port in `ports`, e.g. hosts = [\"{host}\"], \
+                 ports = [{port}]"
+            ));
+        }
+    }
     let wildcard_hint =
         "wildcards are only allowed as \"*\" or a leading \"*.\" (e.g. \"*.example.com\")";
     if let Some(suffix) = raw.strip_prefix("*.") {

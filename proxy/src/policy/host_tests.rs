@@ -82,6 +82,22 @@ fn patterns() {
     }
     let e = parse_host_pattern("a.*.c").expect_err("bad");
     assert!(e.contains("leading \"*.\""), "{e}");
+    // Issue 34: a URL or host:port says where each part goes, with an example.
+    let e = parse_host_pattern("https://api.github.com/").expect_err("url");
+    assert!(
+        e.contains("write the host name alone, e.g. \"api.github.com\""),
+        "{e}"
+    );
+    let e = parse_host_pattern("localhost:27080").expect_err("port");
+    assert!(
+        e.contains("hosts = [\"localhost\"], ports = [27080]"),
+        "{e}"
+    );
+    assert_eq!(
+        parse_host_pattern("[::1]"),
+        Ok(HostPattern::Exact("::1".into())),
+        "an IPv6 literal is no port"
+    );
 }
 
 #[test]

@@ -60,7 +60,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
     let at = |span| Location::at(&src.name, &src.text, span);
     let file: PolicyFile = toml::from_str(&src.text).map_err(|e| PolicyError::Parse {
         at: e.span().map_or_else(|| Location::file(&src.name), at),
-        message: e.message().trim_end().replace('\n', ", "),
+        message: crate::toml_errors::explain(e.message().trim_end()).replace('\n', ", "),
     })?;
     match &file.version {
         None => {

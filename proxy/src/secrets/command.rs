@@ -75,7 +75,7 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue,
             read_capped(stderr, STDERR_KEPT),
             child.wait()
         );
-        (out, err, status)
+        (out, err.0, status)
     };
     let (out, err, status) = match tokio::time::timeout(timeout, work).await {
         Ok(done) => done,
@@ -100,7 +100,12 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue,
             stderr: line.trim().to_string(),
         });
     }
-    let mut out = out;
+    let (mut out, printed) = out;
+    if printed > out.len() {
+        return Err(CommandFailure::BadOutput(format!(
+            "the command printed {printed} bytes; at most {MAX_VALUE_LEN} fit in a request header"
+        )));
+    }
     if out.last() == Some(&b'\n') {
         out.pop();
         if out.last() == Some(&b'\r') {
@@ -110,14 +115,17 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue,
     SecretValue::new(out.to_vec()).map_err(CommandFailure::BadOutput)
 }
 
-/// Up to `cap` bytes (the rest is read and dropped, so the writer never blocks).
-async fn read_capped<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> Zeroizing<Vec<u8>> {
+/// Up to `cap` bytes (the rest is read and dropped, so the writer never blocks), and how
+/// many there were in all.
+async fn read_capped<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> (Zeroizing<Vec<u8>>, usize) {
     let mut kept = Zeroizing::new(Vec::new());
     let mut buf = Zeroizing::new([0u8; 4096]);
+    let mut total = 0;
     loop {
         match r.read(&mut buf[..]).await {
-            Ok(0) | Err(_) => return kept,
+            Ok(0) | Err(_) => return (kept, total),
             Ok(n) => {
+                total += n;
                 let room = cap.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
             }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use super::store::{SecretStore, StoreError, StoreResult, StoredSecret};
+use super::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
 use super::value::{SecretName, SecretValue, MAX_VALUE_LEN};
 
 const SUFFIX: &str = ".secret";
@@ -26,18 +26,27 @@ pub(crate) struct FileStore {
 impl FileStore {
     /// Opens the vault at `dir`, creating it (0700) if missing.
     pub(crate) fn open(dir: &Path) -> Result<FileStore, StoreError> {
+        if let Some(store) = Self::open_existing(dir)? {
+            return Ok(store);
+        }
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).map_err(StoreError::io(parent))?;
+        }
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(StoreError::io(dir))?;
+        Self::open_existing(dir)?
+            .ok_or_else(|| StoreError::io(dir)(std::io::Error::from(std::io::ErrorKind::NotFound)))
+    }
+
+    /// As [`FileStore::open`], without creating anything: `None` if `dir` does not exist
+    /// (`open` would create it, empty).
+    pub(crate) fn open_existing(dir: &Path) -> Result<Option<FileStore>, StoreError> {
         let uid = nix::unistd::geteuid().as_raw();
         match fs::symlink_metadata(dir) {
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(parent) = dir.parent() {
-                    fs::create_dir_all(parent).map_err(StoreError::io(parent))?;
-                }
-                fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(dir)
-                    .map_err(StoreError::io(dir))?;
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io(dir)(e)),
         }
         let meta = fs::symlink_metadata(dir).map_err(StoreError::io(dir))?;
@@ -51,10 +60,10 @@ impl FileStore {
             ));
         }
         check_owner_and_mode(&meta, uid, "directory", "chmod 700").map_err(insecure)?;
-        Ok(FileStore {
+        Ok(Some(FileStore {
             dir: dir.to_path_buf(),
             uid,
-        })
+        }))
     }
 
     /// The names in a vault directory, read-only and without checks (for `policy lint`,
@@ -125,6 +134,12 @@ impl FileStore {
             .take(limit)
             .read_to_end(&mut bytes)
             .map_err(StoreError::io(&path))?;
+        if bytes.len() as u64 == limit {
+            return Err(StoreError::BadValue {
+                name: name.to_string(),
+                why: super::value::too_long(super::value::full_len(&bytes, &mut file)),
+            });
+        }
         if bytes.last() == Some(&b'\n') {
             bytes.pop();
             if bytes.last() == Some(&b'\r') {
@@ -175,8 +190,10 @@ impl FileStore {
 }
 
 impl SecretStore for FileStore {
-    fn describe(&self) -> String {
-        format!("file vault {}", self.dir.display())
+    fn location(&self) -> StoreLocation {
+        StoreLocation::File {
+            path: self.dir.clone(),
+        }
     }
 
     fn list(&self) -> StoreResult<'_, Vec<StoredSecret>> {

@@ -13,7 +13,7 @@ use security_framework::os::macos::keychain::SecKeychain;
 use security_framework::os::macos::keychain_item::SecKeychainItem;
 use zeroize::Zeroizing;
 
-use super::store::{SecretStore, StoreError, StoreResult, StoredSecret};
+use super::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
 use super::value::{SecretName, SecretValue};
 
 /// The keychain `KeychainStore::open` uses.
@@ -64,12 +64,11 @@ impl KeychainStore {
 }
 
 impl SecretStore for KeychainStore {
-    fn describe(&self) -> String {
-        format!(
-            "keychain {} (service {})",
-            self.keychain_path.display(),
-            self.service
-        )
+    fn location(&self) -> StoreLocation {
+        StoreLocation::Keychain {
+            path: self.keychain_path.clone(),
+            service: self.service.clone(),
+        }
     }
 
     fn list(&self) -> StoreResult<'_, Vec<StoredSecret>> {
@@ -141,7 +140,7 @@ fn list_now(path: &Path, service: &str) -> Result<Vec<StoredSecret>, StoreError>
             continue;
         };
         let Ok(name) = SecretName::new(account) else {
-            tracing::warn!(keychain = %path.display(), service, account = ?account, "keychain: ignoring an item whose account is not a valid secret name");
+            tracing::warn!(keychain = ?path, service, account = ?account, "keychain: ignoring an item whose account is not a valid secret name");
             continue;
         };
         let updated = attrs

@@ -36,17 +36,23 @@ pub(crate) use store::{SecretStore, StoreError};
 pub(crate) use value::{SecretName, SecretValue};
 pub(crate) use vault::Vault;
 
-/// The store the configuration names.
+/// The store the configuration names; `create`: make the file vault if it is missing (a start
+/// does), else `None` for a missing one (`run --check`).
 pub(crate) fn open_store(
     cfg: &crate::config::Config,
-) -> Result<std::sync::Arc<dyn SecretStore>, StoreError> {
+    create: bool,
+) -> Result<Option<std::sync::Arc<dyn SecretStore>>, StoreError> {
     use crate::config::SecretStoreKind;
     match cfg.secrets.store {
-        SecretStoreKind::File => Ok(std::sync::Arc::new(FileStore::open(&cfg.vault)?)),
+        SecretStoreKind::File if create => {
+            Ok(Some(std::sync::Arc::new(FileStore::open(&cfg.vault)?)))
+        }
+        SecretStoreKind::File => Ok(FileStore::open_existing(&cfg.vault)?
+            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn SecretStore>)),
         #[cfg(target_os = "macos")]
-        SecretStoreKind::Keychain => Ok(std::sync::Arc::new(keychain::KeychainStore::open(
+        SecretStoreKind::Keychain => Ok(Some(std::sync::Arc::new(keychain::KeychainStore::open(
             &cfg.secrets.keychain_service,
-        )?)),
+        )?))),
         #[cfg(not(target_os = "macos"))]
         SecretStoreKind::Keychain => Err(StoreError::Backend(
             "the keychain store is available on macOS only".into(),

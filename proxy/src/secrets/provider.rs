@@ -26,6 +26,17 @@ pub(crate) enum SecretKind {
     Oauth2,
 }
 
+impl SecretKind {
+    /// `ctl secrets list`'s spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SecretKind::Static => "static",
+            SecretKind::Command => "command",
+            SecretKind::Oauth2 => "oauth2",
+        }
+    }
+}
+
 /// How a fetched secret gets its value.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]

@@ -41,6 +41,23 @@ pub(crate) enum Violation {
     Echoed,
 }
 
+impl Violation {
+    /// Its name in log lines.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Violation::Scope => "scope",
+            Violation::Leak => "leak",
+            Violation::Unavailable => "unavailable",
+            Violation::Unfetched => "unfetched",
+            Violation::Transport => "transport",
+            Violation::NotSwapped => "not_swapped",
+            Violation::Unsignable => "unsignable",
+            Violation::OutOfScope => "out_of_scope",
+            Violation::Echoed => "echoed",
+        }
+    }
+}
+
 /// Why a request was refused. Names the secret and the place, never the value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SecretRefusal {

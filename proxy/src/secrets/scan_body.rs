@@ -134,7 +134,7 @@ impl ScannedBody {
     fn refuse(&mut self, r: SecretRefusal) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         tracing::warn!(
             secret = %r.secret,
-            kind = ?r.violation,
+            kind = r.violation.as_str(),
             "request body refused by the leak guard"
         );
         self.finished = true;

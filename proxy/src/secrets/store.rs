@@ -22,9 +22,36 @@ pub(crate) struct StoredSecret {
     pub updated: Option<String>,
 }
 
+/// Which backend holds the values, and where: `{"kind": "file", "path": …}` in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub(crate) enum StoreLocation {
+    /// The file vault directory.
+    File { path: PathBuf },
+    /// A macOS keychain file and the service name of its items.
+    #[cfg_attr(not(target_os = "macos"), allow(dead_code))]
+    Keychain { path: PathBuf, service: String },
+}
+
+impl std::fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreLocation::File { path } => write!(f, "file vault {}", path.display()),
+            StoreLocation::Keychain { path, service } => {
+                write!(f, "keychain {} (service {service})", path.display())
+            }
+        }
+    }
+}
+
 pub(crate) trait SecretStore: Send + Sync {
-    /// One line for logs and `ctl status`: the backend and where it keeps values.
-    fn describe(&self) -> String;
+    /// The backend and where it keeps values.
+    fn location(&self) -> StoreLocation;
+
+    /// One line for logs: the backend and where it keeps values.
+    fn describe(&self) -> String {
+        self.location().to_string()
+    }
 
     /// Every secret held, sorted by name.
     fn list(&self) -> StoreResult<'_, Vec<StoredSecret>>;

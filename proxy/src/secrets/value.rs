@@ -67,6 +67,42 @@ pub(crate) fn is_valid_name(name: &str) -> bool {
 /// A secret value. Not `Clone`: share it behind an `Arc`, so there is one copy to zeroize.
 pub(crate) struct SecretValue(Zeroizing<Vec<u8>>);
 
+/// Why a value of `len` bytes is refused: its real size, and the limit.
+pub(crate) fn too_long(len: usize) -> String {
+    format!("the value is {len} bytes; at most {MAX_VALUE_LEN} fit in a request header")
+}
+
+/// Bytes read past a value that did not fit, only counted (at most this many).
+const MAX_COUNTED: usize = 64 * 1024 * 1024;
+
+/// The size of a value of which `kept` was read and `rest` is what is left, its final
+/// newline (or CRLF) left out as the readers leave it out; the rest is read and dropped.
+/// For the error that says how long a refused value really is, not how much was read.
+pub(crate) fn full_len(kept: &[u8], rest: &mut impl std::io::Read) -> usize {
+    let mut buf = Zeroizing::new([0u8; 8192]);
+    let (mut total, mut tail) = (kept.len(), [0u8; 2]);
+    let keep_tail = |tail: &mut [u8; 2], bytes: &[u8]| match bytes {
+        [.., a, b] => *tail = [*a, *b],
+        [b] => *tail = [tail[1], *b],
+        [] => {}
+    };
+    keep_tail(&mut tail, kept);
+    while total < MAX_COUNTED {
+        match rest.read(&mut buf[..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total += n;
+                keep_tail(&mut tail, &buf[..n]);
+            }
+        }
+    }
+    match tail {
+        [b'\r', b'\n'] => total - 2,
+        [_, b'\n'] => total - 1,
+        _ => total,
+    }
+}
+
 impl SecretValue {
     /// Checks that `bytes` can be injected into a header and is long enough to be recognised
     /// reliably: printable ASCII (space allowed inside), no leading or trailing space,
@@ -81,9 +117,7 @@ impl SecretValue {
             ));
         }
         if len > MAX_VALUE_LEN {
-            return Err(format!(
-                "the value is {len} bytes; at most {MAX_VALUE_LEN} fit in a request header"
-            ));
+            return Err(too_long(len));
         }
         if let Some(pos) = bytes.iter().position(|b| !(0x20..=0x7e).contains(b)) {
             return Err(format!(
@@ -143,6 +177,20 @@ mod tests {
             assert!(!err.contains(text.trim()), "error quotes the value: {err}");
         }
         assert!(SecretValue::new(vec![b'x'; MAX_VALUE_LEN + 1]).is_err());
+    }
+
+    /// Issue 34: a 9000-byte secret was reported as "8195 bytes" (what had been read).
+    #[test]
+    fn a_value_too_long_is_reported_at_its_full_size() {
+        let mut input: &[u8] = &[b'x'; 9000 - 100];
+        assert_eq!(full_len(&[b'x'; 100], &mut input), 9000);
+        let mut nl: &[u8] = b"xxxx\n";
+        assert_eq!(full_len(b"ab", &mut nl), 6);
+        let mut crlf: &[u8] = b"\r\n";
+        assert_eq!(full_len(b"abc", &mut crlf), 3);
+        let mut none: &[u8] = b"";
+        assert_eq!(full_len(b"abc\n", &mut none), 3);
+        assert!(too_long(9000).starts_with("the value is 9000 bytes; at most 8192"));
         assert!(SecretValue::new(b"with inner space".to_vec()).is_ok());
     }
 

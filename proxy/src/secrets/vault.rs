@@ -179,6 +179,10 @@ impl Vault {
         self.store.describe()
     }
 
+    pub(crate) fn location(&self) -> super::store::StoreLocation {
+        self.store.location()
+    }
+
     /// The secrets in force now; a request keeps the set it started with.
     pub(crate) fn current(&self) -> Arc<SecretSet> {
         self.set.load_full()
@@ -353,12 +357,12 @@ impl Vault {
                         }
                     }
                     p.fetched(valid);
-                    tracing::info!(secret = %name, kind = ?p.spec.kind(), "secret fetched");
+                    tracing::info!(secret = %name, kind = p.spec.kind().as_str(), "secret fetched");
                 }
                 Err(e) => {
                     let e = self.current().redact(&e).into_owned();
                     let wait = p.failed();
-                    tracing::error!(secret = %name, kind = ?p.spec.kind(), "fetching the secret failed (not tried again for {}): {e}", humantime::format_duration(wait));
+                    tracing::error!(secret = %name, kind = p.spec.kind().as_str(), "fetching the secret failed (not tried again for {}): {e}", humantime::format_duration(wait));
                     return Err(unavailable(name, p));
                 }
             }

@@ -27,6 +27,19 @@ pub(crate) enum End {
     Refused,
 }
 
+impl End {
+    /// The audit log's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            End::Closed => "closed",
+            End::IdleTimeout => "idle_timeout",
+            End::Error => "error",
+            End::Revoked => "revoked",
+            End::Refused => "refused",
+        }
+    }
+}
+
 /// What a relay moved, and how it ended.
 #[derive(Debug)]
 pub(crate) struct Relayed {

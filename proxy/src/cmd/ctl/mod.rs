@@ -4,7 +4,7 @@
 mod ca;
 pub(crate) mod client;
 mod escape;
-mod output;
+pub(crate) mod output;
 mod render;
 mod secrets;
 mod suggest;

@@ -60,7 +60,7 @@ pub(super) fn status(v: &Value) -> String {
         (Some(true), None) => format!("watching {}", s(&p["dir"])),
         (Some(true), Some(e)) => format!("watching {} ({e})", s(&p["dir"])),
         (_, e) => format!(
-            "NOT WATCHING: {}; SIGHUP or ctl reload to apply edits",
+            "NOT WATCHING: {}; SIGHUP or ctl reload apply edits at once",
             e.unwrap_or("unknown")
         ),
     } + &match w["rearmed"].as_u64() {
@@ -76,6 +76,20 @@ pub(super) fn status(v: &Value) -> String {
         ),
         format!("transparent   {}", list(&v["listeners"]["transparent"])),
         format!("explicit      {}", s(&v["listeners"]["explicit"])),
+        format!(
+            "DNS stub      {}",
+            match v["listeners"]["dns"].as_array() {
+                Some(a) if a.is_empty() => "off".to_string(),
+                _ => list(&v["listeners"]["dns"]),
+            }
+        ),
+        format!(
+            "metrics       {}",
+            match v["listeners"]["metrics"].as_str() {
+                Some(m) => format!("http://{m}/metrics"),
+                None => "off".to_string(),
+            }
+        ),
         format!("admin socket  {}", s(&v["listeners"]["admin"])),
         format!("firewall      {firewall}"),
         format!(
@@ -450,9 +464,18 @@ pub(super) fn event(v: &Value) -> String {
     format!("{time} {what}")
 }
 
+/// `{"kind": "file", "path": …}` as a phrase.
+fn store(v: &Value) -> String {
+    match (s(&v["kind"]), &v["service"]) {
+        ("file", _) => format!("file vault {}", s(&v["path"])),
+        ("keychain", svc) => format!("keychain {} (service {})", s(&v["path"]), s(svc)),
+        (kind, _) => format!("{kind} {}", s(&v["path"])),
+    }
+}
+
 pub(super) fn secrets(v: &Value) -> String {
     let Some(items) = v["secrets"].as_array().filter(|a| !a.is_empty()) else {
-        return format!("no secrets in {}", s(&v["store"]));
+        return format!("no secrets in {}", store(&v["store"]));
     };
     let row = |cols: [&str; 8]| {
         format!(
@@ -495,7 +518,7 @@ pub(super) fn secrets(v: &Value) -> String {
         }
     }
     out.extend(notes);
-    out.push(format!("store: {}", s(&v["store"])));
+    out.push(format!("store: {}", store(&v["store"])));
     out.join("\n")
 }
 

@@ -106,7 +106,7 @@ fn pending_list_shows_agent_method_and_path_escaped() {
 #[test]
 fn secrets_list_escapes_names_sources_and_stored_fetch_errors() {
     let v = json!({
-        "store": "/vault",
+        "store": { "kind": "file", "path": format!("/vault{EVIL}") },
         "secrets": [{
             "name": "api", "kind": "command", "rules": [format!("r{EVIL}")],
             "updated": "2026-01-02T03:04:05Z", "uses": 1,
@@ -122,6 +122,10 @@ fn secrets_list_escapes_names_sources_and_stored_fetch_errors() {
     );
     assert!(
         out.contains(&format!("fetched from /usr/bin/fetch{EVIL_SHOWN}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("store: file vault /vault{EVIL_SHOWN}")),
         "{out}"
     );
 }

@@ -232,11 +232,16 @@ fn read_value(name: &SecretName, what: &str) -> Result<Zeroizing<Vec<u8>>, Strin
     }
     let cap = MAX_VALUE_LEN + 3;
     let mut buf = Zeroizing::new(Vec::with_capacity(cap));
-    std::io::stdin()
-        .lock()
+    let mut stdin = std::io::stdin().lock();
+    (&mut stdin)
         .take(cap as u64)
         .read_to_end(&mut buf)
         .map_err(|e| format!("reading the value from stdin: {e}"))?;
+    if buf.len() == cap {
+        // Too long to keep: say how long it is, not how much was read.
+        let len = crate::secrets::value::full_len(&buf, &mut stdin);
+        return Err(crate::secrets::value::too_long(len));
+    }
     if buf.last() == Some(&b'\n') {
         buf.pop();
         if buf.last() == Some(&b'\r') {

@@ -137,8 +137,8 @@ fn run(cfg: &Config, command: Vec<OsString>) -> Result<Infallible, ExecError> {
     }
     tracing::debug!(
         proxy = %proxy,
-        bundle = %bundle.display(),
-        program = %resolved.display(),
+        bundle = ?bundle,
+        program = ?resolved,
         "exec: starting the command sandboxed"
     );
     // Descriptors this process inherited (a socket already connected somewhere, say) must

@@ -27,6 +27,8 @@ pub(crate) struct DaemonInfo {
     pub started: Instant,
     pub transparent: Vec<std::net::SocketAddr>,
     pub explicit: std::net::SocketAddr,
+    pub dns: Vec<std::net::SocketAddr>,
+    pub metrics: Option<std::net::SocketAddr>,
     pub socket: PathBuf,
     pub firewall: Option<crate::daemon::firewall::FirewallView>,
     /// The CA certificate's file.
@@ -46,9 +48,10 @@ pub(crate) async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     if path.exists() {
-        if UnixStream::connect(path).await.is_ok() {
+        if served(path).await {
             anyhow::bail!(
-                "another daemon is serving the admin socket {}",
+                "another daemon is serving the admin socket {} (stop it first, or give this \
+                 one another listen.admin)",
                 path.display()
             );
         }
@@ -78,6 +81,11 @@ pub(crate) async fn bind(path: &Path) -> anyhow::Result<UnixListener> {
         }
     }
     Ok(listener)
+}
+
+/// A daemon answers on the admin socket `path` (then `bind` refuses to displace it).
+pub(crate) async fn served(path: &Path) -> bool {
+    UnixStream::connect(path).await.is_ok()
 }
 
 pub(crate) async fn serve(listener: UnixListener, admin: Arc<Admin>) {

@@ -74,7 +74,7 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
                 .is_some_and(|v| v == "1" || v == "true");
             match admin.proxy.approvals.decide(id, approve, remember) {
                 Ok(p) => {
-                    tracing::info!(uid, pending = %id, approve, remember, agent = ?p.agent_uid, method = %p.method, host = %p.host, path = %p.path, "approval answered");
+                    tracing::info!(uid, pending = %id, approve, remember, agent = %p.agent_uid.map_or_else(|| "-".to_string(), |u| u.to_string()), method = %p.method, host = %p.host, path = p.path.as_str(), "approval answered");
                     json(StatusCode::OK, &p)
                 }
                 Err(e) => error(StatusCode::NOT_FOUND, e.to_string()),
@@ -111,6 +111,10 @@ struct CaInfo {
 struct Listeners {
     transparent: Vec<String>,
     explicit: String,
+    /// The DNS stub's addresses (UDP and TCP on each); empty: no stub.
+    dns: Vec<String>,
+    /// `None`: no metrics listener.
+    metrics: Option<String>,
     admin: String,
 }
 
@@ -157,6 +161,8 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             listeners: Listeners {
                 transparent: info.transparent.iter().map(ToString::to_string).collect(),
                 explicit: info.explicit.to_string(),
+                dns: info.dns.iter().map(ToString::to_string).collect(),
+                metrics: info.metrics.map(|m| m.to_string()),
                 admin: info.socket.display().to_string(),
             },
             firewall,

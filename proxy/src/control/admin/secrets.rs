@@ -39,7 +39,7 @@ pub(super) fn list(admin: &Admin) -> Response<ProxyBody> {
         .collect();
     json(
         StatusCode::OK,
-        &serde_json::json!({ "store": admin.proxy.vault.describe(), "secrets": secrets }),
+        &serde_json::json!({ "store": admin.proxy.vault.location(), "secrets": secrets }),
     )
 }
 
@@ -167,7 +167,7 @@ async fn set_provider(
             );
         }
     }
-    tracing::info!(uid, secret = %name, ?kind, replaced, "fetched secret stored over the admin socket");
+    tracing::info!(uid, secret = %name, kind = kind.as_str(), replaced, "fetched secret stored over the admin socket");
     if admin.proxy.policies.info().last_error.is_some() {
         let _ = admin.proxy.reload(&format!("secret {name} stored"));
     }

@@ -28,6 +28,18 @@ pub(crate) enum RecordKind {
     Query,
 }
 
+impl RecordKind {
+    /// The audit log's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Request => "request",
+            RecordKind::Connection => "connection",
+            RecordKind::Close => "close",
+            RecordKind::Query => "query",
+        }
+    }
+}
+
 /// What the agent spoke, as far as the decision saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

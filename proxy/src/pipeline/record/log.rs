@@ -22,7 +22,7 @@ fn emit(level: Level, r: &Record) {
             tracing::event!(
                 $level,
                 request_id = %r.request_id,
-                kind = ?r.kind,
+                kind = r.kind.as_str(),
                 protocol = r.protocol.as_str(),
                 method = r.method.as_deref().unwrap_or("-"),
                 host = &*r.host,
@@ -33,7 +33,11 @@ fn emit(level: Level, r: &Record) {
                 status = r.status.unwrap_or(0),
                 upstream = %r.upstream.map_or_else(|| "-".to_string(), |a| a.to_string()),
                 error_code = r.error_code.map_or("-", ErrorCode::as_str),
-                secrets = %r.secrets.join(","),
+                secrets = %if r.secrets.is_empty() {
+                    "-".to_string()
+                } else {
+                    r.secrets.join(",")
+                },
                 bytes_up = r.bytes_up,
                 bytes_down = r.bytes_down,
                 ms = super::format::rounded_ms(r.ms),
@@ -52,7 +56,10 @@ fn emit(level: Level, r: &Record) {
 fn summary(r: &Record) -> String {
     let reason = r.reason.as_deref().unwrap_or("");
     match (r.kind, r.protocol, r.error_code) {
-        (RecordKind::Close, _, _) => format!("tunnel closed ({:?})", r.end),
+        (RecordKind::Close, _, _) => format!(
+            "tunnel closed ({})",
+            r.end.map_or("-", crate::upstream::relay::End::as_str)
+        ),
         (_, Protocol::Tls, Some(ErrorCode::ClientRejectedCa)) => format!(
             "the client rejected the AgenShield CA for {}: this tool does not trust the CA ({reason})",
             r.sni.as_deref().unwrap_or(&r.host)
