@@ -123,10 +123,11 @@ async fn watch(
     let mut listing = listing(&dir);
     let mut probe = Probe::new(Instant::now());
     let mut armed = match watcher.as_mut() {
-        Some(w) => arm(w, &dir, &parent, &health, &proxy, probes),
+        Some(w) => arm(w, &dir, &parent, &health, &proxy, probes, &mut probe),
         None => (identity(&dir), identity(&parent)),
     };
-    if !probes {
+    // Nothing to wait for: no probes here, or no watch could be set.
+    if !probes || !probe.due(Instant::now()) {
         if let Some(f) = first.take() {
             let _ = f.send(());
         }
@@ -139,29 +140,28 @@ async fn watch(
             probe.sent(now);
         }
         let wait = probe.wait_left(now).map_or(RECHECK, |w| w.min(RECHECK));
-        let (mut changed, mut heard) = (false, false);
-        let mut note = |seen: Seen| match seen {
-            Seen::Read => heard = true,
-            Seen::Changed => (heard, changed) = (true, true),
-            Seen::Error(e) => {
-                tracing::warn!("policy watcher: {e}; looking again");
-                changed = true;
-            }
-        };
+        let mut seen = Burst::default();
         match tokio::time::timeout(wait, rx.recv()).await {
             Ok(None) => {
                 // No watcher (it could not be made): compare on a timer alone.
                 tokio::time::sleep(wait).await;
             }
-            Ok(Some(seen)) => {
-                note(seen);
-                // Coalesce the burst of events one save (or one `mv`) produces.
-                while let Ok(Some(seen)) = tokio::time::timeout(SETTLE, rx.recv()).await {
-                    note(seen);
+            Ok(Some(event)) => {
+                seen.note(event);
+                while let Ok(more) = rx.try_recv() {
+                    seen.note(more);
+                }
+                // Coalesce the burst of events one save (or one `mv`) produces. A read (our
+                // probe, our own reload) changes nothing: no reason to wait for quiet.
+                if seen.changed {
+                    while let Ok(Some(more)) = tokio::time::timeout(SETTLE, rx.recv()).await {
+                        seen.note(more);
+                    }
                 }
             }
             Err(_) => {} // RECHECK elapsed, or the probe's time is up
         }
+        let Burst { changed, heard } = seen;
         if probes && watcher.is_some() {
             let now = Instant::now();
             let verdict = if heard {
@@ -184,11 +184,11 @@ async fn watch(
             if let Some(w) = watcher.as_mut() {
                 let _ = w.unwatch(&dir);
                 let _ = w.unwatch(&parent);
-                armed = arm(w, &dir, &parent, &health, &proxy, probes);
+                probe.rearmed(Instant::now());
+                armed = arm(w, &dir, &parent, &health, &proxy, probes, &mut probe);
             } else {
                 armed = now_id;
             }
-            probe.rearmed(Instant::now());
             health.rearmed.fetch_add(1, Ordering::Relaxed);
             proxy.metrics.policy_watch_rearms.inc();
             tracing::info!(dir = ?dir, "policy directory replaced: watching the new one");
@@ -209,6 +209,28 @@ async fn watch(
                 "policy change found by comparing the directory (no event reported it)"
             );
             let _ = proxy.reload("file change (found by polling)");
+        }
+    }
+}
+
+/// What a burst of events amounted to.
+#[derive(Default)]
+struct Burst {
+    /// Something inside the directory changed (or events were lost): reload.
+    changed: bool,
+    /// An event from inside the directory arrived: the watch is heard.
+    heard: bool,
+}
+
+impl Burst {
+    fn note(&mut self, seen: Seen) {
+        match seen {
+            Seen::Read => self.heard = true,
+            Seen::Changed => (self.heard, self.changed) = (true, true),
+            Seen::Error(e) => {
+                tracing::warn!("policy watcher: {e}; looking again");
+                self.changed = true;
+            }
         }
     }
 }
@@ -295,6 +317,7 @@ fn arm(
     health: &WatchHealth,
     proxy: &Proxy,
     probes: bool,
+    probe: &mut Probe,
 ) -> Armed {
     let parent_watch = watcher.watch(parent, RecursiveMode::NonRecursive);
     let dir_watch = watcher.watch(dir, RecursiveMode::Recursive);
@@ -313,6 +336,7 @@ fn arm(
             );
             tracing::warn!("{why}");
             health.set(metrics, false, false, Some(why));
+            probe.lost(Instant::now());
         }
         (Ok(()), Err(e)) => {
             // Edits are seen; a replaced directory is found by the periodic check.

@@ -128,6 +128,14 @@ impl Probe {
         self.next = now + PROBE_EVERY;
     }
 
+    /// The watch could not be set (the directory is gone): nothing is known, and nothing is
+    /// probed, until a watch is set again (`rearmed`) and heard.
+    pub(crate) fn lost(&mut self, now: Instant) {
+        self.pending = None;
+        self.state = Liveness::Unknown;
+        self.next = now + Duration::from_secs(365 * 24 * 3600);
+    }
+
     /// The watch was moved: probe it at once.
     pub(crate) fn rearmed(&mut self, now: Instant) {
         self.pending = None;
@@ -210,6 +218,21 @@ mod tests {
         assert_eq!(q.expire(t1 + PROBE_WAIT), Some(Liveness::Deaf));
         // Any event from inside the directory proves it again.
         assert_eq!(q.heard(), Some(Liveness::Heard));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_lost_and_set_again_is_heard_again() {
+        let t0 = Instant::now();
+        let mut p = Probe::new(t0);
+        p.sent(t0);
+        p.heard();
+        p.lost(t0);
+        assert_eq!(p.state(), Liveness::Unknown);
+        assert!(!p.due(t0 + PROBE_EVERY * 10), "no probe of a directory not watched");
+        p.rearmed(t0);
+        assert!(p.due(t0));
+        p.sent(t0);
+        assert_eq!(p.heard(), Some(Liveness::Heard), "a transition, so it is reported");
     }
 
     #[tokio::test(start_paused = true)]
