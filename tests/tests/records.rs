@@ -716,3 +716,64 @@ async fn rules_for_http_still_apply_where_raw_tcp_is_allowed() {
     assert_eq!(&got, b"\x01raw");
     verify(&d);
 }
+
+/// An upstream that speaks the other protocol on its port: the agent's 502 says so and what
+/// to try (plain HTTP to a TLS-only port: use https://; TLS to a plain port: use http://),
+/// names the cause once, and explains that the policy allowed the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_speaking_the_other_protocol_gets_a_502_that_says_so() {
+    let w = Web::new(&[]).await;
+    // TLS only: whatever is not a ClientHello fails the handshake.
+    let ca = TestCa::new("tls-only upstream CA");
+    let acceptor = tokio_rustls::TlsAcceptor::from(agenshield_e2e::pki::server_config(
+        &ca.leaf(&["api.test"]),
+        &[b"http/1.1"],
+    ));
+    let tls_only = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let tls_port = tls_only.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = tls_only.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(sock).await;
+            });
+        }
+    });
+    let plain = Upstream::start(UpstreamOptions {
+        name: "plain".into(),
+        ..Default::default()
+    })
+    .await;
+    let proxy = format!("http://{}", w.daemon.explicit);
+    let cacert = w.daemon.ca_path.display().to_string();
+    let ask = |url: String| {
+        let (proxy, cacert) = (proxy.clone(), cacert.clone());
+        async move {
+            let out = curl(&["--proxy", &proxy, "--cacert", &cacert, &url], false).await;
+            assert_eq!(out.status, 502, "{url}: {out:?}");
+            out.json()
+        }
+    };
+    let once = |msg: &str| {
+        let parts: Vec<&str> = msg.split(": ").collect();
+        assert!(
+            parts.windows(2).all(|p| p[0] != p[1]),
+            "a cause repeated: {msg}"
+        );
+    };
+    let v = ask(format!("http://api.test:{tls_port}/x")).await;
+    let msg = v["message"].as_str().unwrap_or("");
+    assert!(msg.contains("use https:// instead of http://"), "{v}");
+    once(msg);
+    assert!(
+        v["explanation"]
+            .as_str()
+            .is_some_and(|e| e.contains("rule api") && e.contains("the upstream failed it")),
+        "{v}"
+    );
+    let v = ask(format!("https://api.test:{}/x", plain.addr.port())).await;
+    let msg = v["message"].as_str().unwrap_or("");
+    assert!(msg.contains("use http:// instead of https://"), "{v}");
+    once(msg);
+    assert_eq!(v["rule_id"], "api", "{v}");
+}
