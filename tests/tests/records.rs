@@ -459,6 +459,128 @@ async fn a_head_over_the_limit_gets_the_json_431_and_a_record_everywhere() {
     verify(&w.daemon);
 }
 
+/// An HTTP/2 connection to the transparent listener (TLS, ALPN h2) as a client that sends
+/// whatever head it is given (curl's nghttp2 will not send more than 64 KiB).
+struct H2 {
+    send: hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+    base: String,
+}
+
+impl H2 {
+    async fn connect(w: &Web) -> H2 {
+        let tls = tokio_rustls::TlsConnector::from(client_config(&[&w.daemon.ca_pem], &[b"h2"]));
+        let tcp = TcpStream::connect(w.daemon.transparent)
+            .await
+            .expect("connect");
+        let stream = tls
+            .connect(ServerName::try_from("api.test").expect("name"), tcp)
+            .await
+            .expect("TLS");
+        let (send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(conn);
+        H2 {
+            send,
+            base: format!("https://api.test:{}", w.up.addr.port()),
+        }
+    }
+
+    /// GET /echo with a header `x-big` of `n` bytes: (status, body), or the error.
+    async fn get(&mut self, n: usize) -> Result<(u16, String), String> {
+        use http_body_util::BodyExt as _;
+        let mut req = http::Request::get(format!("{}/echo", self.base));
+        if n > 0 {
+            req = req.header("x-big", "h".repeat(n));
+        }
+        let req = req.body(http_body_util::Empty::new()).expect("request");
+        let resp = self
+            .send
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// With the default limit (64 KiB): over HTTP/2 a head over the limit gets the JSON 431 and
+/// the record HTTP/1.1 gets; a head under it is forwarded on both alike. A head over the
+/// server's own cap (twice the limit) gets h2's bare 431 on its stream and the connection
+/// stays usable; a header block far beyond it makes h2 close the connection (GOAWAY
+/// ENHANCE_YOUR_CALM), and that is recorded as the head it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_head_over_http2_is_answered_and_recorded_as_over_http1() {
+    let w = Web::new(&[]).await;
+    // 40 KB: under the limit, forwarded over either version: the same answer.
+    let big = format!("X-Big: {}", "b".repeat(40_000));
+    let h1 = w
+        .transparent("https", &["--http1.1", "-H", &big], true)
+        .await;
+    let h2 = w.transparent("https", &["--http2", "-H", &big], true).await;
+    assert_eq!(h1.status, h2.status, "{h1:?} / {h2:?}");
+    assert_ne!(h1.status, 0, "{h1:?}");
+    // 70 KB: over the limit.
+    let big = format!("X-Big: {}", "b".repeat(70_000));
+    let h1 = w
+        .transparent("https", &["--http1.1", "-H", &big], true)
+        .await;
+    assert_eq!(h1.status, 431, "{h1:?}");
+    let mut c = H2::connect(&w).await;
+    let (status, body) = c.get(70_000).await.expect("an answer");
+    assert_eq!(status, 431, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("JSON: {body}"));
+    assert_eq!(v["error_code"], "head_too_large", "{v}");
+    assert_eq!(v["error_code"], h1.json()["error_code"]);
+    // 140 KB: over the server's cap: h2 answers this stream itself; the connection lives on.
+    let (status, body) = c.get(140_000).await.expect("an answer");
+    assert_eq!((status, body.as_str()), (431, ""), "h2's own 431");
+    let (status, _) = c.get(0).await.expect("the connection is still usable");
+    assert_eq!(status, 200);
+    // 600 KB: far beyond: h2 closes the connection.
+    let err = c.get(600_000).await.expect_err("the connection is closed");
+    assert!(!err.is_empty());
+
+    let all = audit_until(&w.daemon, "the HTTP/2 connection closed", |v| {
+        v["kind"] == "connection" && v["error_code"] == "bad_request" && v["sni"] == "api.test"
+    })
+    .await;
+    let requests: Vec<&Value> = all
+        .iter()
+        .filter(|v| v["error_code"] == "head_too_large" && v["kind"] == "request")
+        .collect();
+    assert_eq!(
+        requests.len(),
+        2,
+        "HTTP/1.1 and HTTP/2 alike: {requests:#?}"
+    );
+    for r in &requests {
+        assert_eq!(r["status"], 431, "{r}");
+        assert_eq!(r["decision"], "deny", "{r}");
+        assert_eq!(r["sni"], "api.test", "{r}");
+    }
+    let closed = all
+        .iter()
+        .find(|v| v["kind"] == "connection" && v["error_code"] == "bad_request")
+        .expect("the GOAWAY");
+    assert_eq!(closed["decision"], "deny", "{closed}");
+    assert!(closed["status"].is_null(), "no HTTP answer: {closed}");
+    assert!(
+        w.daemon.logs().contains("GOAWAY ENHANCE_YOUR_CALM"),
+        "the log says why"
+    );
+    verify(&w.daemon);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_session_is_recorded_at_the_101_and_at_the_close() {
     let w = Web::new(&[]).await;
@@ -593,4 +715,65 @@ async fn rules_for_http_still_apply_where_raw_tcp_is_allowed() {
         .expect("echo");
     assert_eq!(&got, b"\x01raw");
     verify(&d);
+}
+
+/// An upstream that speaks the other protocol on its port: the agent's 502 says so and what
+/// to try (plain HTTP to a TLS-only port: use https://; TLS to a plain port: use http://),
+/// names the cause once, and explains that the policy allowed the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_speaking_the_other_protocol_gets_a_502_that_says_so() {
+    let w = Web::new(&[]).await;
+    // TLS only: whatever is not a ClientHello fails the handshake.
+    let ca = TestCa::new("tls-only upstream CA");
+    let acceptor = tokio_rustls::TlsAcceptor::from(agenshield_e2e::pki::server_config(
+        &ca.leaf(&["api.test"]),
+        &[b"http/1.1"],
+    ));
+    let tls_only = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let tls_port = tls_only.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = tls_only.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(sock).await;
+            });
+        }
+    });
+    let plain = Upstream::start(UpstreamOptions {
+        name: "plain".into(),
+        ..Default::default()
+    })
+    .await;
+    let proxy = format!("http://{}", w.daemon.explicit);
+    let cacert = w.daemon.ca_path.display().to_string();
+    let ask = |url: String| {
+        let (proxy, cacert) = (proxy.clone(), cacert.clone());
+        async move {
+            let out = curl(&["--proxy", &proxy, "--cacert", &cacert, &url], false).await;
+            assert_eq!(out.status, 502, "{url}: {out:?}");
+            out.json()
+        }
+    };
+    let once = |msg: &str| {
+        let parts: Vec<&str> = msg.split(": ").collect();
+        assert!(
+            parts.windows(2).all(|p| p[0] != p[1]),
+            "a cause repeated: {msg}"
+        );
+    };
+    let v = ask(format!("http://api.test:{tls_port}/x")).await;
+    let msg = v["message"].as_str().unwrap_or("");
+    assert!(msg.contains("use https:// instead of http://"), "{v}");
+    once(msg);
+    assert!(
+        v["explanation"]
+            .as_str()
+            .is_some_and(|e| e.contains("rule api") && e.contains("the upstream failed it")),
+        "{v}"
+    );
+    let v = ask(format!("https://api.test:{}/x", plain.addr.port())).await;
+    let msg = v["message"].as_str().unwrap_or("");
+    assert!(msg.contains("use http:// instead of https://"), "{v}");
+    once(msg);
+    assert_eq!(v["rule_id"], "api", "{v}");
 }

@@ -87,15 +87,60 @@ pub(super) async fn serve_http<S>(
     if let Err(e) = served {
         match e.downcast_ref::<hyper::Error>() {
             Some(h) if h.is_parse() => unparsed(&proxy, &ctx, h, started).await,
-            _ => tracing::debug!("client connection ended: {e}"),
+            Some(h) => match closed_by_h2(h) {
+                Some(reason) => {
+                    let why = if reason == h2::Reason::ENHANCE_YOUR_CALM {
+                        format!(
+                            "the HTTP/2 connection was closed (GOAWAY ENHANCE_YOUR_CALM): the \
+                             client went past one of the HTTP/2 layer's abuse bounds (a header \
+                             block far over the server's cap of {} bytes, or a flood of resets \
+                             or frames)",
+                            server_head_cap(&limits)
+                        )
+                    } else {
+                        format!(
+                            "the HTTP/2 connection was closed (GOAWAY {reason:?}): the client \
+                             broke the protocol"
+                        )
+                    };
+                    let code = ErrorCode::BadRequest;
+                    refused_by_server(&proxy, &ctx, code, None, why, started).await;
+                }
+                None => tracing::debug!("client connection ended: {e}"),
+            },
+            None => tracing::debug!("client connection ended: {e}"),
         }
     }
 }
 
+/// Why the HTTP/2 layer closed the connection (a GOAWAY it sent) for what the client sent,
+/// if it did; `None` when the client or the I/O ended it. (h2 drops the GOAWAY's debug data
+/// from the error it returns, so a header block over its bound and a reset flood both read
+/// as ENHANCE_YOUR_CALM.)
+fn closed_by_h2(e: &hyper::Error) -> Option<h2::Reason> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return (h2.is_go_away() && h2.is_library())
+                .then(|| h2.reason())
+                .flatten();
+        }
+        cur = c.source();
+    }
+    None
+}
+
 /// The request head size the HTTP server itself accepts: twice `limits.max_header_bytes`, so
 /// that a head over the limit reaches the pipeline, which refuses it with the JSON 431 every
-/// refusal has (`pipeline::target`). Only a head over this cap is refused by the server
-/// itself (hyper's bare 431, h2's stream refusal), and that is recorded too.
+/// refusal has (`pipeline::target`), over HTTP/1.1 and HTTP/2 alike. Only a head over this
+/// cap is refused by the server itself: HTTP/1.1 gets hyper's bare 431 and the connection
+/// closes (recorded); over HTTP/2, h2 answers that stream a bare 431 and resets it, the
+/// connection staying usable (h2 does this before any request exists, so it is not
+/// recorded), and a header block far beyond it (more CONTINUATION frames than the cap needs,
+/// or four times the cap decoded) makes h2 close the connection with GOAWAY
+/// ENHANCE_YOUR_CALM (recorded, as `bad_request`). The cap bounds what one request head holds in
+/// memory; raising it to widen the JSON 431 would let each of a connection's streams hold
+/// that much.
 pub(super) fn server_head_cap(limits: &crate::config::Limits) -> usize {
     limits.max_header_bytes.saturating_mul(2)
 }
@@ -114,6 +159,20 @@ pub(super) async fn unparsed(
     } else {
         ErrorCode::BadRequest
     };
+    let why = format!("the HTTP server refused a request it could not parse: {e}");
+    refused_by_server(proxy, ctx, code, Some(code.status().as_u16()), why, started).await;
+}
+
+/// Records a refusal by the HTTP server itself (no request reached the pipeline): `status`
+/// is what the server answered, `None` when it closed the connection instead.
+async fn refused_by_server(
+    proxy: &Arc<Proxy>,
+    ctx: &ConnCtx,
+    code: ErrorCode,
+    status: Option<u16>,
+    why: String,
+    started: Instant,
+) {
     let started_at = crate::clock::now_rfc3339().into();
     let record = Record {
         protocol: if ctx.tls.is_some() {
@@ -123,10 +182,8 @@ pub(super) async fn unparsed(
         },
         decision: code.verdict(),
         error_code: Some(code),
-        status: Some(code.status().as_u16()),
-        reason: Some(format!(
-            "the HTTP server refused a request it could not parse: {e}"
-        )),
+        status,
+        reason: Some(why),
         ms: record::ms_since(started),
         ..record::base(
             proxy,

@@ -89,6 +89,18 @@ pub(crate) async fn handle(
         if r.rule_id.is_none() {
             r.rule_id = ctx.rule().map(|id| id.to_string());
         }
+        // An upstream failure's explanation says what the policy did (it allowed the
+        // request) rather than repeating the message.
+        let upstream = r.code.status() == http::StatusCode::BAD_GATEWAY;
+        if let (true, Some(d)) = (upstream && r.explanation == r.message, &ctx.decision) {
+            let decided = ctx
+                .proxy
+                .vault
+                .current()
+                .redact(&d.explanation)
+                .into_owned();
+            r.explanation = format!("{decided}: the request was allowed; the upstream failed it");
+        }
         r
     });
     record::respond(ctx, outcome).await

@@ -224,14 +224,46 @@ fn refusal_for(target: &Target, err: &PoolError) -> Refusal {
         }
         cur = e.source();
     }
-    Refusal::new(
-        ErrorCode::UpstreamError,
-        format!(
-            "upstream {} failed: {}",
-            target.authority(),
-            crate::error_chain::chain(err)
-        ),
-    )
+    let mut message = format!(
+        "upstream {} failed: {}",
+        target.authority(),
+        crate::error_chain::chain(err)
+    );
+    if let Some(hint) = wrong_protocol(target, err) {
+        message.push_str("; ");
+        message.push_str(&hint);
+    }
+    Refusal::new(ErrorCode::UpstreamError, message)
+}
+
+/// A failure that looks like the wrong protocol for the port: TLS that the upstream cut off
+/// or answered with something else (it may speak plain HTTP there), or plain HTTP it did
+/// not answer in HTTP (it may want TLS there). Says what to try.
+fn wrong_protocol(target: &Target, err: &PoolError) -> Option<String> {
+    let port = target.port;
+    match (target.scheme, err) {
+        (Scheme::Https, PoolError::Tls(io))
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::InvalidData
+            ) =>
+        {
+            Some(format!(
+                "the upstream did not complete a TLS handshake on port {port}: if it speaks \
+                 plain HTTP there, use http:// instead of https://"
+            ))
+        }
+        (Scheme::Http, PoolError::Http(h)) if h.is_parse() || h.is_incomplete_message() => {
+            Some(format!(
+                "the upstream did not answer plain HTTP on port {port}: if it wants TLS there, \
+                 use https:// instead of http://"
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// What the agent is told when a dial fails.
@@ -249,13 +281,20 @@ fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Opt
         return Some(dial_refusal(d));
     }
     if let Some(t) = e.downcast_ref::<rustls::Error>() {
-        return Some(Refusal::new(
-            ErrorCode::UpstreamTls,
-            format!(
+        let message = match t {
+            // What came back was not TLS at all.
+            rustls::Error::InvalidMessage(_) if target.scheme == Scheme::Https => format!(
+                "upstream {} did not answer TLS ({t}): if it speaks plain HTTP on port {}, use \
+                 http:// instead of https://",
+                target.authority(),
+                target.port
+            ),
+            _ => format!(
                 "TLS to upstream {} failed verification: {t}",
                 target.authority()
             ),
-        ));
+        };
+        return Some(Refusal::new(ErrorCode::UpstreamTls, message));
     }
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
         if let Some(inner) = io.get_ref() {
