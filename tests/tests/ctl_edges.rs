@@ -401,6 +401,7 @@ fn a_log_filter_that_enables_nothing_of_ours_is_refused() {
     assert!(logs.contains("DEBUG") && logs.contains("INFO"), "{logs}");
 }
 
+#[cfg(target_os = "linux")]
 /// `agenshield` with `args` and `envs`: (exit code, stdout, stderr).
 fn agenshield(args: &[&str], envs: &[(&str, &std::path::Path)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(agenshield_e2e::daemon::binary());
@@ -416,6 +417,7 @@ fn agenshield(args: &[&str], envs: &[(&str, &std::path::Path)]) -> (i32, String,
     )
 }
 
+#[cfg(target_os = "linux")]
 /// The part named `name` of a `run --check --json` report.
 fn check_part<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     report["parts"]
@@ -424,6 +426,7 @@ fn check_part<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .unwrap_or_else(|| panic!("no part {name} in {report}"))
 }
 
+#[cfg(target_os = "linux")]
 /// The `sha256:…` policy hash in `text`.
 fn policy_hash(text: &str) -> String {
     let at = text
@@ -435,9 +438,11 @@ fn policy_hash(text: &str) -> String {
         .collect()
 }
 
+#[cfg(target_os = "linux")]
 /// A daemon started by hand, stopped (SIGTERM) when dropped.
 struct Started(std::process::Child);
 
+#[cfg(target_os = "linux")]
 impl Drop for Started {
     fn drop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
@@ -450,6 +455,7 @@ impl Drop for Started {
 /// policy directory `run` itself seeds, and never said which config it read. Now it gives
 /// `run`'s verdict part by part, creates nothing, and the policy it announces is the one
 /// `run` then enforces. Root: `run` on built-in defaults binds the default ports.
+#[cfg(target_os = "linux")] // root_or_skip: netlab is Linux-only
 #[test]
 fn run_check_gives_runs_verdict_on_a_fresh_machine() {
     let Some(_root) = agenshield_e2e::netlab::root_or_skip("run_check_fresh_machine") else {
@@ -545,6 +551,7 @@ fn run_check_gives_runs_verdict_on_a_fresh_machine() {
 /// Issue 34: `--check` said "ready" for a redirect whose agent user does not exist, or is
 /// root (the proxy's own uid), which `run` refuses. Now both refuse, with the same reason, and
 /// `--check --json` names the config file it read. `run` stops before any rule is written.
+#[cfg(target_os = "linux")] // root_or_skip: netlab is Linux-only
 #[test]
 fn run_check_gives_runs_verdict_on_a_missing_or_root_agent_user() {
     let Some(_root) = agenshield_e2e::netlab::root_or_skip("run_check_agent_users") else {
