@@ -396,12 +396,14 @@ async fn an_agent_that_fills_the_approval_queue_leaves_another_room_to_ask() {
         .lines()
         .find(|l| l.starts_with(p["id"].as_str().expect("id")))
         .unwrap_or_else(|| panic!("no row for {p}: {out}"));
+    // ID SINCE EXPIRES AGENT(uid (name)) METHOD DESTINATION RULE
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
-        (cols[2], cols[3], cols[4]),
+        (cols[3], cols[5], cols[6]),
         (b_uid.to_string().as_str(), "GET", "asked.test:443/b/one"),
         "{out}"
     );
+    assert!(cols[4].starts_with('(') && cols[4].ends_with(')'), "{out}");
     assert!(out.lines().next().unwrap_or("").contains("AGENT"), "{out}");
 }
 
