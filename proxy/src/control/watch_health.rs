@@ -228,11 +228,18 @@ mod tests {
         p.heard();
         p.lost(t0);
         assert_eq!(p.state(), Liveness::Unknown);
-        assert!(!p.due(t0 + PROBE_EVERY * 10), "no probe of a directory not watched");
+        assert!(
+            !p.due(t0 + PROBE_EVERY * 10),
+            "no probe of a directory not watched"
+        );
         p.rearmed(t0);
         assert!(p.due(t0));
         p.sent(t0);
-        assert_eq!(p.heard(), Some(Liveness::Heard), "a transition, so it is reported");
+        assert_eq!(
+            p.heard(),
+            Some(Liveness::Heard),
+            "a transition, so it is reported"
+        );
     }
 
     #[tokio::test(start_paused = true)]
