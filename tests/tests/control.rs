@@ -540,6 +540,18 @@ async fn a_relative_config_reloads_its_relative_policy_directory() {
         "{v}"
     );
     assert_eq!(v["policy"]["watch"]["verified"], true, "{v}");
+    // Every listener is in the status, the DNS stub and metrics included (issue 34).
+    assert_eq!(v["listeners"]["metrics"], daemon.metrics.to_string(), "{v}");
+    assert_eq!(v["listeners"]["dns"][0], daemon.dns[0].to_string(), "{v}");
+    let (_, human, _) = daemon.ctl(&[], &["status"]);
+    assert!(
+        human.contains(&format!("DNS stub      {}", daemon.dns[0])),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!("metrics       http://{}/metrics", daemon.metrics)),
+        "{human}"
+    );
     assert_eq!(
         metric(&daemon, "agenshield_proxy_policy_watch_active").await,
         Some(1.0)

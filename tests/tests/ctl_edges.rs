@@ -363,13 +363,26 @@ fn a_log_filter_that_enables_nothing_of_ours_is_refused() {
         policies: vec![("main.toml".into(), POLICY.into())],
         ..Default::default()
     });
+    // Bounded: a daemon that starts despite the filter is stopped after 10 s (and fails).
     let run = |filter: &str| {
-        std::process::Command::new(agenshield_e2e::daemon::binary())
+        let child = std::process::Command::new(agenshield_e2e::daemon::binary())
             .args(["proxy", "run", "--config"])
             .arg(dir.path().join("proxy.toml"))
             .env("AGENSHIELD_LOG", filter)
-            .output()
-            .expect("run")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            if rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        });
+        let out = child.wait_with_output().expect("run");
+        let _ = tx.send(());
+        out
     };
     for filter in ["verbose", "h2=debug"] {
         let out = run(filter);
@@ -609,4 +622,55 @@ fn run_check_gives_runs_verdict_on_a_missing_or_root_agent_user() {
         assert!(err.contains(reason), "{user}: {err}");
         assert!(!out.contains("agenshield: ready"), "{out}");
     }
+}
+
+/// Issue 34: `firewall status --json` printed its errors as text only; a script reading
+/// stdout now gets one JSON object, as from every other `--json` command. (The redirect spec
+/// fails before any firewall is asked: nothing here needs root.)
+#[test]
+fn firewall_errors_are_json_under_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        "[redirect]\nagent_users = [\"ash_no_such_agent\"]\n",
+    )
+    .expect("config");
+    let config_arg = config.display().to_string();
+    let (code, out, err) = agenshield(
+        &[
+            "proxy",
+            "firewall",
+            "status",
+            "--json",
+            "--config",
+            &config_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    let e = json(&out);
+    assert_eq!(e["ok"], false, "{e}");
+    assert_eq!(e["error"]["code"], "bad_input", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("agent user \"ash_no_such_agent\" does not exist")),
+        "{e}"
+    );
+    assert!(err.contains("does not exist"), "{err}");
+    // A config that does not load: the same shape.
+    let (code, out, _) = agenshield(
+        &[
+            "proxy",
+            "firewall",
+            "status",
+            "--json",
+            "--config",
+            "/nonexistent/proxy.toml",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2);
+    assert_eq!(json(&out)["error"]["code"], "bad_input", "{out}");
 }
