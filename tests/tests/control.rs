@@ -449,6 +449,19 @@ async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
         assert_eq!(v["decision"], "deny", "{line}");
         assert_eq!(v["host"], "x.test", "{line}");
     }
+    // The operator's log line for each: display forms, no Rust `Debug` (`kind=Request`), no
+    // empty field (`secrets=`) (issue 34).
+    let logs = daemon.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("host=\"x.test\"") && l.contains("decision=\"deny\""))
+        .unwrap_or_else(|| panic!("no denial logged:\n{logs}"));
+    assert!(line.contains("kind=\"request\""), "{line}");
+    assert!(line.contains("secrets=-"), "{line}");
+    assert!(
+        !line.contains("Some(") && !line.contains("kind=Request"),
+        "{line}"
+    );
 }
 
 /// The value of one unlabelled metric in a scrape of the daemon.

@@ -211,6 +211,8 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
         "secrets  ",
         "CA       ok",
         "worker   note",
+        // The daemon running now holds the admin socket: `run` would start once it stops.
+        "admin    note",
     ] {
         assert!(out.contains(part), "{part:?} in:\n{out}");
     }
@@ -673,4 +675,53 @@ fn firewall_errors_are_json_under_json() {
     );
     assert_eq!(code, 2);
     assert_eq!(json(&out)["error"]["code"], "bad_input", "{out}");
+}
+
+/// Issue 34: "address in use" gave no hint of who holds it. `run` and `run --check` both say
+/// which listener, which address, that another agenshield (or another program) holds it, and
+/// how to see which.
+#[test]
+fn an_address_in_use_names_the_listener_and_how_to_find_its_holder() {
+    let first = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("pol")).expect("mkdir");
+    std::fs::write(d.join("pol/a.toml"), POLICY).expect("policy");
+    let config = d.join("proxy.toml");
+    let taken = first.explicit;
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"{taken}\"\ndns = []\nmetrics = \"off\"\nadmin = \"{d}/admin.sock\"\n\
+             [paths]\npolicies = \"{d}/pol\"\ncerts = \"{d}/certs\"\nvault = \"{d}/vault\"\naudit = \"{d}/audit.jsonl\"\n",
+            d = d.display()
+        ),
+    )
+    .expect("config");
+    let config_arg = config.display().to_string();
+    let said = format!(
+        "binding the explicit listener on {taken}: Address already in use (os error 98): another \
+         agenshield daemon, or another program, holds {taken}; see which with: ss -ltnp \
+         'sport = :{}'",
+        taken.port()
+    );
+    let (code, out, err) = agenshield(&["proxy", "run", "--config", &config_arg], &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&said), "{err}");
+    assert_eq!(err.matches("os error 98").count(), 1, "said once: {err}");
+    let (code, out, _) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config_arg],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    let report = json(&out);
+    let listen = check_part(&report, "listen");
+    assert_eq!(listen["verdict"], "failed", "{report}");
+    assert!(
+        listen["detail"].as_str().is_some_and(|d| d.contains(&said)),
+        "{report}"
+    );
 }
