@@ -725,3 +725,58 @@ fn an_address_in_use_names_the_listener_and_how_to_find_its_holder() {
         "{report}"
     );
 }
+
+/// A split daemon's worker reads the vault as the worker user, so `--check` does too: a vault
+/// the worker may not use (left to root) fails both `run` and `--check`, for the same reason;
+/// given to the worker, both pass.
+#[test]
+fn run_check_reads_a_split_daemons_state_as_its_worker() {
+    use agenshield_e2e::netlab::{root_or_skip, AgentUser};
+    let Some(_root) = root_or_skip("run_check_split_worker") else {
+        return;
+    };
+    let worker = AgentUser::create(387);
+    let dir = agenshield_e2e::daemon::prepare(&DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        secrets: vec![("k".into(), "tok_split_check_value_1".into())],
+        worker_user: Some((worker.name.clone(), worker.uid)),
+        ..Default::default()
+    });
+    let chown = |path: &std::path::Path, uid: u32| {
+        let out = std::process::Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{uid}"))
+            .arg(path)
+            .output()
+            .expect("chown");
+        assert!(out.status.success(), "chown: {out:?}");
+    };
+    chown(dir.path(), worker.uid);
+    chown(&dir.path().join("vault"), 0);
+    let config = dir.path().join("proxy.toml").display().to_string();
+    let (code, out, err) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(check_part(&report, "worker")["verdict"], "ok", "{report}");
+    let secrets = check_part(&report, "secrets");
+    assert_eq!(secrets["verdict"], "failed", "{report}");
+    let why = secrets["detail"].as_str().unwrap_or("").to_string();
+    assert!(why.contains("vault"), "{report}");
+    // `run` refuses it too, in its worker, for the same reason.
+    let (code, out, err) = agenshield(&["proxy", "run", "--config", &config], &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(!out.contains("agenshield: ready"), "{out}");
+    let reason = why.trim_start_matches("secrets: ");
+    assert!(err.contains(reason), "run said:\n{err}\ncheck said: {why}");
+    // Given to the worker: both pass.
+    chown(&dir.path().join("vault"), worker.uid);
+    let (code, out, err) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(check_part(&json(&out), "secrets")["verdict"], "ok", "{out}");
+}
