@@ -491,6 +491,19 @@ async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
         assert_eq!(v["decision"], "deny", "{line}");
         assert_eq!(v["host"], "x.test", "{line}");
     }
+    // The operator's log line for each: display forms, no Rust `Debug` (`kind=Request`), no
+    // empty field (`secrets=`) (issue 34).
+    let logs = daemon.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("host=\"x.test\"") && l.contains("decision=\"deny\""))
+        .unwrap_or_else(|| panic!("no denial logged:\n{logs}"));
+    assert!(line.contains("kind=\"request\""), "{line}");
+    assert!(line.contains("secrets=-"), "{line}");
+    assert!(
+        !line.contains("Some(") && !line.contains("kind=Request"),
+        "{line}"
+    );
 }
 
 /// `ctl tail -f` names the agent on DNS lines too, and when the daemon stops it says so and
@@ -640,6 +653,18 @@ async fn a_relative_config_reloads_its_relative_policy_directory() {
         "{v}"
     );
     assert_eq!(v["policy"]["watch"]["verified"], true, "{v}");
+    // Every listener is in the status, the DNS stub and metrics included (issue 34).
+    assert_eq!(v["listeners"]["metrics"], daemon.metrics.to_string(), "{v}");
+    assert_eq!(v["listeners"]["dns"][0], daemon.dns[0].to_string(), "{v}");
+    let (_, human, _) = daemon.ctl(&[], &["status"]);
+    assert!(
+        human.contains(&format!("DNS stub      {}", daemon.dns[0])),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!("metrics       http://{}/metrics", daemon.metrics)),
+        "{human}"
+    );
     assert_eq!(
         metric(&daemon, "agenshield_proxy_policy_watch_active").await,
         Some(1.0)

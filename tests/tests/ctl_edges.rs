@@ -211,6 +211,8 @@ fn ctl_serves_scripts_closed_pipes_json_errors_the_ca_and_ci_checks() {
         "secrets  ",
         "CA       ok",
         "worker   note",
+        // The daemon running now holds the admin socket: `run` would start once it stops.
+        "admin    note",
     ] {
         assert!(out.contains(part), "{part:?} in:\n{out}");
     }
@@ -363,13 +365,26 @@ fn a_log_filter_that_enables_nothing_of_ours_is_refused() {
         policies: vec![("main.toml".into(), POLICY.into())],
         ..Default::default()
     });
+    // Bounded: a daemon that starts despite the filter is stopped after 10 s (and fails).
     let run = |filter: &str| {
-        std::process::Command::new(agenshield_e2e::daemon::binary())
+        let child = std::process::Command::new(agenshield_e2e::daemon::binary())
             .args(["proxy", "run", "--config"])
             .arg(dir.path().join("proxy.toml"))
             .env("AGENSHIELD_LOG", filter)
-            .output()
-            .expect("run")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            if rx.recv_timeout(std::time::Duration::from_secs(10)).is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        });
+        let out = child.wait_with_output().expect("run");
+        let _ = tx.send(());
+        out
     };
     for filter in ["verbose", "h2=debug"] {
         let out = run(filter);
@@ -616,4 +631,159 @@ fn run_check_gives_runs_verdict_on_a_missing_or_root_agent_user() {
         assert!(err.contains(reason), "{user}: {err}");
         assert!(!out.contains("agenshield: ready"), "{out}");
     }
+}
+
+/// Issue 34: `firewall status --json` printed its errors as text only; a script reading
+/// stdout now gets one JSON object, as from every other `--json` command. (The redirect spec
+/// fails before any firewall is asked: nothing here needs root.)
+#[test]
+fn firewall_errors_are_json_under_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        "[redirect]\nagent_users = [\"ash_no_such_agent\"]\n",
+    )
+    .expect("config");
+    let config_arg = config.display().to_string();
+    let (code, out, err) = agenshield(
+        &[
+            "proxy",
+            "firewall",
+            "status",
+            "--json",
+            "--config",
+            &config_arg,
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    let e = json(&out);
+    assert_eq!(e["ok"], false, "{e}");
+    assert_eq!(e["error"]["code"], "bad_input", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("agent user \"ash_no_such_agent\" does not exist")),
+        "{e}"
+    );
+    assert!(err.contains("does not exist"), "{err}");
+    // A config that does not load: the same shape.
+    let (code, out, _) = agenshield(
+        &[
+            "proxy",
+            "firewall",
+            "status",
+            "--json",
+            "--config",
+            "/nonexistent/proxy.toml",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2);
+    assert_eq!(json(&out)["error"]["code"], "bad_input", "{out}");
+}
+
+/// Issue 34: "address in use" gave no hint of who holds it. `run` and `run --check` both say
+/// which listener, which address, that another agenshield (or another program) holds it, and
+/// how to see which.
+#[test]
+fn an_address_in_use_names_the_listener_and_how_to_find_its_holder() {
+    let first = Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("pol")).expect("mkdir");
+    std::fs::write(d.join("pol/a.toml"), POLICY).expect("policy");
+    let config = d.join("proxy.toml");
+    let taken = first.explicit;
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\ntransparent = [\"127.0.0.1:0\"]\nexplicit = \"{taken}\"\ndns = []\nmetrics = \"off\"\nadmin = \"{d}/admin.sock\"\n\
+             [paths]\npolicies = \"{d}/pol\"\ncerts = \"{d}/certs\"\nvault = \"{d}/vault\"\naudit = \"{d}/audit.jsonl\"\n",
+            d = d.display()
+        ),
+    )
+    .expect("config");
+    let config_arg = config.display().to_string();
+    let said = format!(
+        "binding the explicit listener on {taken}: Address already in use (os error 98): another \
+         agenshield daemon, or another program, holds {taken}; see which with: ss -ltnp \
+         'sport = :{}'",
+        taken.port()
+    );
+    let (code, out, err) = agenshield(&["proxy", "run", "--config", &config_arg], &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&said), "{err}");
+    assert_eq!(err.matches("os error 98").count(), 1, "said once: {err}");
+    let (code, out, _) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config_arg],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    let report = json(&out);
+    let listen = check_part(&report, "listen");
+    assert_eq!(listen["verdict"], "failed", "{report}");
+    assert!(
+        listen["detail"].as_str().is_some_and(|d| d.contains(&said)),
+        "{report}"
+    );
+}
+
+/// A split daemon's worker reads the vault as the worker user, so `--check` does too: a vault
+/// the worker may not use (left to root) fails both `run` and `--check`, for the same reason;
+/// given to the worker, both pass.
+#[test]
+fn run_check_reads_a_split_daemons_state_as_its_worker() {
+    use agenshield_e2e::netlab::{root_or_skip, AgentUser};
+    let Some(_root) = root_or_skip("run_check_split_worker") else {
+        return;
+    };
+    let worker = AgentUser::create(387);
+    let dir = agenshield_e2e::daemon::prepare(&DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        secrets: vec![("k".into(), "tok_split_check_value_1".into())],
+        worker_user: Some((worker.name.clone(), worker.uid)),
+        ..Default::default()
+    });
+    let chown = |path: &std::path::Path, uid: u32| {
+        let out = std::process::Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{uid}"))
+            .arg(path)
+            .output()
+            .expect("chown");
+        assert!(out.status.success(), "chown: {out:?}");
+    };
+    chown(dir.path(), worker.uid);
+    chown(&dir.path().join("vault"), 0);
+    let config = dir.path().join("proxy.toml").display().to_string();
+    let (code, out, err) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(check_part(&report, "worker")["verdict"], "ok", "{report}");
+    let secrets = check_part(&report, "secrets");
+    assert_eq!(secrets["verdict"], "failed", "{report}");
+    let why = secrets["detail"].as_str().unwrap_or("").to_string();
+    assert!(why.contains("vault"), "{report}");
+    // `run` refuses it too, in its worker, for the same reason.
+    let (code, out, err) = agenshield(&["proxy", "run", "--config", &config], &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(!out.contains("agenshield: ready"), "{out}");
+    let reason = why.trim_start_matches("secrets: ");
+    assert!(err.contains(reason), "run said:\n{err}\ncheck said: {why}");
+    // Given to the worker: both pass.
+    chown(&dir.path().join("vault"), worker.uid);
+    let (code, out, err) = agenshield(
+        &["proxy", "run", "--check", "--json", "--config", &config],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(check_part(&json(&out), "secrets")["verdict"], "ok", "{out}");
 }

@@ -196,19 +196,23 @@ async fn watch(
             let _ = proxy.reload("policy directory replaced");
             continue;
         }
-        // Taken before the reload reads the files: an edit after it is seen next time.
-        let now_listing = self::listing(&dir);
         if changed {
-            listing = now_listing;
+            // Taken before the reload reads the files: an edit after it is seen next time.
+            listing = self::listing(&dir);
             // Outcome already logged and counted by `reload`.
             let _ = proxy.reload("file change");
-        } else if now_listing != listing {
-            listing = now_listing;
-            tracing::info!(
-                dir = ?dir,
-                "policy change found by comparing the directory (no event reported it)"
-            );
-            let _ = proxy.reload("file change (found by polling)");
+        } else if !heard {
+            // A quiet spell: compare, for what no event reported. (Not while events arrive:
+            // a writer's open comes before its write, and the file is half written then.)
+            let now_listing = self::listing(&dir);
+            if now_listing != listing {
+                listing = now_listing;
+                tracing::info!(
+                    dir = ?dir,
+                    "policy change found by comparing the directory (no event reported it)"
+                );
+                let _ = proxy.reload("file change (found by polling)");
+            }
         }
     }
 }

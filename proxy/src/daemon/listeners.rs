@@ -64,21 +64,22 @@ impl std::fmt::Display for Role {
 /// A listener that could not be bound: which, where, and (for an address in use) how to find
 /// who holds it.
 #[derive(Debug, thiserror::Error)]
-#[error("binding the {role} on {addr}: {source}{}", self.hint())]
+#[error("binding the {role} on {addr}: {cause}{}", self.hint())]
 pub struct BindError {
     pub role: Role,
     pub addr: SocketAddr,
-    pub source: std::io::Error,
+    /// Not `source`: the message already says it, and a chain would say it twice.
+    pub cause: std::io::Error,
 }
 
 impl BindError {
     pub fn in_use(&self) -> bool {
-        self.source.kind() == std::io::ErrorKind::AddrInUse
+        self.cause.kind() == std::io::ErrorKind::AddrInUse
     }
 
     fn hint(&self) -> String {
         let port = self.addr.port();
-        match self.source.kind() {
+        match self.cause.kind() {
             std::io::ErrorKind::AddrInUse => {
                 let ss = if self.role == Role::Dns {
                     format!("ss -ltunp 'sport = :{port}'")
@@ -137,7 +138,7 @@ fn bind_one(role: Role, addr: SocketAddr) -> Result<One, BindError> {
         Role::Dns => bind_dns(addr).map(One::Dns),
         _ => listen(addr).map(One::Tcp),
     };
-    bound.map_err(|source| BindError { role, addr, source })
+    bound.map_err(|cause| BindError { role, addr, cause })
 }
 
 /// What binding each address of `cfg` gives right now, each released at once: `run --check`

@@ -1,0 +1,212 @@
+//! The parts of a start the serving process does (a split daemon's worker, as the worker
+//! user): open the audit log and the secret store, load the policy and the secrets it binds,
+//! the CA, upstream trust and the resolver. Checked by reading what is there and saying what a
+//! start would create.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::supervisor::BoundAddrs;
+use super::{creatable, part, Part, Verdict};
+use crate::config::Config;
+use crate::daemon::build;
+use crate::policy::Policy;
+
+pub(super) fn audit(cfg: &Config) -> Part {
+    let Some(path) = &cfg.audit_path else {
+        return part(
+            "audit",
+            Verdict::Note,
+            "off (audit.enabled = false): no decision is recorded",
+        );
+    };
+    let failed = |e: &dyn std::fmt::Display| {
+        part(
+            "audit",
+            Verdict::Failed,
+            format!("opening the audit log {}: {e}", path.display()),
+        )
+    };
+    match crate::audit::preflight(path) {
+        Ok(Some(bytes)) => part(
+            "audit",
+            Verdict::Ok,
+            format!("{} ({bytes} bytes)", path.display()),
+        ),
+        Ok(None) => match path.parent().map(creatable) {
+            Some(Err(e)) => failed(&e),
+            _ => part(
+                "audit",
+                Verdict::Ok,
+                format!("{} (created at start)", path.display()),
+            ),
+        },
+        Err(e) => failed(&e),
+    }
+}
+
+/// The secrets the store holds: `Ok(None)` when a file vault does not exist yet (created,
+/// empty, at start).
+pub(super) type VaultState = Result<Option<Arc<crate::secrets::Vault>>, String>;
+
+pub(super) async fn vault(cfg: &Config) -> VaultState {
+    let store = crate::secrets::open_store(cfg, false).map_err(|e| format!("secrets: {e}"))?;
+    let Some(store) = store else {
+        return match creatable(&cfg.vault) {
+            Ok(()) => Ok(None),
+            Err(e) => Err(format!("secrets: {}: {e}", cfg.vault.display())),
+        };
+    };
+    crate::secrets::Vault::open_with(store, build::reserved_values(cfg))
+        .await
+        .map(|v| Some(Arc::new(v)))
+        .map_err(|e| format!("secrets: {e}"))
+}
+
+/// The policy `run` loads, whether it is the shipped one `run` would write first, and the
+/// line that says so.
+pub(super) type Loaded = ((Policy, bool), String);
+
+pub(super) fn policy(cfg: &Config, seeds: bool) -> Result<Loaded, String> {
+    if !seeds {
+        let p = Policy::load_dir(&cfg.policies).map_err(|e| e.to_string())?;
+        let line = format!(
+            "{}: {} rules, {}",
+            cfg.policies.display(),
+            p.rule_count(),
+            p.hash()
+        );
+        return Ok(((p, false), line));
+    }
+    // What `run` writes there first, loaded as `run` loads it.
+    let scratch = tempfile::tempdir().map_err(|e| format!("a scratch directory: {e}"))?;
+    let dir = scratch.path().join("policies");
+    crate::daemon::seed_default_policy(&dir).map_err(|e| format!("{e:#}"))?;
+    let p = Policy::load_dir(&dir).map_err(|e| e.to_string())?;
+    creatable(&cfg.policies).map_err(|e| format!("{}: {e}", cfg.policies.display()))?;
+    let line = format!(
+        "{} does not exist yet: `run` writes the shipped default policy there ({} rules, {})",
+        cfg.policies.display(),
+        p.rule_count(),
+        p.hash()
+    );
+    Ok(((p, true), line))
+}
+
+pub(super) fn secrets(cfg: &Config, vault: &VaultState, policy: Option<&Policy>) -> Part {
+    let vault = match vault {
+        Ok(v) => v,
+        Err(e) => return part("secrets", Verdict::Failed, e.clone()),
+    };
+    let held = vault.as_ref().map_or(0, |v| v.current().len());
+    let Some(p) = policy else {
+        return part(
+            "secrets",
+            Verdict::Note,
+            format!("{held} in the store; not matched (the policy did not load)"),
+        );
+    };
+    match p.check_secrets(&|n| vault.as_ref().is_some_and(|v| v.contains(n))) {
+        Ok(()) if vault.is_none() => part(
+            "secrets",
+            Verdict::Ok,
+            format!(
+                "the vault {} is created (empty) at start; the policy binds none",
+                cfg.vault.display()
+            ),
+        ),
+        Ok(()) => part(
+            "secrets",
+            Verdict::Ok,
+            format!("{held} in the store, every secret the policy binds among them"),
+        ),
+        Err(e) => part("secrets", Verdict::Failed, format!("policy: {e}")),
+    }
+}
+
+pub(super) fn ca(dir: &Path) -> Part {
+    match agenshield_certs::Ca::load_existing(dir) {
+        Ok(Some(ca)) => {
+            let cert = dir.join("ca.pem");
+            let until = crate::cmd::ca_file::read(&cert).ok().map(|(_, f)| {
+                let expired =
+                    f.expiry(time::OffsetDateTime::now_utc()) == agenshield_certs::Expiry::Expired;
+                (f.not_after.date(), expired)
+            });
+            match until {
+                Some((date, true)) => part(
+                    "CA",
+                    Verdict::Note,
+                    format!(
+                        "{} EXPIRED on {date}: clients refuse every certificate it signs",
+                        cert.display()
+                    ),
+                ),
+                Some((date, false)) => part(
+                    "CA",
+                    Verdict::Ok,
+                    format!(
+                        "{} (SHA-256 {}, valid until {date})",
+                        cert.display(),
+                        ca.fingerprint_sha256()
+                    ),
+                ),
+                None => part(
+                    "CA",
+                    Verdict::Ok,
+                    format!("{} (SHA-256 {})", cert.display(), ca.fingerprint_sha256()),
+                ),
+            }
+        }
+        Ok(None) => match creatable(dir) {
+            Ok(()) => part(
+                "CA",
+                Verdict::Note,
+                format!(
+                    "none yet in {}; the daemon creates one when it first starts",
+                    dir.display()
+                ),
+            ),
+            Err(e) => part("CA", Verdict::Failed, format!("{}: {e}", dir.display())),
+        },
+        Err(e) => part(
+            "CA",
+            Verdict::Failed,
+            format!("CA: {}", crate::error_chain::chain(&e)),
+        ),
+    }
+}
+
+pub(super) async fn upstream(cfg: &Config, bound: &BoundAddrs) -> Part {
+    let trust = match crate::upstream::trust::UpstreamTrust::load(&cfg.upstream.extra_ca) {
+        Ok(t) => t,
+        Err(e) => return part("upstream", Verdict::Failed, e.to_string()),
+    };
+    if let Err(e) = trust.client_config() {
+        return part("upstream", Verdict::Failed, format!("{e:#}"));
+    }
+    if let Err(e) = crate::upstream::resolve::Resolver::new(&cfg.resolver) {
+        return part("upstream", Verdict::Failed, format!("resolver: {e:#}"));
+    }
+    if let Some(proxy) = &cfg.upstream.proxy {
+        let own = bound.iter().map(|(_, a)| *a).collect();
+        let guard =
+            crate::upstream::guard::AddressGuard::new(cfg.upstream.allow_private.clone(), own);
+        if let Err(e) = build::check_proxy(proxy, &guard) {
+            return part("upstream", Verdict::Failed, e.to_string());
+        }
+    }
+    part(
+        "upstream",
+        Verdict::Ok,
+        format!(
+            "{} system and {} extra trust roots{}",
+            trust.system_roots,
+            trust.extra_roots,
+            match &cfg.upstream.proxy {
+                Some(p) => format!("; through the proxy {p}"),
+                None => String::new(),
+            }
+        ),
+    )
+}
