@@ -370,9 +370,11 @@ pub enum SecretsCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// What the policy decides for METHOD URL: decision, rule, explanation, obligations.
-    /// `check DNS NAME`: whether the agent's DNS stub answers NAME (allow) or says NXDOMAIN
-    /// without asking any resolver (deny)
+    /// What the policy decides for METHOD URL: decision, rule, explanation, obligations, and
+    /// for a refusal by the default a hint (the nearest rule, or how to add one). `check DNS
+    /// NAME`: whether the agent's DNS stub answers NAME from its resolver (allow) or refuses
+    /// it without asking any resolver (deny: a synthetic address whose connections are
+    /// refused naming the rule, or NXDOMAIN with dns.denied = "nxdomain")
     #[command(
         after_help = "Examples:\n  agenshield proxy ctl policy check GET https://api.github.com/user\n  agenshield proxy ctl policy check POST \\\n      https://api.openai.com/v1/chat/completions --agent coder\n  agenshield proxy ctl policy check GET https://x.test/ \\\n      --policy ./policies --exit-code\n  agenshield proxy ctl policy check DNS github.com"
     )]

@@ -247,7 +247,7 @@ async fn ask_holds_the_request_until_approved_and_times_out_to_a_denial() {
     let listed: serde_json::Value = serde_json::from_str(&out).expect("json");
     let expires = listed[0]["expires"].as_str().unwrap_or("").to_string();
     assert!(
-        *expires > *listed[0]["since"].as_str().unwrap_or(""),
+        expires.as_str() > listed[0]["since"].as_str().unwrap_or(""),
         "{listed}"
     );
     let (_, human, _) = daemon.ctl(&[], &["pending", "list"]);
