@@ -416,7 +416,6 @@ fn a_log_filter_that_enables_nothing_of_ours_is_refused() {
     assert!(logs.contains("DEBUG") && logs.contains("INFO"), "{logs}");
 }
 
-#[cfg(target_os = "linux")]
 /// `agenshield` with `args` and `envs`: (exit code, stdout, stderr).
 fn agenshield(args: &[&str], envs: &[(&str, &std::path::Path)]) -> (i32, String, String) {
     let mut cmd = std::process::Command::new(agenshield_e2e::daemon::binary());
@@ -432,7 +431,6 @@ fn agenshield(args: &[&str], envs: &[(&str, &std::path::Path)]) -> (i32, String,
     )
 }
 
-#[cfg(target_os = "linux")]
 /// The part named `name` of a `run --check --json` report.
 fn check_part<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     report["parts"]
@@ -633,7 +631,7 @@ fn run_check_gives_runs_verdict_on_a_missing_or_root_agent_user() {
     }
 }
 
-/// Issue 34: `firewall status --json` printed its errors as text only; a script reading
+/// Issue 34: `firewall … --json` printed its errors as text only; a script reading
 /// stdout now gets one JSON object, as from every other `--json` command. (The redirect spec
 /// fails before any firewall is asked: nothing here needs root.)
 #[test]
@@ -646,15 +644,9 @@ fn firewall_errors_are_json_under_json() {
     )
     .expect("config");
     let config_arg = config.display().to_string();
+    // `up` resolves the agent users before it touches any firewall.
     let (code, out, err) = agenshield(
-        &[
-            "proxy",
-            "firewall",
-            "status",
-            "--json",
-            "--config",
-            &config_arg,
-        ],
+        &["proxy", "firewall", "up", "--json", "--config", &config_arg],
         &[],
     );
     assert_eq!(code, 2, "{out}{err}");
@@ -736,6 +728,7 @@ fn an_address_in_use_names_the_listener_and_how_to_find_its_holder() {
 /// A split daemon's worker reads the vault as the worker user, so `--check` does too: a vault
 /// the worker may not use (left to root) fails both `run` and `--check`, for the same reason;
 /// given to the worker, both pass.
+#[cfg(target_os = "linux")] // root_or_skip: netlab is Linux-only
 #[test]
 fn run_check_reads_a_split_daemons_state_as_its_worker() {
     use agenshield_e2e::netlab::{root_or_skip, AgentUser};

@@ -94,16 +94,7 @@ fn not_installed(cfg: &Config, backend: &dyn agenshield_pf::Redirector) -> Optio
         Err(crate::daemon::firewall::FirewallError::NoSuchUser(name)) => name,
         _ => return None,
     };
-    // Presence does not depend on the spec: any spec tells absent from present.
-    let probe = agenshield_pf::RedirectSpec {
-        agent_uids: vec![u32::MAX],
-        redirect_v4: Some(1),
-        redirect_v6: None,
-        dns_v4: None,
-        dns_v6: None,
-        dns_passthrough: Vec::new(),
-        exempt: Vec::new(),
-    };
+    let probe = crate::daemon::firewall::presence_probe();
     match backend.status(&probe) {
         Ok(st) if st.state == agenshield_pf::FirewallState::Absent => Some(format!(
             "no agent user {missing} and no {} in place",

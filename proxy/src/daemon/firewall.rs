@@ -102,6 +102,20 @@ fn loopback_port(bound: &[SocketAddr], v4: bool) -> Option<u16> {
     })
 }
 
+/// A spec to ask the backend only whether any of our rules are in place: presence does not
+/// depend on the spec, and this one needs no agent user to exist.
+pub fn presence_probe() -> RedirectSpec {
+    RedirectSpec {
+        agent_uids: vec![u32::MAX],
+        redirect_v4: Some(1),
+        redirect_v6: None,
+        dns_v4: None,
+        dns_v6: None,
+        dns_passthrough: Vec::new(),
+        exempt: Vec::new(),
+    }
+}
+
 /// `status --json`.
 #[derive(Debug, Serialize)]
 pub struct StatusReport {

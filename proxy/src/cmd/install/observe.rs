@@ -376,16 +376,7 @@ fn path_link(p: &Path) -> PathLink {
 
 fn firewall_seen(cfg: &Config, agent_exists: bool) -> FirewallSeen {
     let backend = agenshield_pf::platform_redirector();
-    // Presence does not depend on the spec: any spec tells absent from present.
-    let probe = agenshield_pf::RedirectSpec {
-        agent_uids: vec![u32::MAX],
-        redirect_v4: Some(1),
-        redirect_v6: None,
-        dns_v4: None,
-        dns_v6: None,
-        dns_passthrough: Vec::new(),
-        exempt: Vec::new(),
-    };
+    let probe = crate::daemon::firewall::presence_probe();
     let spec = if agent_exists {
         crate::daemon::firewall::spec(cfg, &cfg.transparent, &cfg.dns).ok()
     } else {
