@@ -431,7 +431,7 @@ pub(super) fn event(v: &Value) -> String {
         ),
         _ if v["error_code"] == "client_rejected_ca" => format!(
             "{decision:<12} {:>3} {:<6} {hostport}  the client rejected the AgenShield CA for \
-             {}: this tool does not trust the CA; `agenshield proxy doctor` names the fix (README: \
+             {}: this tool does not trust the CA; `agenshield proxy doctor` names the fix (docs/install.md: \
              \"The agent's tools trust the proxy\"){error}{agent}",
             "",
             "TLS",
