@@ -78,8 +78,15 @@ pub fn finds_and_fixes(upstream_ca: &Path, config: &Path) {
             "{rt} is not ok in both contexts:\n{out}"
         );
     }
+    // Every variable of the environment file install wrote, each naming our bundle.
+    let vars = std::fs::read_to_string("/opt/agenshield/certs/agent-env")
+        .expect("agent-env")
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains('='))
+        .count();
+    assert!(vars >= 15, "{vars} variables in agent-env");
     assert!(
-        out.contains("  ok    login shell (su -l): all 15 variables"),
+        out.contains(&format!("  ok    login shell (su -l): all {vars} variables")),
         "{out}"
     );
 
