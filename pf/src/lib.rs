@@ -4,9 +4,11 @@
 //! tables. The proxy sees it through a few seams: [`OrigDst`] (given an accepted socket, where
 //! was the client really going?), [`Redirector`] (put the agent users' traffic into the proxy,
 //! or take it out), [`peer_uid::socket_uid`] (which local user opened a connection), the
-//! sandboxes, the privilege split and [`run_as`] (a command run as another user).
+//! sandboxes, the privilege split, [`run_as`] (a command run as another user) and
+//! [`allocator`] (free memory back to the OS).
 //! Tests swap in [`FixedOrigDst`] so the whole proxy runs on loopback without a firewall.
 
+pub mod allocator;
 mod command;
 pub mod nft;
 mod origdst;

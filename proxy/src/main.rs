@@ -2,6 +2,8 @@ use std::process::ExitCode;
 
 /// mimalloc: the daemon allocates and frees small buffers on every request from several
 /// threads; glibc's malloc spent ~8% of its CPU there (bench/profiles), mimalloc about half.
+/// What it holds free after a burst of connections goes back to the OS when the runtimes'
+/// threads next park (`daemon::memory_release`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
             };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
+                .on_thread_park(agenshield_proxy::daemon::memory_release::on_park)
                 .build()
             {
                 Ok(rt) => rt,

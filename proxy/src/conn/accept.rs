@@ -27,6 +27,7 @@ use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
 use crate::conn::{shards, ConnCtx, Dest, ListenerKind};
+use crate::daemon::memory_release::Open;
 use crate::pipeline::record::{self, Record, RequestId};
 use crate::pipeline::refusal::{ErrorCode, Refusal};
 use crate::proxy::Proxy;
@@ -53,6 +54,7 @@ where
 pub(crate) struct Admission {
     _slot: OwnedSemaphorePermit,
     _seat: Seat,
+    _open: Open,
 }
 
 /// Admits a connection: a daemon slot, then a seat in its agent's budget. `None`: refused,
@@ -110,6 +112,7 @@ pub(crate) fn admission(proxy: &Proxy, ctx: &ConnCtx) -> Result<Admission, Refus
     Ok(Admission {
         _slot: slot,
         _seat: seat,
+        _open: Open::new(),
     })
 }
 

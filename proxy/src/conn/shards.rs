@@ -48,6 +48,7 @@ fn shards() -> &'static Shards {
                     .spawn(move || {
                         let rt = match tokio::runtime::Builder::new_current_thread()
                             .enable_all()
+                            .on_thread_park(crate::daemon::memory_release::on_park)
                             .build()
                         {
                             Ok(rt) => rt,
@@ -93,6 +94,13 @@ fn shards() -> &'static Shards {
 pub(crate) fn start() {
     let n = shards().handles.len();
     tracing::debug!(shards = n, "connection threads");
+}
+
+/// Wakes every shard (to run its park hook: `memory_release`).
+pub(crate) fn wake_all() {
+    for h in &shards().handles {
+        h.spawn(async {});
+    }
 }
 
 /// Serves `make()`'s future on the next shard, round robin. `make` runs on the shard, so

@@ -3,7 +3,7 @@
 //!
 //! rustls's own `ServerSessionMemoryCache` finds a session in a hash map but then removes its
 //! key from an eviction queue by a linear search, under one lock: with the 16 Ki sessions
-//! kept here every resumed handshake compared thousands of keys (5.5 % of the daemon's CPU
+//! kept here then, every resumed handshake compared thousands of keys (5.5 % of the daemon's CPU
 //! under a connection-per-request load, `bench/profiles/why.md`). moka removes in constant
 //! time. It must evict the *oldest* session (LRU, as rustls's did): under moka's default
 //! admission policy (TinyLFU) a full cache turns away every new session, since a session is
@@ -16,8 +16,11 @@ use std::time::Duration;
 
 use rustls::server::StoresServerSessions;
 
-/// Sessions kept for resumption (two tickets per connection, the rustls default).
-pub(crate) const CAPACITY: u64 = 16 * 1024;
+/// Sessions kept for resumption: the tickets of the last 2 Ki connections (two each, the
+/// rustls default), far more than a client offers back (its newest). A session costs ~470
+/// bytes here with moka's bookkeeping, and the store stays full after a burst: at 16 Ki it
+/// was 7.5 MB of a 50 MB daemon once 10,000 sessions had closed (issue 33), at 4 Ki 1.9 MB.
+pub(crate) const CAPACITY: u64 = 4 * 1024;
 
 /// The lifetime rustls gives a TLS 1.3 ticket for a stateful session: a client does not offer
 /// one older than this.

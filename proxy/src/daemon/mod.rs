@@ -6,6 +6,7 @@
 pub(crate) mod build;
 pub mod firewall;
 pub mod listeners;
+pub mod memory_release;
 pub mod orig_broker;
 pub mod privsep;
 pub mod readiness;
@@ -174,6 +175,7 @@ pub async fn serve(
         admin_auth(&cfg),
     ));
     tasks.spawn(admin::serve(admin_listener, admin));
+    tokio::spawn(memory_release::watch());
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.
     if let Err(e) = watch_policies(proxy.clone()).await {
         tracing::warn!(
