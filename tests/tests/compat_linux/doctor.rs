@@ -86,7 +86,9 @@ pub fn finds_and_fixes(upstream_ca: &Path, config: &Path) {
         .count();
     assert!(vars >= 15, "{vars} variables in agent-env");
     assert!(
-        out.contains(&format!("  ok    login shell (su -l): all {vars} variables")),
+        out.contains(&format!(
+            "  ok    login shell (su -l): all {vars} variables"
+        )),
         "{out}"
     );
 
