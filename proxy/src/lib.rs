@@ -19,6 +19,7 @@ pub mod cmd;
 pub mod config;
 pub mod daemon;
 pub mod log_filter;
+pub mod logging;
 pub mod policy;
 
 mod audit;

@@ -32,7 +32,7 @@ fn reexec_with_allocator_settings() {
     eprintln!("agenshield: restarting with the allocator's settings failed ({err}); going on");
 }
 
-use agenshield_proxy::cli::{Cli, LogFormat, ProxyCommand, Top};
+use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
 use agenshield_proxy::config::{
     default_state_dir, installed_config_unreadable, Config, DEFAULT_CONFIG_PATH,
 };
@@ -42,7 +42,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(cli.log_format) {
+    if let Err(e) = agenshield_proxy::logging::init(cli.log_format) {
         eprintln!("agenshield: {e}");
         return ExitCode::from(2);
     }
@@ -209,22 +209,4 @@ fn agent_config(path: Option<&std::path::Path>) -> Option<Config> {
             None
         }
     }
-}
-
-/// Logging to stderr, filtered by AGENSHIELD_LOG (else RUST_LOG, else `info`). A filter
-/// that is set but does not parse, or enables not even our errors, is an error, not a silent
-/// fallback (see `log_filter`).
-fn init_logging(format: LogFormat) -> Result<(), String> {
-    let filter = agenshield_proxy::log_filter::from_env()?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    match format {
-        LogFormat::Json => builder.json().with_current_span(false).init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
-    Ok(())
 }

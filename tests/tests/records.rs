@@ -515,8 +515,8 @@ impl H2 {
 
 /// With the default limit (64 KiB): over HTTP/2 a head over the limit gets the JSON 431 and
 /// the record HTTP/1.1 gets; a head under it is forwarded on both alike. A head over the
-/// server's own cap (twice the limit) gets h2's bare 431 on its stream and the connection
-/// stays usable; a header block far beyond it makes h2 close the connection (GOAWAY
+/// server's own cap (twice the limit) gets h2's bare 431 on its stream, recorded, and the
+/// connection stays usable; a header block far beyond it makes h2 close the connection (GOAWAY
 /// ENHANCE_YOUR_CALM), and that is recorded as the head it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_head_over_http2_is_answered_and_recorded_as_over_http1() {
@@ -568,6 +568,22 @@ async fn an_oversized_head_over_http2_is_answered_and_recorded_as_over_http1() {
         assert_eq!(r["decision"], "deny", "{r}");
         assert_eq!(r["sni"], "api.test", "{r}");
     }
+    // h2's own 431 (140 KB, over the server's cap) is recorded as hyper's is over HTTP/1.1:
+    // a `connection` record with the 431 and why.
+    let own: Vec<&Value> = all
+        .iter()
+        .filter(|v| v["error_code"] == "head_too_large" && v["kind"] == "connection")
+        .collect();
+    assert_eq!(own.len(), 1, "h2's own 431, once: {own:#?}");
+    assert_eq!(own[0]["status"], 431, "{}", own[0]);
+    assert_eq!(own[0]["decision"], "deny", "{}", own[0]);
+    assert_eq!(own[0]["sni"], "api.test", "{}", own[0]);
+    assert!(
+        w.daemon
+            .logs()
+            .contains("the HTTP/2 layer answered a stream 431"),
+        "the log line says why"
+    );
     let closed = all
         .iter()
         .find(|v| v["kind"] == "connection" && v["error_code"] == "bad_request")

@@ -82,8 +82,23 @@ pub(super) async fn serve_http<S>(
     let io = TokioIo::new(Watched::new(io, activity.clone()));
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
-    let served =
-        serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown()).await;
+    let served = serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown());
+    // Each stream h2 answered with its own 431 (a head over the cap): recorded as HTTP/1.1's.
+    let served = super::h2_own_431::counting(served, |n| {
+        for _ in 0..n {
+            let (proxy, ctx) = (proxy.clone(), ctx.clone());
+            let why = format!(
+                "the HTTP/2 layer answered a stream 431 and reset it: its request head was \
+                 over the server's cap of {} bytes (twice limits.max_header_bytes)",
+                server_head_cap(&limits)
+            );
+            tokio::spawn(async move {
+                let code = ErrorCode::HeadTooLarge;
+                refused_by_server(&proxy, &ctx, code, Some(431), why, started).await;
+            });
+        }
+    })
+    .await;
     if let Err(e) = served {
         match e.downcast_ref::<hyper::Error>() {
             Some(h) if h.is_parse() => unparsed(&proxy, &ctx, h, started).await,
@@ -135,8 +150,8 @@ fn closed_by_h2(e: &hyper::Error) -> Option<h2::Reason> {
 /// refusal has (`pipeline::target`), over HTTP/1.1 and HTTP/2 alike. Only a head over this
 /// cap is refused by the server itself: HTTP/1.1 gets hyper's bare 431 and the connection
 /// closes (recorded); over HTTP/2, h2 answers that stream a bare 431 and resets it, the
-/// connection staying usable (h2 does this before any request exists, so it is not
-/// recorded), and a header block far beyond it (more CONTINUATION frames than the cap needs,
+/// connection staying usable (recorded too, through `h2_own_431`), and a header block far
+/// beyond it (more CONTINUATION frames than the cap needs,
 /// or four times the cap decoded) makes h2 close the connection with GOAWAY
 /// ENHANCE_YOUR_CALM (recorded, as `bad_request`). The cap bounds what one request head holds in
 /// memory; raising it to widen the JSON 431 would let each of a connection's streams hold

@@ -10,6 +10,7 @@ mod classify;
 mod ctx;
 mod dispatch;
 mod explicit;
+pub(crate) mod h2_own_431;
 mod http;
 pub(crate) mod identity;
 mod intercept;

@@ -1,0 +1,28 @@
+//! The process's tracing subscriber: the log lines on stderr, filtered by `AGENSHIELD_LOG`
+//! (`log_filter`), and beside them, whatever that filter says, the counter of the 431s h2
+//! sends by itself (`conn::h2_own_431`), so that each is recorded.
+
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
+
+use crate::cli::LogFormat;
+
+/// Installs the subscriber. Errors: the log filter is set but unusable (`log_filter`).
+pub fn init(format: LogFormat) -> Result<(), String> {
+    let filter = crate::log_filter::from_env()?;
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let lines = match format {
+        LogFormat::Json => lines.json().with_current_span(false).boxed(),
+        LogFormat::Text => lines
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
+        .with(crate::conn::h2_own_431::layer())
+        .try_init()
+        .map_err(|e| format!("logging: {e}"))
+}
