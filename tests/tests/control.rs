@@ -403,29 +403,21 @@ async fn ctl_reports_policy_checks_lints_and_a_stopped_daemon_in_one_line() {
     assert!(err.contains("not running"), "{err}");
 }
 
-/// `ctl tail -f` streams decisions as they happen, filtered by decision and host: a denial
-/// for x.test shows; an allowed y.test and a denied z.test (default deny) do not.
-#[tokio::test]
-async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
-    let (up, daemon) = world(&policy("deny", ""), None).await;
+/// `ctl tail -f ARGS` on `daemon`, and its stdout's lines as they come.
+fn follow(
+    daemon: &agenshield_e2e::daemon::Daemon,
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     let mut tail = std::process::Command::new(agenshield_e2e::daemon::binary())
-        .args([
-            "proxy",
-            "ctl",
-            "tail",
-            "-f",
-            "--json",
-            "--decision",
-            "deny",
-            "--host",
-            "x.test",
-            "--socket",
-        ])
+        .args(["proxy", "ctl", "tail", "-f"])
+        .args(args)
+        .arg("--socket")
         .arg(daemon.socket())
         .arg("--config")
         .arg(daemon.config_path())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("spawn tail -f");
     let stdout = tail.stdout.take().expect("stdout");
@@ -439,6 +431,19 @@ async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
             let _ = tx.send(line);
         }
     });
+    (tail, rx)
+}
+
+/// `ctl tail -f` streams decisions as they happen, filtered by decision and host: a denial
+/// for x.test shows; an allowed y.test and a denied z.test (default deny) do not.
+#[tokio::test]
+async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
+    let (up, daemon) = world(&policy("deny", ""), None).await;
+    let (mut tail, rx) = follow(
+        &daemon,
+        &["--json", "--decision", "deny", "--host", "x.test"],
+        std::process::Stdio::null(),
+    );
     // Give the follower time to subscribe, then make one request of each kind, twice over
     // (a request made before the subscription would simply not be streamed).
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -511,26 +516,7 @@ async fn tail_follow_streams_live_decisions_filtered_by_decision_and_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_follow_names_dns_agents_and_fails_when_the_daemon_stops() {
     let (_up, mut daemon) = world(&policy("deny", ""), None).await;
-    let mut tail = std::process::Command::new(agenshield_e2e::daemon::binary())
-        .args(["proxy", "ctl", "tail", "-f", "--socket"])
-        .arg(daemon.socket())
-        .arg("--config")
-        .arg(daemon.config_path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn tail -f");
-    let stdout = tail.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut tail, rx) = follow(&daemon, &[], std::process::Stdio::piped());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stub = daemon.dns[0];
     let dig = std::process::Command::new("dig")
