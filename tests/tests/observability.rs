@@ -250,12 +250,25 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
         "agenshield_proxy_connections_total{protocol=\"ws\"}",
         "agenshield_proxy_secret_injections_total{secret=\"key\"}",
         "agenshield_proxy_rate_limited_total{rule=\"limited\"}",
-        "host=\"other\"",
         "agenshield_proxy_upstream_errors_total{kind=\"connect\"}",
         "agenshield_proxy_tls_handshakes_total{result=\"client_rejected_ca\"} 1",
     ] {
         assert!(text.contains(series), "scrape lacks {series}:\n{text}");
     }
+
+    // other.test is no rule's host: its request is counted under host "other" (bounded
+    // labels), with a count, not only the zero series a fresh daemon shows.
+    let other: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("agenshield_proxy_requests_total{") && l.contains("host=\"other\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum();
+    assert!(
+        other >= 1.0,
+        "no request counted under host=\"other\":\n{text}"
+    );
 
     // Every dashboard expression returns data once Prometheus has scraped a few times.
     let exprs = prometheus::dashboard_exprs();
