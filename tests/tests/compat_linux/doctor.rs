@@ -172,6 +172,10 @@ pub fn finds_and_fixes(upstream_ca: &Path, config: &Path) {
 
     // node outside a login shell: a variable gone from PAM's environment file.
     let env = std::fs::read_to_string(ENV_FILE).expect("env file");
+    let vars = env
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains('='))
+        .count();
     let without: String = env
         .lines()
         .filter(|l| !l.starts_with("NODE_EXTRA_CA_CERTS="))
@@ -182,9 +186,10 @@ pub fn finds_and_fixes(upstream_ca: &Path, config: &Path) {
     assert_eq!(code, 1, "{out}");
     for want in [
         format!("  FAIL  {ENV_FILE}: differs from what install writes"),
-        "  FAIL  outside a login shell (su, sudo -u, cron: PAM only): 1 of 15 variables are not \
-         set: NODE_EXTRA_CA_CERTS"
-            .to_string(),
+        format!(
+            "  FAIL  outside a login shell (su, sudo -u, cron: PAM only): 1 of {vars} variables \
+             are not set: NODE_EXTRA_CA_CERTS"
+        ),
         "  FAIL  node: non-login: NODE_EXTRA_CA_CERTS is not set, so it reads node's bundled \
          Mozilla roots, which cannot hold the AgenShield CA"
             .to_string(),
