@@ -246,12 +246,15 @@ fn exec_as_root_keeps_its_bundle_out_of_another_users_home() {
     TestCa::new("exec-root-test CA")
         .write_pem(&certs.join("ca.pem"))
         .expect("ca");
+    // exec runs nothing unless a proxy answers: something listening where it is told one is.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let config = d.join("proxy.toml");
     std::fs::write(
         &config,
         format!(
-            "[listen]\nexplicit = \"127.0.0.1:15999\"\nadmin = {:?}\n\n[paths]\npolicies = {:?}\n\
+            "[listen]\nexplicit = \"{}\"\nadmin = {:?}\n\n[paths]\npolicies = {:?}\n\
              certs = {:?}\nvault = {:?}\naudit = {:?}\n",
+            listener.local_addr().expect("addr"),
             d.join("proxy.sock"),
             d.join("policies"),
             certs,
