@@ -54,7 +54,7 @@ pub enum ProxyCommand {
     /// DNS stub, UDP and TCP) and 127.0.0.1:15090 (Prometheus metrics, /metrics), plus the
     /// admin socket. Policy edits are picked up by themselves; SIGHUP reloads at once.
     #[command(
-        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy run --config /opt/agenshield/config/proxy.toml\n  agenshield proxy run --check --config proxy.toml   # run's verdict; starts nothing\n  AGENSHIELD_LOG=debug agenshield --log-format json proxy run"
+        after_help = "Examples:\n  agenshield proxy run\n  agenshield proxy run --config /opt/agenshield/config/proxy.toml\n  agenshield proxy run --check --config proxy.toml   # run's verdict only\n  AGENSHIELD_LOG=debug agenshield --log-format json proxy run"
     )]
     Run(RunArgs),
 
@@ -96,7 +96,7 @@ pub enum ProxyCommand {
     /// (listed with their sizes) and closed to everyone but root; a config left behind is
     /// renamed `proxy.toml.uninstalled-DATE`, so no later start picks it up.
     #[command(
-        after_help = "Examples:\n  sudo agenshield proxy uninstall\n  sudo agenshield proxy uninstall --purge   # the audit log and the agent's home too"
+        after_help = "Examples:\n  sudo agenshield proxy uninstall\n  sudo agenshield proxy uninstall --purge   # the audit log and home too"
     )]
     Uninstall(UninstallArgs),
 
