@@ -33,6 +33,7 @@ mod flush_coalesce;
 mod pipeline;
 mod proxy;
 mod ratelimit;
+mod record;
 mod secrets;
 mod toml_errors;
 mod upstream;

@@ -9,9 +9,9 @@ use super::verify::{rotation_set, verify};
 use super::writer::encode;
 use super::*;
 use crate::config::AuditConfig;
-use crate::conn::ListenerKind;
-use crate::pipeline::record::{End, Protocol, Record, RecordKind, RequestId, Verdict};
-use crate::pipeline::refusal::ErrorCode;
+use crate::record::{
+    End, ErrorCode, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict,
+};
 
 /// An intercepted HTTPS request, as the pipeline records it.
 pub(super) fn request_record(n: u64, decision: Verdict) -> Record {

@@ -10,7 +10,7 @@ use crate::audit::tests::{cfg, request, request_record};
 use crate::audit::{Audit, Entry, LifecycleEntry};
 use crate::config::AuditConfig;
 use crate::control::metrics::Metrics;
-use crate::pipeline::record::{DnsFacts, End};
+use crate::record::{DnsFacts, End};
 
 /// A DNS question for `host` that no rule allows, from `uid`.
 fn dns_refusal(n: u64, uid: u32, host: &str) -> Record {

@@ -26,11 +26,12 @@ use tracing::Instrument;
 use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
-use crate::conn::{shards, ConnCtx, Dest, ListenerKind};
+use crate::conn::{shards, ConnCtx, Dest};
 use crate::daemon::memory_release::Open;
-use crate::pipeline::record::{self, Record, RequestId};
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::record;
+use crate::pipeline::refusal::Refusal;
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, ListenerKind, Record, RequestId};
 
 /// Accepts until the listener fails for good. Nothing is reserved while it waits, so an
 /// idle listener costs no slot.

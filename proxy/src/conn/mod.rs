@@ -23,4 +23,4 @@ mod tls_sessions;
 mod watchdog;
 
 pub(crate) use budget::Budgets;
-pub(crate) use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};
+pub(crate) use ctx::{ConnCtx, Dest, DestHost, TlsSide};

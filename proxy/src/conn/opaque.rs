@@ -18,12 +18,13 @@ use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
-use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::upstream::relay::relay;
 

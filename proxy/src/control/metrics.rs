@@ -8,8 +8,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::pipeline::record::{Record, RecordKind};
-use crate::pipeline::refusal::ErrorCode;
+use crate::record::{ErrorCode, Record, RecordKind};
 
 const NS: &str = "agenshield_proxy";
 
@@ -414,7 +413,7 @@ impl Metrics {
         // A fresh daemon has decided nothing yet: one zero series per family (the default
         // deny of a host no rule names, over HTTP/1.1) keeps every request panel at 0.
         m.requests
-            .with_label_values(&["deny", crate::policy::NO_RULE, "other", "h1"]);
+            .with_label_values(&["deny", crate::record::NO_RULE, "other", "h1"]);
         for decision in ["allow", "deny"] {
             m.request_duration.with_label_values(&[decision]);
         }
@@ -464,7 +463,7 @@ impl Metrics {
             return;
         }
         let decision = r.decision.as_str();
-        let rule = r.rule.as_deref().unwrap_or(crate::policy::NO_RULE);
+        let rule = r.rule.as_deref().unwrap_or(crate::record::NO_RULE);
         self.requests
             .with_label_values(&[decision, rule, host, r.protocol.as_str()])
             .inc();

@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use http::{Request, Response};
 
-use super::record::{self, Record};
-use super::refusal::{ErrorCode, Refusal};
+use super::record;
+use super::refusal::Refusal;
 use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, Record};
 use crate::secrets::websocket::FrameGuard;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;

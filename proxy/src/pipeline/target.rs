@@ -7,10 +7,11 @@
 
 use http::{header, Request};
 
-use super::refusal::{ErrorCode, Refusal};
+use super::refusal::Refusal;
 use super::RequestCtx;
 use crate::conn::{ConnCtx, DestHost};
 use crate::policy::{normalize_host, normalize_path, Scheme};
+use crate::record::ErrorCode;
 use crate::upstream::client::upgrade_allowed;
 
 /// Finds the target and normalizes the path (`ctx.path` becomes the form sent upstream).
@@ -194,7 +195,8 @@ pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Dest, ListenerKind, TlsSide};
+    use crate::conn::{Dest, TlsSide};
+    use crate::record::ListenerKind;
 
     fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
         ConnCtx {

@@ -46,10 +46,6 @@ use serde::Deserialize;
 /// logs, tail); no rule may take the name.
 pub const DEFAULT_RULE: &str = "default";
 
-/// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
-/// handshake): in logs, metrics and tail. The audit log writes `null`.
-pub const NO_RULE: &str = "-";
-
 /// The name a decision carries when the policy's default decided: [`DEFAULT_RULE`], shared.
 pub(crate) fn default_rule_id() -> Arc<str> {
     static ID: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| DEFAULT_RULE.into());

@@ -11,9 +11,10 @@ use hyper_util::rt::TokioIo;
 
 use crate::body::{self, ProxyBody};
 use crate::config::Limits;
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::refusal::Refusal;
 use crate::pipeline::target::Target;
 use crate::policy::Scheme;
+use crate::record::ErrorCode;
 use crate::upstream::dial::{DialError, Dialer};
 use crate::upstream::pool::{Key, Pool, PoolError};
 
