@@ -1,7 +1,7 @@
 //! Raw TCP: a connection that is neither TLS nor HTTP (or that is decided before it speaks)
-//! is decided on its destination alone (scheme `tcp`), through the pipeline's decide and
-//! limit steps. Its record is written before the first byte is relayed; a second record
-//! gives the bytes and duration when the relay ends.
+//! is decided on its destination alone (`Policy::decide_tcp`, scheme `tcp`), then goes
+//! through the pipeline's decide outcome and limit steps. Its record is written before the
+//! first byte is relayed; a second record gives the bytes and duration when the relay ends.
 //!
 //! A destination address the DNS stub gave this agent for a name (within that answer's TTL)
 //! is decided by the name: `ssh git@github.com` against a `tcp` rule for `github.com`. The
@@ -149,7 +149,7 @@ fn decide_host(
     };
     match SecretPhase::inspect(&proxy.vault, None, &head) {
         Err(e) => Err(secrets::refusal(&e, None)),
-        Ok(_) => Ok(decide::connection(policy, host, port, agent)),
+        Ok(_) => Ok(policy.decide_tcp(host, port, agent)),
     }
 }
 

@@ -28,6 +28,7 @@ mod pattern;
 mod rate;
 mod rule;
 mod sigv4_scope;
+mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, Sigv4Scope, ISSUES_CREDENTIALS};
 
 /// Name patterns for a `sigv4` scope built in code.
