@@ -26,6 +26,7 @@ use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
+use crate::upstream::error::UpstreamError;
 use crate::upstream::relay::relay;
 
 /// What the policy says about a connection as raw TCP, decided when it was accepted (and
@@ -221,7 +222,7 @@ impl Splice<'_> {
         let (upstream, addr) = match proxy.dialer.dial(self.dial, ctx.dest.port).await {
             Ok(dialed) => dialed,
             Err(e) => {
-                let r = crate::upstream::client::dial_refusal(&e);
+                let r = Refusal::from(UpstreamError::from(&e));
                 refuse(proxy, rec, &r, self.started).await;
                 return;
             }

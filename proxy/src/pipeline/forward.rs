@@ -54,7 +54,7 @@ pub(super) async fn send(
             // The body guard stopped the upload: that, not the aborted stream, is the reason.
             match ctx.secrets.as_ref().and_then(|p| p.body_refusal()) {
                 Some(e) => secrets::refused(ctx, e),
-                None => r,
+                None => Refusal::from(r),
             }
         })?;
     let resp = match forwarded {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::body::{full, ProxyBody};
 use crate::record::{ErrorCode, Verdict};
+use crate::upstream::error::UpstreamError;
 
 /// A refusal, before it is rendered.
 #[derive(Debug, Clone)]
@@ -34,6 +35,13 @@ impl Refusal {
             rule_id: None,
             retry_after: None,
         }
+    }
+}
+
+/// An upstream failure, as the agent is told it: its code and its message.
+impl From<UpstreamError> for Refusal {
+    fn from(e: UpstreamError) -> Refusal {
+        Refusal::new(e.code(), e.to_string())
     }
 }
 
