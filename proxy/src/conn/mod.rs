@@ -18,7 +18,6 @@ mod opaque;
 mod passthrough;
 mod prefixed;
 pub(crate) mod server_tls;
-pub(crate) mod shards;
 mod tls_sessions;
 mod watchdog;
 

@@ -73,7 +73,7 @@ impl Forwarder {
             tls: target.scheme == Scheme::Https,
             host: target.host.as_str().into(),
             port: target.port,
-            shard: crate::conn::shards::current(),
+            shard: crate::runtime::shards::current(),
         };
         let mut resp = self
             .pool
