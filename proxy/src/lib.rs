@@ -9,7 +9,10 @@
 //! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
 //! - `control`: admin API, decision feed, approvals, policy store and watcher, metrics;
 //! - `daemon`: `proxy run`, the privilege split, the firewall glue;
-//! - `cmd`: `ctl`, `install`, `firewall`, `exec`.
+//! - `cmd`: `ctl`, `install`, `firewall`, `exec`;
+//! - beneath them all, importing nothing else from the crate: `record` (the vocabulary every
+//!   layer speaks: the record of a decision, its verdicts and error codes, the log line) and
+//!   `runtime` (the shards connections are served on, memory back to the OS after a burst).
 
 #![warn(unreachable_pub)]
 
@@ -21,6 +24,7 @@ pub mod daemon;
 pub mod log_filter;
 pub mod logging;
 pub mod policy;
+pub mod runtime;
 
 mod audit;
 mod body;
@@ -33,6 +37,7 @@ mod flush_coalesce;
 mod pipeline;
 mod proxy;
 mod ratelimit;
+mod record;
 mod secrets;
 mod toml_errors;
 mod upstream;

@@ -128,7 +128,7 @@ fn main() -> ExitCode {
             };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
-                .on_thread_park(agenshield_proxy::daemon::memory_release::on_park)
+                .on_thread_park(agenshield_proxy::runtime::memory_release::on_park)
                 .build()
             {
                 Ok(rt) => rt,

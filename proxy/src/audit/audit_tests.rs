@@ -2,16 +2,15 @@
 //! verifier naming the first broken line.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::chain::GENESIS;
 use super::verify::{rotation_set, verify};
 use super::writer::encode;
 use super::*;
 use crate::config::AuditConfig;
-use crate::conn::ListenerKind;
-use crate::pipeline::record::{End, Protocol, Record, RecordKind, RequestId, Verdict};
-use crate::pipeline::refusal::ErrorCode;
+use crate::record::{
+    End, ErrorCode, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict,
+};
 
 /// An intercepted HTTPS request, as the pipeline records it.
 pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
@@ -232,7 +231,7 @@ pub(super) fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
 }
 
 async fn write_n(path: &Path, c: &AuditConfig, from: u64, n: u64) -> Head {
-    let audit = Audit::open(path, c, Arc::new(Metrics::new())).expect("open");
+    let audit = Audit::open(path, c, AuditMetrics::unregistered()).expect("open");
     for i in from..from + n {
         audit
             .write(request(i, if i % 3 == 0 { "deny" } else { "allow" }))
@@ -328,7 +327,7 @@ async fn verify_names_the_first_broken_line() {
 async fn a_full_queue_drops_only_allowed_records_and_says_so() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
-    let audit = Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open");
+    let audit = Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered()).expect("open");
     // Bypass the queue's capacity by counting a drop the way a full queue does.
     audit.count_drop();
     audit.count_drop();
@@ -346,7 +345,7 @@ async fn a_full_queue_drops_only_allowed_records_and_says_so() {
 async fn concurrent_writers_lose_nothing_and_keep_one_chain() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("c.jsonl");
-    let audit = Audit::open(&path, &cfg(1 << 30, 1), Arc::new(Metrics::new())).expect("open");
+    let audit = Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered()).expect("open");
     let mut tasks = Vec::new();
     for t in 0..8u64 {
         let audit = audit.clone();
@@ -382,14 +381,14 @@ async fn a_failed_write_is_not_acknowledged() {
         eprintln!("SKIP a_failed_write_is_not_acknowledged: no /dev/full here");
         return;
     }
-    let metrics = Arc::new(Metrics::new());
+    let metrics = AuditMetrics::unregistered();
     let audit = Audit::open(full, &cfg(1 << 30, 1), metrics.clone()).expect("open");
     assert!(
         !audit.write(request(1, "deny")).await,
         "a failed write was acknowledged"
     );
     assert!(!audit.write(request(2, "allow")).await);
-    assert_eq!(metrics.audit_write_errors.get(), 2);
+    assert_eq!(metrics.write_errors.get(), 2);
     assert_eq!(audit.head().seq, 0, "the chain did not move");
     // A working log acknowledges.
     let dir = tempfile::tempdir().expect("tempdir");

@@ -14,6 +14,7 @@
 
 pub(crate) mod chain;
 mod health;
+mod metrics;
 pub(crate) mod record;
 mod repeats;
 mod retention;
@@ -28,13 +29,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 use health::Health;
+pub(crate) use metrics::AuditMetrics;
 pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult};
 use repeats::{Noted, Repeats};
 pub(crate) use writer::{preflight, Head};
 use writer::{Msg, Writer};
 
 use crate::config::AuditConfig;
-use crate::control::metrics::Metrics;
 
 /// Records queued at most; a request waits for its own record, so this bounds records in
 /// flight, not requests.
@@ -50,7 +51,7 @@ pub(crate) struct Audit {
     /// The writer role: whoever holds it drains the queue into the file.
     core: Mutex<Core>,
     dropped: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    metrics: AuditMetrics,
     path: std::path::PathBuf,
     health: Arc<Health>,
     /// Refusals counted over their window instead of written one by one.
@@ -63,13 +64,13 @@ impl Audit {
     pub(crate) fn open(
         path: &Path,
         cfg: &AuditConfig,
-        metrics: Arc<Metrics>,
+        metrics: AuditMetrics,
     ) -> std::io::Result<Arc<Audit>> {
         let dropped = Arc::new(AtomicU64::new(0));
         let health = Arc::new(Health::new(
             path,
-            metrics.audit_ready.clone(),
-            metrics.audit_retention_blocked.clone(),
+            metrics.ready.clone(),
+            metrics.retention_blocked.clone(),
         ));
         health.check_space();
         let writer = Writer::open(
@@ -283,7 +284,7 @@ impl Audit {
 
     fn count_drop(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
-        self.metrics.audit_dropped.inc();
+        self.metrics.dropped.inc();
     }
 
     /// Everything queued before this call is written and fsynced when it returns.

@@ -5,7 +5,7 @@
 use serde::{Serialize, Serializer};
 
 use super::repeats::RepeatedEntry;
-use crate::pipeline::record::{Record, RecordKind};
+use crate::record::{Record, RecordKind};
 
 /// One line of the audit log, before the writer seals it: a decision's [`Record`] (which
 /// carries its own `kind`), or an event of the daemon's own.

@@ -25,9 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::conn::ListenerKind;
-use crate::pipeline::record::{Protocol, Record, RecordKind, RequestId, Verdict};
-use crate::pipeline::refusal::ErrorCode;
+use crate::record::{ErrorCode, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict};
 
 /// Windows open at once at most; a refusal of yet another kind past it is written in full.
 const MAX_OPEN: usize = 4096;

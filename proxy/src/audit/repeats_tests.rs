@@ -2,15 +2,14 @@
 //! full at once, one `repeated` record per window, none lost at stop.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
 use crate::audit::tests::{cfg, request, request_record};
+use crate::audit::AuditMetrics;
 use crate::audit::{Audit, Entry, LifecycleEntry};
 use crate::config::AuditConfig;
-use crate::control::metrics::Metrics;
-use crate::pipeline::record::{DnsFacts, End};
+use crate::record::{DnsFacts, End};
 
 /// A DNS question for `host` that no rule allows, from `uid`.
 fn dns_refusal(n: u64, uid: u32, host: &str) -> Record {
@@ -145,7 +144,7 @@ async fn a_flood_is_its_first_record_and_one_count_and_stop_loses_none() {
         refusal_window: Duration::from_secs(10),
         ..cfg(1 << 30, 1)
     };
-    let audit = Audit::open(&path, &c, Arc::new(Metrics::new())).expect("open");
+    let audit = Audit::open(&path, &c, AuditMetrics::unregistered()).expect("open");
     for i in 0..500 {
         let r = dns_refusal(i, 7, &format!("n{i}.flood.test"));
         assert!(audit.write(Entry::Record(Box::new(r))).await);

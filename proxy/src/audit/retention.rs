@@ -156,11 +156,9 @@ mod tests {
     /// archiving that file away lets it rotate again.
     #[tokio::test]
     async fn a_full_log_whose_oldest_file_is_young_refuses_instead_of_deleting_it() {
-        use std::sync::Arc;
-
         use crate::audit::tests::{cfg, request};
         use crate::audit::Audit;
-        use crate::control::metrics::Metrics;
+        use crate::audit::AuditMetrics;
 
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("a.jsonl");
@@ -168,7 +166,7 @@ mod tests {
             retention: DAY,
             ..cfg(64 * 1024, 1)
         };
-        let metrics = Arc::new(Metrics::new());
+        let metrics = AuditMetrics::unregistered();
         let audit = Audit::open(&path, &c, metrics.clone()).expect("open");
         let mut n = 0;
         while audit.ready().is_ok() {
@@ -178,8 +176,8 @@ mod tests {
         }
         let why = audit.ready().expect_err("held");
         assert!(why.contains("audit.retention"), "{why}");
-        assert_eq!(metrics.audit_retention_blocked.get(), 1);
-        assert_eq!(metrics.audit_ready.get(), 0);
+        assert_eq!(metrics.retention_blocked.get(), 1);
+        assert_eq!(metrics.ready.get(), 0);
         // The first record is still there, in the file that was not deleted; records in
         // flight still go to the live file, past its size.
         let first = std::fs::read_to_string(rotated(&path, 1)).expect(".1");
@@ -194,8 +192,8 @@ mod tests {
         std::fs::rename(rotated(&path, 1), &archive).expect("archive");
         tokio::time::sleep(Duration::from_millis(1300)).await;
         assert_eq!(audit.ready(), Ok(()));
-        assert_eq!(metrics.audit_retention_blocked.get(), 0);
-        assert_eq!(metrics.audit_ready.get(), 1);
+        assert_eq!(metrics.retention_blocked.get(), 0);
+        assert_eq!(metrics.ready.get(), 1);
         assert!(rotated(&path, 1).exists(), "rotated");
         assert!(std::fs::metadata(&path).expect("live").len() < 1024);
         let files = [archive, rotated(&path, 1), path.clone()];

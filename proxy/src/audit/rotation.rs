@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::writer::{fsync, open_log};
-use crate::control::metrics::Metrics;
+use super::AuditMetrics;
 
 /// `path.N`.
 pub(crate) fn rotated(path: &Path, n: u32) -> PathBuf {
@@ -95,7 +95,7 @@ pub(super) struct Leftover {
     pub old: File,
     pub expired: Option<File>,
     pub path: PathBuf,
-    pub metrics: Arc<Metrics>,
+    pub metrics: AuditMetrics,
 }
 
 impl Leftover {

@@ -27,7 +27,7 @@ use super::health::Health;
 use super::record::Fields;
 use super::retention;
 use super::rotation::{self, rotated, Leftover, Running};
-use crate::control::metrics::Metrics;
+use super::AuditMetrics;
 
 /// The record format's version, the envelope's `v`. 1: HTTP requests only (`kind:
 /// request` with a `scheme`). 2: every decision of every protocol, one shape
@@ -82,7 +82,7 @@ pub(crate) struct Writer {
     /// When the oldest unsynced write was made.
     dirty_since: Instant,
     dropped: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    metrics: AuditMetrics,
     health: Arc<Health>,
     /// What the last rotation left to do, on its own thread.
     leftover: Option<Running>,
@@ -93,7 +93,7 @@ impl Writer {
         path: &Path,
         rotation: Rotation,
         dropped: Arc<AtomicU64>,
-        metrics: Arc<Metrics>,
+        metrics: AuditMetrics,
         health: Arc<Health>,
     ) -> io::Result<Writer> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -176,13 +176,13 @@ impl Writer {
                         self.dirty = true;
                         self.dirty_since = Instant::now();
                     }
-                    self.metrics.audit_records.inc_by(records);
+                    self.metrics.records.inc_by(records);
                 }
                 Err(e) => {
                     // Nothing of this batch counts: a part written is cut off again so the
                     // chain stays whole at the last record written, and the batch's requests
                     // are not told "written" (their responses fail: fail closed).
-                    self.metrics.audit_write_errors.inc();
+                    self.metrics.write_errors.inc();
                     tracing::error!(path = ?self.path, records, "audit log write failed; those requests' responses are refused: {e}");
                     if let Err(t) = self.file.set_len(self.size) {
                         tracing::error!(path = ?self.path, "audit log: cutting off a partly written batch failed: {t}");
@@ -234,7 +234,7 @@ impl Writer {
                 Some((file, self.path.clone()))
             }
             Err(e) => {
-                self.metrics.audit_write_errors.inc();
+                self.metrics.write_errors.inc();
                 tracing::error!(path = ?self.path, "audit log fsync failed: {e}");
                 None
             }
@@ -284,7 +284,7 @@ impl Writer {
             self.health.retention(None);
         }
         if let Err(e) = self.rotate() {
-            self.metrics.audit_write_errors.inc();
+            self.metrics.write_errors.inc();
             tracing::error!(path = ?self.path, "audit log rotation failed, writing on: {e}");
         }
     }
@@ -327,9 +327,9 @@ impl Writer {
     }
 }
 
-pub(crate) fn fsync(file: &File, path: &Path, metrics: &Metrics) {
+pub(crate) fn fsync(file: &File, path: &Path, metrics: &AuditMetrics) {
     if let Err(e) = file.sync_data() {
-        metrics.audit_write_errors.inc();
+        metrics.write_errors.inc();
         tracing::error!(path = ?path, "audit log fsync failed: {e}");
     }
 }

@@ -26,11 +26,13 @@ use tracing::Instrument;
 use super::budget::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
-use crate::conn::{shards, ConnCtx, Dest, ListenerKind};
-use crate::daemon::memory_release::Open;
-use crate::pipeline::record::{self, Record, RequestId};
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::conn::{ConnCtx, Dest};
+use crate::pipeline::record;
+use crate::pipeline::refusal::Refusal;
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, ListenerKind, Record, RequestId};
+use crate::runtime::memory_release::Open;
+use crate::runtime::shards;
 
 /// Accepts until the listener fails for good. Nothing is reserved while it waits, so an
 /// idle listener costs no slot.

@@ -3,15 +3,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-/// Which listener accepted the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ListenerKind {
-    Transparent,
-    Explicit,
-    /// The agent's DNS stub.
-    Dns,
-}
+use crate::record::ListenerKind;
 
 /// Where the client was headed before we looked inside: the original destination of a
 /// redirected connection (an address), or the authority of a CONNECT / absolute-URI request.

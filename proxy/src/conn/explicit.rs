@@ -22,10 +22,11 @@ use super::watchdog::{serve_until_expired, Activity, Watched};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
-use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId};
-use crate::pipeline::refusal::{self, ErrorCode, Refusal};
+use crate::pipeline::record;
+use crate::pipeline::refusal::{self, Refusal};
 use crate::pipeline::target::split_authority;
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, Protocol, Record, RecordKind, RequestId};
 
 pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
     let base = Arc::new(base);

@@ -12,8 +12,8 @@ use tracing::Instrument;
 
 use super::watchdog::{serve_until_expired, Activity, Watched};
 use crate::control::metrics::ConnProtocol;
-use crate::pipeline::record::{self, Protocol, Record, RequestId};
-use crate::pipeline::refusal::ErrorCode;
+use crate::pipeline::record;
+use crate::record::{ErrorCode, Protocol, Record, RequestId};
 
 use crate::conn::ConnCtx;
 use crate::pipeline;

@@ -19,7 +19,8 @@
 //! `agenshield proxy firewall up` does. `testing.every_uid_is_agent` (tests only) takes every
 //! local uid for an agent user's; the test-suite connects as whoever runs it.
 
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::refusal::Refusal;
+use crate::record::ErrorCode;
 
 /// The users each listener admits, resolved at start.
 #[derive(Debug, Clone, Default)]
@@ -100,7 +101,7 @@ impl Identities {
                 format!(
                     "rule {} binds secrets, which serve agent users only; {who} is not one, and \
                      the rule does not name it in `agents`",
-                    rule.unwrap_or(crate::policy::NO_RULE)
+                    rule.unwrap_or(crate::record::NO_RULE)
                 ),
             )
         })

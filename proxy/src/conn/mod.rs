@@ -18,9 +18,8 @@ mod opaque;
 mod passthrough;
 mod prefixed;
 pub(crate) mod server_tls;
-pub(crate) mod shards;
 mod tls_sessions;
 mod watchdog;
 
 pub(crate) use budget::Budgets;
-pub(crate) use ctx::{ConnCtx, Dest, DestHost, ListenerKind, TlsSide};
+pub(crate) use ctx::{ConnCtx, Dest, DestHost, TlsSide};

@@ -1,7 +1,7 @@
 //! Raw TCP: a connection that is neither TLS nor HTTP (or that is decided before it speaks)
-//! is decided on its destination alone (scheme `tcp`), through the pipeline's decide and
-//! limit steps. Its record is written before the first byte is relayed; a second record
-//! gives the bytes and duration when the relay ends.
+//! is decided on its destination alone (`Policy::decide_tcp`, scheme `tcp`), then goes
+//! through the pipeline's decide outcome and limit steps. Its record is written before the
+//! first byte is relayed; a second record gives the bytes and duration when the relay ends.
 //!
 //! A destination address the DNS stub gave this agent for a name (within that answer's TTL)
 //! is decided by the name: `ssh git@github.com` against a `tcp` rule for `github.com`. The
@@ -18,13 +18,15 @@ use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
-use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
+use crate::upstream::error::UpstreamError;
 use crate::upstream::relay::relay;
 
 /// What the policy says about a connection as raw TCP, decided when it was accepted (and
@@ -148,7 +150,7 @@ fn decide_host(
     };
     match SecretPhase::inspect(&proxy.vault, None, &head) {
         Err(e) => Err(secrets::refusal(&e, None)),
-        Ok(_) => Ok(decide::connection(policy, host, port, agent)),
+        Ok(_) => Ok(policy.decide_tcp(host, port, agent)),
     }
 }
 
@@ -220,7 +222,7 @@ impl Splice<'_> {
         let (upstream, addr) = match proxy.dialer.dial(self.dial, ctx.dest.port).await {
             Ok(dialed) => dialed,
             Err(e) => {
-                let r = crate::upstream::client::dial_refusal(&e);
+                let r = Refusal::from(UpstreamError::from(&e));
                 refuse(proxy, rec, &r, self.started).await;
                 return;
             }

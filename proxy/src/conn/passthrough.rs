@@ -23,9 +23,10 @@ use super::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::limit;
-use crate::pipeline::record::{self, Protocol, Record, RecordKind, RequestId};
+use crate::pipeline::record;
 use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
+use crate::record::{Protocol, Record, RecordKind, RequestId};
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
 /// for; the connection is intercepted as usual, which reads it itself.

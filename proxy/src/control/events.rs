@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::pipeline::record::{Record, RecordKind, Verdict};
-use crate::pipeline::refusal::ErrorCode;
+use crate::record::{ErrorCode, Record, RecordKind, Verdict};
 
 /// Counters for `ctl stats` and `ctl status`.
 #[derive(Debug, Default)]

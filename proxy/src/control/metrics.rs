@@ -8,8 +8,8 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::pipeline::record::{Record, RecordKind};
-use crate::pipeline::refusal::ErrorCode;
+use crate::audit::AuditMetrics;
+use crate::record::{ErrorCode, Record, RecordKind};
 
 const NS: &str = "agenshield_proxy";
 
@@ -71,12 +71,8 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     policy_info: IntGaugeVec,
     pub last_reload: Gauge,
-    pub audit_records: IntCounter,
-    pub audit_dropped: IntCounter,
-    pub audit_write_errors: IntCounter,
-    pub audit_ready: IntGauge,
-    /// 1 while rotation would delete records younger than `audit.retention`.
-    pub audit_retention_blocked: IntGauge,
+    /// The audit log's series (registered by `audit`).
+    pub(crate) audit: AuditMetrics,
     connections_refused: IntCounterVec,
     pub policy_watch_active: IntGauge,
     pub policy_watch_rearms: IntCounter,
@@ -144,13 +140,6 @@ impl Metrics {
                 ),
                 &["result"],
             )
-        );
-        let audit_records = reg!(
-            r,
-            IntCounter::with_opts(opts(
-                "audit_records_total",
-                "Audit records written to the log."
-            ))
         );
         let build = reg!(
             r,
@@ -302,39 +291,7 @@ impl Metrics {
                     "When the policy in force was loaded (Unix time)."
                 ))
             ),
-            audit_dropped: reg!(
-                r,
-                IntCounter::with_opts(opts(
-                    "audit_dropped_total",
-                    "Audit records of allowed requests not written because the queue was full \
-                     (denials are never dropped: they wait)."
-                ))
-            ),
-            audit_write_errors: reg!(
-                r,
-                IntCounter::with_opts(opts(
-                    "audit_write_errors_total",
-                    "Failed writes to the audit log."
-                ))
-            ),
-            audit_records,
-            audit_ready: reg!(
-                r,
-                IntGauge::with_opts(opts(
-                    "audit_ready",
-                    "1 while the audit log can take records; 0 after a failed write or with \
-                     under 1 MiB free (requests are then refused, 503 audit_unavailable)."
-                ))
-            ),
-            audit_retention_blocked: reg!(
-                r,
-                IntGauge::with_opts(opts(
-                    "audit_retention_blocked",
-                    "1 while the audit log is full and rotating it would delete records younger \
-                     than audit.retention: requests are refused (503 audit_unavailable) until \
-                     the oldest file ages or is archived away. An alarm."
-                ))
-            ),
+            audit: AuditMetrics::register(&r, NS),
             connections_refused: reg!(
                 r,
                 IntCounterVec::new(
@@ -414,7 +371,7 @@ impl Metrics {
         // A fresh daemon has decided nothing yet: one zero series per family (the default
         // deny of a host no rule names, over HTTP/1.1) keeps every request panel at 0.
         m.requests
-            .with_label_values(&["deny", crate::policy::NO_RULE, "other", "h1"]);
+            .with_label_values(&["deny", crate::record::NO_RULE, "other", "h1"]);
         for decision in ["allow", "deny"] {
             m.request_duration.with_label_values(&[decision]);
         }
@@ -464,7 +421,7 @@ impl Metrics {
             return;
         }
         let decision = r.decision.as_str();
-        let rule = r.rule.as_deref().unwrap_or(crate::policy::NO_RULE);
+        let rule = r.rule.as_deref().unwrap_or(crate::record::NO_RULE);
         self.requests
             .with_label_values(&[decision, rule, host, r.protocol.as_str()])
             .inc();

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::pipeline::decide;
 use crate::policy::{Action, Policy, RequestFacts, Scheme};
 
 /// What a tunnel was allowed as, to decide it again.
@@ -43,9 +42,7 @@ impl TunnelFacts {
     /// tunnel already open.
     fn allowed(&self, policy: &Policy) -> bool {
         let d = match self {
-            TunnelFacts::Tcp { host, port, agent } => {
-                decide::connection(policy, host, *port, *agent)
-            }
+            TunnelFacts::Tcp { host, port, agent } => policy.decide_tcp(host, *port, *agent),
             TunnelFacts::Passthrough { host, port, agent } => {
                 return policy
                     .decide_passthrough(host, *port, *agent)

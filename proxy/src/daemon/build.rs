@@ -33,7 +33,7 @@ pub(super) async fn build_proxy(
 ) -> anyhow::Result<Proxy> {
     let audit = match &cfg.audit_path {
         Some(path) => Some(
-            Audit::open(path, &cfg.audit, metrics.clone())
+            Audit::open(path, &cfg.audit, metrics.audit.clone())
                 .with_context(|| format!("opening the audit log {}", path.display()))?,
         ),
         None => {

@@ -6,7 +6,6 @@
 pub(crate) mod build;
 pub mod firewall;
 pub mod listeners;
-pub mod memory_release;
 pub mod orig_broker;
 pub mod privsep;
 pub mod readiness;
@@ -134,7 +133,7 @@ pub async fn serve(
     );
     let (transparent, transparent_addrs) = (listeners.transparent, listeners.transparent_addrs);
     let (explicit, explicit_addr) = (listeners.explicit, listeners.explicit_addr);
-    crate::conn::shards::start();
+    crate::runtime::shards::start();
     let mut tasks = tokio::task::JoinSet::new();
     for l in transparent {
         tasks.spawn(accept::transparent(
@@ -175,7 +174,7 @@ pub async fn serve(
         admin_auth(&cfg),
     ));
     tasks.spawn(admin::serve(admin_listener, admin));
-    tokio::spawn(memory_release::watch());
+    tokio::spawn(crate::runtime::memory_release::watch());
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.
     if let Err(e) = watch_policies(proxy.clone()).await {
         tracing::warn!(

@@ -6,8 +6,9 @@
 
 use hickory_resolver::proto::rr::rdata::opt::EdnsOption;
 
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::refusal::Refusal;
 use crate::policy::DEFAULT_RULE;
+use crate::record::ErrorCode;
 
 /// The EDNS option code of an Extended DNS Error.
 pub(crate) const OPTION_CODE: u16 = 15;

@@ -14,9 +14,10 @@ use hickory_resolver::proto::serialize::binary::{BinDecodable, BinDecoder};
 use super::answer::{answer, Outcome};
 use super::ede::ExtendedError;
 use super::record;
-use crate::pipeline::refusal::{ErrorCode, Refusal};
+use crate::pipeline::refusal::Refusal;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
+use crate::record::ErrorCode;
 
 /// The largest UDP answer we send (RFC 9715's advice for EDNS: no IP fragmentation).
 const MAX_UDP_PAYLOAD: u16 = 1232;

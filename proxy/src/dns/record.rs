@@ -16,9 +16,10 @@ use hickory_resolver::proto::op::{Query, ResponseCode};
 use super::answer::Outcome;
 use super::message::{Asked, Asker};
 use super::names::{MAX_TTL, MIN_TTL};
-use crate::conn::{ConnCtx, Dest, ListenerKind};
-use crate::pipeline::record::{self, DnsFacts, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::conn::{ConnCtx, Dest};
+use crate::pipeline::record;
 use crate::proxy::Proxy;
+use crate::record::{DnsFacts, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict};
 
 /// Records `outcome` (or counts it only, for an answer recorded lately). `false`: the audit
 /// log could not take a record that was due, and the answer must not be sent.

@@ -28,8 +28,9 @@ use tracing::Instrument;
 use super::message::{respond, Asker};
 use super::{Crowded, MAX_UNATTRIBUTED};
 use crate::conn::accept::{admit, agent_uid};
-use crate::conn::{ConnCtx, Dest, ListenerKind};
+use crate::conn::{ConnCtx, Dest};
 use crate::proxy::Proxy;
+use crate::record::ListenerKind;
 
 /// A TCP connection that asks nothing for this long is closed.
 const TCP_IDLE: Duration = Duration::from_secs(10);

@@ -5,12 +5,12 @@
 
 use http::Request;
 
-use super::record::Verdict;
-use super::refusal::{ErrorCode, Refusal};
+use super::refusal::Refusal;
 use super::RequestCtx;
 use crate::control::approvals::{AskOutcome, PendingRequest};
-use crate::policy::{Action, Decision, Policy, RequestFacts, Scheme};
+use crate::policy::{Action, Decision, RequestFacts};
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, Verdict};
 
 /// Decides an HTTP request; on `Ok`, `ctx.verdict` says whether it was allowed outright or
 /// approved by an operator.
@@ -40,7 +40,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
             .current()
             .redact(&decision.explanation)
             .into_owned();
-        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or(crate::policy::NO_RULE), "report mode: would deny: {why}");
+        tracing::warn!(host = %target.host, rule = decision.rule_id.as_deref().unwrap_or(crate::record::NO_RULE), "report mode: would deny: {why}");
     }
     let action = decision.action;
     ctx.decision = Some(decision);
@@ -82,20 +82,7 @@ pub(super) async fn request<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
     Ok(())
 }
 
-/// Decides a raw TCP connection to `host:port` (scheme `tcp`, no method or path, so rules
-/// constrained by method or path never match it).
-pub(crate) fn connection(policy: &Policy, host: &str, port: u16, agent: Option<u32>) -> Decision {
-    policy.decide(&RequestFacts {
-        host,
-        port,
-        scheme: Scheme::Tcp,
-        method: None,
-        path: None,
-        agent,
-    })
-}
-
-/// What a raw TCP decision means once the connection is taken as raw TCP: go on, or the
+/// What a raw TCP decision (`Policy::decide_tcp`) means once the connection is taken as raw TCP: go on, or the
 /// refusal (`ask` refuses: a byte stream cannot be held for an operator). `shown`: the host
 /// as logs may show it (redacted).
 pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result<(), Refusal> {
@@ -103,7 +90,7 @@ pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result
         tracing::warn!(
             host = shown,
             port,
-            rule = d.rule_id.as_deref().unwrap_or(crate::policy::NO_RULE),
+            rule = d.rule_id.as_deref().unwrap_or(crate::record::NO_RULE),
             "report mode: would deny raw TCP: {}",
             d.explanation
         );

@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use http::{Request, Response};
 
-use super::record::{self, Record};
-use super::refusal::{ErrorCode, Refusal};
+use super::record;
+use super::refusal::Refusal;
 use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
+use crate::record::{ErrorCode, Record};
 use crate::secrets::websocket::FrameGuard;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
@@ -53,7 +54,7 @@ pub(super) async fn send(
             // The body guard stopped the upload: that, not the aborted stream, is the reason.
             match ctx.secrets.as_ref().and_then(|p| p.body_refusal()) {
                 Some(e) => secrets::refused(ctx, e),
-                None => r,
+                None => Refusal::from(r),
             }
         })?;
     let resp = match forwarded {

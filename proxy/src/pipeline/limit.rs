@@ -4,11 +4,12 @@
 //! agent that exhausts a limit does not refuse another. A refusal is a 429 with
 //! `Retry-After`.
 
-use super::refusal::{ErrorCode, Refusal};
+use super::refusal::Refusal;
 use super::RequestCtx;
 use crate::policy::Decision;
 use crate::proxy::Proxy;
 use crate::ratelimit::{AgentKey, ConcurrencyPermit, LimitKey, Limited};
+use crate::record::ErrorCode;
 
 pub(super) fn check(ctx: &mut RequestCtx) -> Result<(), Refusal> {
     let decision = ctx.decision.as_ref().expect("the decide phase ran");

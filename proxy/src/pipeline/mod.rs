@@ -5,7 +5,7 @@
 //! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
 //! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
 //! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
-//! `ctl tail` event, the audit entry and the metrics, from one [`record::Record`]).
+//! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
 //! [`refusal::Refusal`]; whatever happened, `record` runs once (if the client goes away
@@ -33,10 +33,10 @@ use crate::conn::ConnCtx;
 use crate::policy::{Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::record::{Record, RequestId, Verdict};
 use crate::secrets::phase::SecretPhase;
-use record::{RequestId, Verdict};
+use crate::upstream::target::Target;
 use refusal::Refusal;
-use target::Target;
 
 /// What one request carries through the phases; `record` turns it into the record.
 pub(crate) struct RequestCtx {
@@ -70,7 +70,7 @@ pub(crate) struct RequestCtx {
     pub bytes_up: Arc<AtomicU64>,
     /// Filled in by `forward` for an upgrade: the relay waits for the 101's record, then
     /// writes its close record.
-    pub on_recorded: Option<tokio::sync::oneshot::Sender<record::Record>>,
+    pub on_recorded: Option<tokio::sync::oneshot::Sender<Record>>,
     /// The record phase has taken the request; until then, dropping the context (the
     /// client went away mid-pipeline) records it as abandoned.
     pub recorded: bool,

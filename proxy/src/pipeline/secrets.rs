@@ -7,11 +7,12 @@ use http::Request;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::refusal::{ErrorCode, Refusal};
+use super::refusal::Refusal;
 use super::RequestCtx;
 use crate::body::counted::CountedBody;
 use crate::body::ProxyBody;
 use crate::policy::Scheme;
+use crate::record::ErrorCode;
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::secrets::{SecretRefusal, Violation};
 

@@ -7,11 +7,13 @@
 
 use http::{header, Request};
 
-use super::refusal::{ErrorCode, Refusal};
+use super::refusal::Refusal;
 use super::RequestCtx;
 use crate::conn::{ConnCtx, DestHost};
 use crate::policy::{normalize_host, normalize_path, Scheme};
+use crate::record::ErrorCode;
 use crate::upstream::client::upgrade_allowed;
+use crate::upstream::target::Target;
 
 /// Finds the target and normalizes the path (`ctx.path` becomes the form sent upstream).
 pub(super) fn find<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
@@ -66,45 +68,6 @@ fn head_size<B>(req: &Request<B>) -> usize {
         .map(|(n, v)| n.as_str().len() + v.len() + per_field)
         .sum::<usize>()
         + line
-}
-
-/// The upstream a request will be forwarded to, as policy sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Target {
-    pub scheme: Scheme,
-    /// Normalized: lowercase, no trailing dot, IPv6 without brackets.
-    pub host: String,
-    pub port: u16,
-}
-
-impl Target {
-    /// `host[:port]` for a URI, the port omitted when it is the scheme's default.
-    pub(crate) fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        if self.port == default_port(self.scheme) {
-            host
-        } else {
-            format!("{host}:{}", self.port)
-        }
-    }
-
-    pub(crate) fn scheme_str(&self) -> &'static str {
-        match self.scheme {
-            Scheme::Https => "https",
-            _ => "http",
-        }
-    }
-}
-
-pub(crate) fn default_port(scheme: Scheme) -> u16 {
-    match scheme {
-        Scheme::Https => 443,
-        _ => 80,
-    }
 }
 
 fn mismatch(msg: String) -> Refusal {
@@ -194,7 +157,8 @@ pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Dest, ListenerKind, TlsSide};
+    use crate::conn::{Dest, TlsSide};
+    use crate::record::ListenerKind;
 
     fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
         ConnCtx {

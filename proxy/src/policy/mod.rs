@@ -28,6 +28,7 @@ mod pattern;
 mod rate;
 mod rule;
 mod sigv4_scope;
+mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, Sigv4Scope, ISSUES_CREDENTIALS};
 
 /// Name patterns for a `sigv4` scope built in code.
@@ -45,10 +46,6 @@ use serde::Deserialize;
 /// How the policy's `default` is named wherever a rule id would be shown (records, metrics,
 /// logs, tail); no rule may take the name.
 pub const DEFAULT_RULE: &str = "default";
-
-/// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
-/// handshake): in logs, metrics and tail. The audit log writes `null`.
-pub const NO_RULE: &str = "-";
 
 /// The name a decision carries when the policy's default decided: [`DEFAULT_RULE`], shared.
 pub(crate) fn default_rule_id() -> Arc<str> {

@@ -33,7 +33,8 @@ use super::scan::SecretRefusal;
 use super::set::SecretSet;
 use super::swap::{BodySwap, Swapper};
 use crate::policy::SecretBindings;
-use crate::upstream::relay::{supervise, Activity, End, Relayed, Watched};
+use crate::record::End;
+use crate::upstream::relay::{supervise, Activity, Relayed, Watched};
 
 /// The longest message relayed (after reassembly); also the longest frame.
 pub(crate) const MAX_MESSAGE: usize = 16 << 20;

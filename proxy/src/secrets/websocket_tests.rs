@@ -15,9 +15,9 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::{FrameGuard, GuardedRelay};
 use crate::policy::SwapPlaces;
+use crate::record::End;
 use crate::secrets::scan::tests::binds;
 use crate::secrets::scan::Violation;
-use crate::upstream::relay::End;
 
 const GH: &str = "ghp_GITHUB_456789";
 const OTHER: &str = "sk-OTHER-99887766";

@@ -1,7 +1,7 @@
 //! Forwarding an allowed request upstream through the pool (`pool.rs`: verified rustls, our
 //! dialer, shared HTTP/2), streaming bodies both ways: the request's URI and Host rebuilt from
 //! the checked target, hop-by-hop headers dropped both ways, upgrades handed back to the
-//! pipeline, failures turned into what the agent is told.
+//! pipeline, failures turned into what the agent is told (an `UpstreamError`).
 
 use std::sync::Arc;
 
@@ -11,11 +11,11 @@ use hyper_util::rt::TokioIo;
 
 use crate::body::{self, ProxyBody};
 use crate::config::Limits;
-use crate::pipeline::refusal::{ErrorCode, Refusal};
-use crate::pipeline::target::Target;
 use crate::policy::Scheme;
 use crate::upstream::dial::{DialError, Dialer};
+use crate::upstream::error::UpstreamError;
 use crate::upstream::pool::{Key, Pool, PoolError};
+use crate::upstream::target::Target;
 
 /// Forwards checked requests to their upstreams through the pool.
 #[derive(Clone)]
@@ -43,7 +43,7 @@ impl Forwarder {
         path_and_query: &str,
         mut req: Request<ProxyBody>,
         upgrade: bool,
-    ) -> Result<Forwarded, Refusal> {
+    ) -> Result<Forwarded, UpstreamError> {
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let uri: http::Uri = format!(
             "{}://{}{}",
@@ -52,12 +52,7 @@ impl Forwarder {
             path_and_query
         )
         .parse()
-        .map_err(|e| {
-            Refusal::new(
-                ErrorCode::BadRequest,
-                format!("invalid request target: {e}"),
-            )
-        })?;
+        .map_err(UpstreamError::BadTarget)?;
 
         let (mut parts, req_body) = req.into_parts();
         let upgrade_proto = parts.headers.get(header::UPGRADE).cloned();
@@ -78,20 +73,17 @@ impl Forwarder {
             tls: target.scheme == Scheme::Https,
             host: target.host.as_str().into(),
             port: target.port,
-            shard: crate::conn::shards::current(),
+            shard: crate::runtime::shards::current(),
         };
         let mut resp = self
             .pool
             .send(&key, out, upgrade)
             .await
-            .map_err(|e| refusal_for(target, &e))?;
+            .map_err(|e| failure(target, &e))?;
 
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             let Some(client) = client_upgrade else {
-                return Err(Refusal::new(
-                    ErrorCode::UpstreamError,
-                    "upstream switched protocols without being asked",
-                ));
+                return Err(UpstreamError::UnaskedSwitch);
             };
             let upstream = hyper::upgrade::on(&mut resp);
             let (parts, _) = resp.into_parts();
@@ -212,10 +204,10 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 /// Turns a client error into what the agent is told. The cause is found by walking the
 /// error chain (io::Error hides its payload from `source()`, so look inside it too).
-fn refusal_for(target: &Target, err: &PoolError) -> Refusal {
+fn failure(target: &Target, err: &PoolError) -> UpstreamError {
     // `Dial` is transparent: its `source()` skips the dial error itself.
     if let PoolError::Dial(d) = err {
-        return dial_refusal(d);
+        return UpstreamError::from(d);
     }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
@@ -233,7 +225,7 @@ fn refusal_for(target: &Target, err: &PoolError) -> Refusal {
         message.push_str("; ");
         message.push_str(&hint);
     }
-    Refusal::new(ErrorCode::UpstreamError, message)
+    UpstreamError::Failed(message)
 }
 
 /// A failure that looks like the wrong protocol for the port: TLS that the upstream cut off
@@ -266,19 +258,9 @@ fn wrong_protocol(target: &Target, err: &PoolError) -> Option<String> {
     }
 }
 
-/// What the agent is told when a dial fails.
-pub(crate) fn dial_refusal(d: &DialError) -> Refusal {
-    let code = match d {
-        DialError::Forbidden { .. } => ErrorCode::DestinationForbidden,
-        DialError::Resolve(_) => ErrorCode::UpstreamDns,
-        _ => ErrorCode::UpstreamConnect,
-    };
-    Refusal::new(code, d.to_string())
-}
-
-fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
+fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Option<UpstreamError> {
     if let Some(d) = e.downcast_ref::<DialError>() {
-        return Some(dial_refusal(d));
+        return Some(UpstreamError::from(d));
     }
     if let Some(t) = e.downcast_ref::<rustls::Error>() {
         let message = match t {
@@ -294,7 +276,7 @@ fn classify_cause(target: &Target, e: &(dyn std::error::Error + 'static)) -> Opt
                 target.authority()
             ),
         };
-        return Some(Refusal::new(ErrorCode::UpstreamTls, message));
+        return Some(UpstreamError::Tls(message));
     }
     if let Some(io) = e.downcast_ref::<std::io::Error>() {
         if let Some(inner) = io.get_ref() {

@@ -11,34 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// How a tunnel ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum End {
-    /// One side closed.
-    Closed,
-    /// Nothing moved either way for the idle timeout.
-    IdleTimeout,
-    /// A read or write failed (a reset, say).
-    Error,
-    /// A policy change no longer allows it.
-    Revoked,
-    /// The secret guard refused a WebSocket message and closed the connection.
-    Refused,
-}
-
-impl End {
-    /// The audit log's spelling.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            End::Closed => "closed",
-            End::IdleTimeout => "idle_timeout",
-            End::Error => "error",
-            End::Revoked => "revoked",
-            End::Refused => "refused",
-        }
-    }
-}
+use crate::record::End;
 
 /// What a relay moved, and how it ended.
 #[derive(Debug)]

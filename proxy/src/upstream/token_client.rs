@@ -12,9 +12,9 @@ use zeroize::Zeroizing;
 
 use super::client::{Forwarded, Forwarder};
 use crate::body;
-use crate::pipeline::target::Target;
 use crate::policy::Scheme;
 use crate::secrets::oauth::{TokenClient, MAX_RESPONSE};
+use crate::upstream::target::Target;
 
 impl TokenClient for Forwarder {
     fn post_form<'a>(
@@ -52,7 +52,7 @@ impl TokenClient for Forwarder {
                     Ok(Forwarded::Upgraded(..)) => {
                         return Err("the token endpoint switched protocols".to_string())
                     }
-                    Err(r) => return Err(r.message),
+                    Err(e) => return Err(e.to_string()),
                 };
                 let status = resp.status();
                 let mut body = resp.into_body();

@@ -132,7 +132,7 @@ fn learnable(r: &serde_json::Value) -> bool {
 fn denied_by_rule(r: &serde_json::Value) -> Option<&str> {
     r["rule"]
         .as_str()
-        .filter(|rule| *rule != crate::policy::DEFAULT_RULE && *rule != crate::policy::NO_RULE)
+        .filter(|rule| *rule != crate::policy::DEFAULT_RULE && *rule != crate::record::NO_RULE)
 }
 
 /// Not a file the daemon would load: not in the policy directory, not already there.

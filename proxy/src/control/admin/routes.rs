@@ -14,7 +14,7 @@ use super::Admin;
 use crate::body::{full, ProxyBody};
 use crate::control::events::SharedEvent;
 use crate::control::policy_check::check;
-use crate::pipeline::record::{Record, Verdict};
+use crate::record::{Record, Verdict};
 
 pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
     let mut body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());

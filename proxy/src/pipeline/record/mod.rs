@@ -1,15 +1,13 @@
 //! The record phase: every decision becomes one [`Record`], and everything an operator or a
 //! reviewer sees of it is derived from that record:
 //!
-//! - at the decision: the log line (`log.rs`) and the `ctl tail` event;
+//! - at the decision: the log line (`record::log`) and the `ctl tail` event;
 //! - once the outcome is known: the metrics and the audit entry. A request's record is in the
 //!   audit file before the last byte of its response reaches the agent (`held_body.rs`); a
 //!   tunnel's decision is in it before the first byte is relayed; its close record follows
 //!   when the relay ends.
 
-mod format;
 mod held_body;
-mod log;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,12 +16,9 @@ use std::time::Instant;
 use http::Response;
 use http_body_util::BodyExt;
 
-#[cfg(test)]
-pub(crate) use format::End;
-pub(crate) use format::{DnsFacts, Protocol, Record, RecordKind, RequestId, Verdict};
 use held_body::FinishedBody;
 
-use super::refusal::{self, ErrorCode, Refusal};
+use super::refusal::{self, Refusal};
 use super::RequestCtx;
 use crate::audit::Entry;
 use crate::body::ready::{take_ready, Ready};
@@ -31,6 +26,7 @@ use crate::body::ProxyBody;
 use crate::conn::ConnCtx;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
+use crate::record::{log, ErrorCode, Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::secrets::websocket::GuardedRelay;
 use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;

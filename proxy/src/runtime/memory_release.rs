@@ -99,7 +99,7 @@ pub(crate) async fn watch() {
         );
         // The connection threads and the main runtime's other workers are woken to park
         // again (and so release); this one does when this task yields.
-        crate::conn::shards::wake_all();
+        super::shards::wake_all();
         for _ in 0..tokio::runtime::Handle::current().metrics().num_workers() {
             tokio::spawn(async {});
         }

@@ -1,16 +1,29 @@
-//! The record of one decision: the single shape from which the log line, the `ctl tail`
-//! event, the audit entry and the metrics are all derived (`docs/audit.md` documents it, and
-//! `docs/audit.schema.json` pins it). Outcomes are enums here; they become strings only when
-//! a record is serialised or labelled.
+//! The vocabulary every layer speaks: the record of one decision, the single shape from which
+//! the log line, the `ctl tail` event, the audit entry and the metrics are all derived
+//! (`docs/audit.md` documents it, and `docs/audit.schema.json` pins it), with its kinds,
+//! verdicts and error codes. Outcomes are enums here; they become strings only when a record
+//! is serialised or labelled.
+//!
+//! The bottom of the crate: this module imports nothing else from it, so every layer (the
+//! engines, the data path, control) can import it without an import pointing up.
+
+mod end;
+mod error_code;
+mod listener;
+pub(crate) mod log;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
-use crate::conn::ListenerKind;
-use crate::pipeline::refusal::ErrorCode;
-pub(crate) use crate::upstream::relay::End;
+pub(crate) use end::End;
+pub(crate) use error_code::ErrorCode;
+pub(crate) use listener::ListenerKind;
+
+/// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
+/// handshake): in logs, metrics and tail. The audit log writes `null`.
+pub(crate) const NO_RULE: &str = "-";
 
 /// What a record is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -48,7 +48,7 @@ fn shards() -> &'static Shards {
                     .spawn(move || {
                         let rt = match tokio::runtime::Builder::new_current_thread()
                             .enable_all()
-                            .on_thread_park(crate::daemon::memory_release::on_park)
+                            .on_thread_park(super::memory_release::on_park)
                             .build()
                         {
                             Ok(rt) => rt,

@@ -4,10 +4,9 @@
 
 use tracing::Level;
 
-use super::{Protocol, Record, RecordKind};
-use crate::pipeline::refusal::ErrorCode;
+use super::{End, ErrorCode, Protocol, Record, RecordKind, NO_RULE};
 
-pub(super) fn line(r: &Record) {
+pub(crate) fn line(r: &Record) {
     let quiet = r.decision.is_allowed() && r.error_code.is_none();
     if quiet {
         emit(Level::DEBUG, r);
@@ -29,7 +28,7 @@ fn emit(level: Level, r: &Record) {
                 port = r.port,
                 path = r.path.as_deref().unwrap_or("-"),
                 decision = r.decision.as_str(),
-                rule = r.rule.as_deref().unwrap_or(crate::policy::NO_RULE),
+                rule = r.rule.as_deref().unwrap_or(NO_RULE),
                 status = r.status.unwrap_or(0),
                 upstream = %r.upstream.map_or_else(|| "-".to_string(), |a| a.to_string()),
                 error_code = r.error_code.map_or("-", ErrorCode::as_str),
@@ -40,7 +39,7 @@ fn emit(level: Level, r: &Record) {
                 },
                 bytes_up = r.bytes_up,
                 bytes_down = r.bytes_down,
-                ms = super::format::rounded_ms(r.ms),
+                ms = super::rounded_ms(r.ms),
                 "{}",
                 summary(r)
             )
@@ -58,7 +57,7 @@ fn summary(r: &Record) -> String {
     match (r.kind, r.protocol, r.error_code) {
         (RecordKind::Close, _, _) => format!(
             "tunnel closed ({})",
-            r.end.map_or("-", crate::upstream::relay::End::as_str)
+            r.end.map_or("-", End::as_str)
         ),
         (_, Protocol::Tls, Some(ErrorCode::ClientRejectedCa)) => format!(
             "the client rejected the AgenShield CA for {}: this tool does not trust the CA ({reason})",
