@@ -5,11 +5,13 @@
 //!   TLS, serve HTTP, or relay raw TCP;
 //! - `pipeline`: one request through its phases: target → decide → secrets → limit →
 //!   forward → record (+ the refusal the agent sees);
+//! - `dns`: the agent's DNS stub (names decided by policy, synthetic answers);
 //! - `upstream`: resolve, guard, dial, verified TLS, pooled clients, relays;
 //! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
 //! - `control`: admin API, decision feed, approvals, policy store and watcher, metrics;
 //! - `daemon`: `proxy run`, the privilege split, the firewall glue;
-//! - `cmd`: `ctl`, `install`, `firewall`, `exec`;
+//! - `cmd`: `ctl`, `install`, `firewall`, `exec`, `doctor`, `trust`; `logging`, `log_filter`:
+//!   the process's log output;
 //! - beneath them all, importing nothing else from the crate: `record` (the vocabulary every
 //!   layer speaks: the record of a decision, its verdicts and error codes, the log line) and
 //!   `runtime` (the shards connections are served on, memory back to the OS after a burst).

@@ -1,8 +1,15 @@
 //! One client connection, from accept to the protocol that serves it:
-//! `accept` (original destination, peer uid, one tracing span; `identity`: who may use
-//! which listener) → `dispatch` (classify the
-//! first bytes) → `intercept` (TLS with a minted leaf, `server_tls`) → `http` (hyper) into the
-//! request pipeline; or `opaque` (raw TCP); `explicit` is the CONNECT / absolute-URI listener.
+//!
+//! - `accept`: the listeners' accept loops, the original destination, the peer uid, one
+//!   tracing span per connection, and admission: `identity` (who may use which listener),
+//!   `budget` (connections per agent); `ctx` holds what is known of the connection.
+//! - `dispatch`: `classify` reads the first bytes (ClientHello, HTTP, or other; `prefixed`
+//!   replays them to whoever serves the connection), then hands it to `intercept` (TLS with a
+//!   minted leaf: `server_tls`, resumption in `tls_sessions`), `passthrough` (TLS spliced
+//!   untouched where a rule says so) or `opaque` (raw TCP).
+//! - `http`: hyper's server into the request pipeline, with `watchdog` (idle and slow-head
+//!   limits) and `h2_own_431` (the 431s h2 sends by itself, recorded).
+//! - `explicit`: the CONNECT / absolute-URI listener.
 
 pub(crate) mod accept;
 mod budget;

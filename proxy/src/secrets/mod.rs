@@ -4,7 +4,17 @@
 //!   where they live at rest.
 //! * `placeholder`: what the agent holds instead (`agenshield:secret:NAME`).
 //! * `matcher`, `stream`: one automaton over every value and placeholder, applied to whole
-//!   texts and across body chunks.
+//!   texts and across body chunks; `set`: the secrets loaded now, with that automaton;
+//!   `vault`: the store, the set swapped in on change, use times and fetched values.
+//! * `provider`, `command`, `oauth`: secrets the daemon fetches (a command's output, an
+//!   OAuth2 client-credentials token) rather than holds.
+//! * `phase`: the pipeline's secret phases for one request; `scan` (the head) and
+//!   `scan_body`, `swap` (the body, as it streams) are the leak guard and the placeholder
+//!   swap; `inject`: what a rule's `inject` entries set; `websocket`: the same per message.
+//! * `redact`: values never reach the agent in a response; `aws_fields`: credentials an AWS
+//!   response hands out, redacted.
+//! * `sigv4`, `aws_chunked`: AWS Signature V4 made again with keys the agent never holds, for
+//!   a whole body or chunk by chunk.
 
 pub(crate) mod aws_chunked;
 pub(crate) mod aws_fields;
