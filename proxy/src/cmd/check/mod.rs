@@ -133,13 +133,10 @@ pub fn check(cfg: &Config) -> Report {
     });
     // What the one who starts does (a split daemon's supervisor): seed, bind, redirect.
     let seeds = crate::daemon::seeds_default_policy(cfg);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match check_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            parts.push(part("runtime", Verdict::Failed, e.to_string()));
+        Err(failed) => {
+            parts.push(failed);
             return finish(cfg, parts);
         }
     };
@@ -160,13 +157,10 @@ pub fn check(cfg: &Config) -> Report {
             return finish(cfg, parts);
         }
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match check_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            parts.push(part("runtime", Verdict::Failed, e.to_string()));
+        Err(failed) => {
+            parts.push(failed);
             return finish(cfg, parts);
         }
     };
@@ -238,4 +232,13 @@ fn creatable(path: &Path) -> Result<(), String> {
         nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
     )
     .map_err(|e| format!("cannot be created in {}: {e}", existing.display()))
+}
+
+/// A current-thread runtime for the checks that do I/O (one before the privilege drop, one
+/// after it: no runtime thread may outlive the drop), or the part that says why not.
+fn check_runtime() -> Result<tokio::runtime::Runtime, Part> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| part("runtime", Verdict::Failed, e.to_string()))
 }
