@@ -5,19 +5,18 @@ use std::sync::Arc;
 
 use agenshield_certs::LeafCache;
 
-use crate::audit::{Audit, Entry, ReloadEntry, ReloadResult};
+use crate::approvals::Approvals;
+use crate::audit::Audit;
 use crate::config::Limits;
 use crate::conn::identity::Identities;
 use crate::conn::server_tls::InterceptTls;
 use crate::conn::Budgets;
-use crate::control::approvals::Approvals;
-use crate::control::events::Events;
-use crate::control::metrics::Metrics;
-use crate::control::policy_store::PolicyStore;
-use crate::control::tunnels::Tunnels;
-use crate::policy::Policy;
+use crate::events::Events;
+use crate::metrics::Metrics;
+use crate::policy::{Policy, PolicyStore};
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
 use crate::secrets::Vault;
+use crate::tunnels::Tunnels;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
 
@@ -72,6 +71,8 @@ pub(crate) struct ProxyParts {
     pub identities: Identities,
     /// `dns.denied`: what the DNS stub answers for a name no rule allows.
     pub denied_names: crate::config::DeniedAnswer,
+    /// The DNS stub's series.
+    pub dns_metrics: crate::dns::DnsMetrics,
 }
 
 impl Proxy {
@@ -96,7 +97,7 @@ impl Proxy {
             budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
-            dns: crate::dns::DnsState::new(p.denied_names),
+            dns: crate::dns::DnsState::new(p.denied_names, p.dns_metrics),
             identities: p.identities,
             next_conn: AtomicU64::new(1),
         }
@@ -105,59 +106,6 @@ impl Proxy {
     /// The policy in force now. A request keeps the one it started with.
     pub(crate) fn policy(&self) -> Arc<Policy> {
         self.policies.current()
-    }
-
-    /// Reloads the policy directory, logging and counting the outcome.
-    pub(crate) fn reload(&self, why: &str) -> Result<Arc<Policy>, String> {
-        let counters = &self.events.counters;
-        let result = self.policies.reload();
-        let (outcome, error) = match &result {
-            Ok(_) => (ReloadResult::Ok, None),
-            Err(e) => (ReloadResult::Error, Some(e.clone())),
-        };
-        self.metrics
-            .reloads
-            .with_label_values(&[outcome.as_str()])
-            .inc();
-        let now = self.policy();
-        if result.is_ok() {
-            self.metrics.set_policy(now.hash());
-        }
-        if let Some(audit) = &self.audit {
-            audit.write_detached(Entry::Reload(ReloadEntry {
-                result: outcome,
-                trigger: why.to_string(),
-                policy: now.hash().to_string(),
-                rules: result.as_ref().ok().map(|p| p.rule_count()),
-                error,
-            }));
-        }
-        match result {
-            Ok(p) => {
-                counters.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                let closed = self.tunnels.revise(&p);
-                if closed > 0 {
-                    tracing::info!(
-                        closed,
-                        "the new policy no longer allows {closed} open tunnel(s): closing them"
-                    );
-                }
-                tracing::info!(
-                    hash = p.hash(),
-                    rules = p.rule_count(),
-                    "policy reloaded ({why})"
-                );
-                Ok(p)
-            }
-            Err(e) => {
-                counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    "policy reload ({why}) failed, keeping {}: {e}",
-                    self.policy().hash()
-                );
-                Err(e)
-            }
-        }
     }
 
     pub(crate) fn next_conn_id(&self) -> u64 {

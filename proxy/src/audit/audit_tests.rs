@@ -143,7 +143,7 @@ fn the_record_format_matches_the_golden_file() {
     }
     let reload = Entry::Reload(ReloadEntry {
         result: ReloadResult::Error,
-        trigger: "file change".into(),
+        trigger: ReloadTrigger::FileChange,
         policy: "sha256:3f2a9c1d0b7e4a51".into(),
         rules: None,
         error: Some("policies/main.toml:3: unknown key \"hots\"".into()),

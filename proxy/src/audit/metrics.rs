@@ -1,5 +1,5 @@
 //! The audit log's own series, registered into the registry it is handed (the daemon's, in
-//! `control::metrics`), so the audit log owns its counters and no constructor elsewhere has
+//! `metrics`), so the audit log owns its counters and no constructor elsewhere has
 //! to know them.
 
 use prometheus::{IntCounter, IntGauge, Opts, Registry};

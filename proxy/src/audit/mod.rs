@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use health::Health;
 pub(crate) use metrics::AuditMetrics;
-pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult};
+pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult, ReloadTrigger};
 use repeats::{Noted, Repeats};
 pub(crate) use writer::{preflight, Head};
 use writer::{Msg, Writer};

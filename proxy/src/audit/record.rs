@@ -2,6 +2,8 @@
 //! `hash`, and `dropped_before` after a gap) around one of these entries. Decisions are the
 //! pipeline's [`Record`], the one shape every output derives from (`docs/audit.md`).
 
+use std::fmt;
+
 use serde::{Serialize, Serializer};
 
 use super::repeats::RepeatedEntry;
@@ -116,12 +118,52 @@ impl ReloadResult {
     }
 }
 
+/// What a policy load or reload was asked by: written (and logged) as a short phrase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReloadTrigger {
+    /// The daemon starting: the first load.
+    Start,
+    /// An edit the watcher reported.
+    FileChange,
+    /// An edit found by comparing the directory (no event reported it).
+    FileChangePolled,
+    /// The policy directory was replaced (moved, recreated) and the watch moved to it.
+    DirectoryReplaced,
+    /// `ctl reload`.
+    CtlReload,
+    /// SIGHUP.
+    Sighup,
+    /// A secret was stored (by its name) while the policy in force was a refused one's
+    /// predecessor: the refused one may load now.
+    SecretStored(String),
+}
+
+impl fmt::Display for ReloadTrigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReloadTrigger::Start => f.write_str("start"),
+            ReloadTrigger::FileChange => f.write_str("file change"),
+            ReloadTrigger::FileChangePolled => f.write_str("file change (found by polling)"),
+            ReloadTrigger::DirectoryReplaced => f.write_str("policy directory replaced"),
+            ReloadTrigger::CtlReload => f.write_str("ctl reload"),
+            ReloadTrigger::Sighup => f.write_str("SIGHUP"),
+            ReloadTrigger::SecretStored(name) => write!(f, "secret {name} stored"),
+        }
+    }
+}
+
+impl Serialize for ReloadTrigger {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A policy load or reload.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ReloadEntry {
     pub result: ReloadResult,
     /// What triggered it (`start`, `file change`, `ctl reload`, `SIGHUP`…).
-    pub trigger: String,
+    pub trigger: ReloadTrigger,
     /// The policy in force after it.
     pub policy: String,
     pub rules: Option<usize>,

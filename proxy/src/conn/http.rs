@@ -11,7 +11,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 
 use super::watchdog::{serve_until_expired, Activity, Watched};
-use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record;
 use crate::record::{ErrorCode, Protocol, Record, RequestId};
 
@@ -40,9 +39,9 @@ pub(super) async fn serve_http<S>(
 {
     let limits = proxy.limits.clone();
     // Plain connections are counted as h1: HTTP/2 with prior knowledge is rare there.
-    let _open = proxy.metrics.connection(match versions {
-        HttpVersions::Http2 => ConnProtocol::H2,
-        HttpVersions::Http1 | HttpVersions::Any => ConnProtocol::H1,
+    let _open = proxy.metrics.connections.open(match versions {
+        HttpVersions::Http2 => Protocol::H2,
+        HttpVersions::Http1 | HttpVersions::Any => Protocol::H1,
     });
     let started = Instant::now();
     let activity = Activity::new(versions != HttpVersions::Http2);

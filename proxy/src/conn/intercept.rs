@@ -81,7 +81,7 @@ where
     };
     let tls = match timeout(limit, start.into_stream(config)).await {
         Ok(Ok(tls)) => {
-            proxy.metrics.tls_ok.inc();
+            proxy.metrics.tls.handshake_ok();
             tls
         }
         Ok(Err(e)) => {

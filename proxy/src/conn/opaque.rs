@@ -16,8 +16,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
-use crate::control::metrics::ConnProtocol;
-use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::{decide, limit, secrets};
@@ -26,6 +24,7 @@ use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
+use crate::tunnels::TunnelFacts;
 use crate::upstream::error::UpstreamError;
 use crate::upstream::relay::relay;
 
@@ -189,7 +188,7 @@ where
             port: ctx.dest.port,
             agent: ctx.agent_uid,
         },
-        protocol: ConnProtocol::Tcp,
+        protocol: Protocol::Tcp,
         started: tcp.started,
     };
     spliced.run(&proxy, &ctx, rec, permit, client).await;
@@ -201,7 +200,7 @@ pub(super) struct Splice<'a> {
     pub dial: &'a str,
     pub first: Option<bytes::Bytes>,
     pub facts: TunnelFacts,
-    pub protocol: ConnProtocol,
+    pub protocol: Protocol,
     pub started: Instant,
 }
 
@@ -233,7 +232,7 @@ impl Splice<'_> {
         if !record::connection(proxy, rec.clone()).await {
             return;
         }
-        let _open = proxy.metrics.connection(self.protocol);
+        let _open = proxy.metrics.connections.open(self.protocol);
         let _permit: Option<ConcurrencyPermit> = permit;
         let mut live = proxy.tunnels.open(self.facts);
         let started = Instant::now();

@@ -20,13 +20,12 @@ use super::intercept::intercept;
 use super::opaque::{refuse, Splice};
 use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
-use crate::control::metrics::ConnProtocol;
-use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::limit;
 use crate::pipeline::record;
 use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::record::{Protocol, Record, RecordKind, RequestId};
+use crate::tunnels::TunnelFacts;
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
 /// for; the connection is intercepted as usual, which reads it itself.
@@ -146,7 +145,7 @@ async fn splice<S>(
             port: ctx.dest.port,
             agent: ctx.agent_uid,
         },
-        protocol: ConnProtocol::TlsPassthrough,
+        protocol: Protocol::TlsPassthrough,
         started,
     };
     spliced.run(&proxy, &ctx, rec, permit, client).await;

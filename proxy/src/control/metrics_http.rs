@@ -59,7 +59,8 @@ fn answer(proxy: &Proxy, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", Vec::new());
     }
     let m = &proxy.metrics;
-    m.sync_cert_cache(proxy.leaves.hits(), proxy.leaves.misses());
+    m.tls
+        .sync_cert_cache(proxy.leaves.hits(), proxy.leaves.misses());
     reply(
         StatusCode::OK,
         "text/plain; version=0.0.4; charset=utf-8",

@@ -3,12 +3,9 @@
 //! their listener, and `policy check`.
 
 pub(crate) mod admin;
-pub(crate) mod approvals;
-pub(crate) mod events;
-pub(crate) mod metrics;
+pub(crate) mod firewall_view;
 pub(crate) mod metrics_http;
 pub(crate) mod policy_check;
-pub(crate) mod policy_store;
 pub(crate) mod policy_watch;
-pub(crate) mod tunnels;
+pub(crate) mod reload;
 pub(crate) mod watch_health;

@@ -24,7 +24,10 @@ use notify::{RecursiveMode, Watcher, WatcherKind};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::watch_health::{Liveness, Probe, WatchHealth, PROBE_WAIT};
+use super::reload::reload;
+use super::watch_health::{Liveness, Probe, PROBE_WAIT};
+use crate::audit::ReloadTrigger;
+use crate::policy::WatchHealth;
 use crate::proxy::Proxy;
 
 /// Quiet period before a reload: one save is often several file events.
@@ -92,7 +95,7 @@ pub(crate) async fn watch_policies(proxy: Arc<Proxy>) -> notify::Result<()> {
                 "policy hot reload: {why}; comparing {} every {RECHECK:?} instead",
                 dir.display()
             );
-            health.set(&proxy.metrics, false, false, Some(why));
+            health.set(&proxy.metrics.policy.watch_active, false, false, Some(why));
             None
         }
     };
@@ -190,17 +193,17 @@ async fn watch(
                 armed = now_id;
             }
             health.rearmed.fetch_add(1, Ordering::Relaxed);
-            proxy.metrics.policy_watch_rearms.inc();
+            proxy.metrics.policy.watch_rearms.inc();
             tracing::info!(dir = ?dir, "policy directory replaced: watching the new one");
             listing = self::listing(&dir);
-            let _ = proxy.reload("policy directory replaced");
+            let _ = reload(&proxy, ReloadTrigger::DirectoryReplaced);
             continue;
         }
         if changed {
             // Taken before the reload reads the files: an edit after it is seen next time.
             listing = self::listing(&dir);
             // Outcome already logged and counted by `reload`.
-            let _ = proxy.reload("file change");
+            let _ = reload(&proxy, ReloadTrigger::FileChange);
         } else if !heard {
             // A quiet spell: compare, for what no event reported. (Not while events arrive:
             // a writer's open comes before its write, and the file is half written then.)
@@ -211,7 +214,7 @@ async fn watch(
                     dir = ?dir,
                     "policy change found by comparing the directory (no event reported it)"
                 );
-                let _ = proxy.reload("file change (found by polling)");
+                let _ = reload(&proxy, ReloadTrigger::FileChangePolled);
             }
         }
     }
@@ -246,7 +249,7 @@ fn report(proxy: &Proxy, health: &WatchHealth, dir: &Path, state: Liveness) {
             if health.status().error.is_some() {
                 tracing::info!(dir = ?dir, "policy watcher: events arrive again");
             }
-            health.set(&proxy.metrics, true, true, None);
+            health.set(&proxy.metrics.policy.watch_active, true, true, None);
         }
         Liveness::Deaf => {
             let why = format!(
@@ -257,7 +260,7 @@ fn report(proxy: &Proxy, health: &WatchHealth, dir: &Path, state: Liveness) {
                 RECHECK.as_secs()
             );
             tracing::error!("policy watcher: {why}");
-            health.set(&proxy.metrics, false, false, Some(why));
+            health.set(&proxy.metrics.policy.watch_active, false, false, Some(why));
         }
         Liveness::Unknown => {}
     }
@@ -325,13 +328,13 @@ fn arm(
 ) -> Armed {
     let parent_watch = watcher.watch(parent, RecursiveMode::NonRecursive);
     let dir_watch = watcher.watch(dir, RecursiveMode::Recursive);
-    let metrics = &proxy.metrics;
+    let gauge = &proxy.metrics.policy.watch_active;
     match (dir_watch, parent_watch) {
         (Ok(()), Ok(())) if probes => {
             // Keeps the last verdict's until the probe answers: the status and the metric
             // say "active" only for a watch that was heard.
         }
-        (Ok(()), Ok(())) => health.set(metrics, true, false, None),
+        (Ok(()), Ok(())) => health.set(gauge, true, false, None),
         (Err(e), _) => {
             let why = format!(
                 "cannot watch {}: {e}; the directory is compared every {}s instead",
@@ -339,7 +342,7 @@ fn arm(
                 RECHECK.as_secs()
             );
             tracing::warn!("{why}");
-            health.set(metrics, false, false, Some(why));
+            health.set(gauge, false, false, Some(why));
             probe.lost(Instant::now());
         }
         (Ok(()), Err(e)) => {
@@ -347,7 +350,7 @@ fn arm(
             let why = format!("cannot watch {}: {e}", parent.display());
             tracing::warn!("{why}; a replaced policy directory is found within {RECHECK:?}");
             if !probes {
-                health.set(metrics, true, false, Some(why));
+                health.set(gauge, true, false, Some(why));
             }
         }
     }

@@ -1,5 +1,6 @@
-//! Whether the policy watcher really sees edits, as `ctl status` and
-//! `agenshield_proxy_policy_watch_active` report it.
+//! How the policy watcher proves it really sees edits; what it found is its health
+//! (`policy::WatchHealth`), which `ctl status` and `agenshield_proxy_policy_watch_active`
+//! report.
 //!
 //! A watch that was set is no proof: events can be lost on the way (a path that never matches
 //! the directory's, a filesystem whose changes bypass the watch). So the watcher proves it
@@ -9,79 +10,15 @@
 //! is heard, or once one goes unheard, the watcher is not "active" (and says why); the
 //! directory is compared every couple of seconds regardless, so edits still apply.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::time::Instant;
-
-use super::metrics::Metrics;
 
 /// How long a probe may take to be heard before the watcher is taken for deaf.
 pub(crate) const PROBE_WAIT: Duration = Duration::from_secs(3);
 
 /// How often a watcher that is heard is probed again.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(30);
-
-/// What `ctl status` shows of the watcher.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct WatchStatus {
-    /// Edits to the policy directory are seen as they happen: the last probe was heard (or,
-    /// where the OS reports no reads to a watch, the watch is set).
-    pub active: bool,
-    /// Whether `active` was proven by a probe (false where the OS cannot be probed).
-    pub verified: bool,
-    /// Times the watch was moved to a new directory at the same path.
-    pub rearmed: u64,
-    /// Why it is not active, or the last problem it reported.
-    pub error: Option<String>,
-    /// The directory is also compared this often, which catches what events miss.
-    pub poll_every_secs: u64,
-}
-
-/// The watcher's health, shared with the admin API.
-#[derive(Debug, Default)]
-pub(crate) struct WatchHealth {
-    error: Mutex<Option<String>>,
-    active: AtomicBool,
-    verified: AtomicBool,
-    pub(crate) rearmed: AtomicU64,
-    poll_every_secs: AtomicU64,
-}
-
-impl WatchHealth {
-    pub(crate) fn status(&self) -> WatchStatus {
-        WatchStatus {
-            active: self.active.load(Ordering::Relaxed),
-            verified: self.verified.load(Ordering::Relaxed),
-            rearmed: self.rearmed.load(Ordering::Relaxed),
-            error: self.error.lock().ok().and_then(|e| e.clone()),
-            poll_every_secs: self.poll_every_secs.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(crate) fn set_poll(&self, every: Duration) {
-        self.poll_every_secs
-            .store(every.as_secs().max(1), Ordering::Relaxed);
-    }
-
-    /// Records the watcher's state, and mirrors `active` into the metric.
-    pub(crate) fn set(
-        &self,
-        metrics: &Metrics,
-        active: bool,
-        verified: bool,
-        error: Option<String>,
-    ) {
-        self.active.store(active, Ordering::Relaxed);
-        self.verified.store(verified, Ordering::Relaxed);
-        if let Ok(mut e) = self.error.lock() {
-            *e = error;
-        }
-        metrics.policy_watch_active.set(i64::from(active));
-    }
-}
 
 /// What the probes have shown so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,20 +188,5 @@ mod tests {
         assert!(!p.due(t0 + Duration::from_secs(1)));
         p.rearmed(t0 + Duration::from_secs(1));
         assert!(p.due(t0 + Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn health_mirrors_active_into_the_metric_and_keeps_the_reason() {
-        let metrics = Metrics::new();
-        let h = WatchHealth::default();
-        h.set_poll(Duration::from_secs(2));
-        h.set(&metrics, true, true, None);
-        assert_eq!(metrics.policy_watch_active.get(), 1);
-        h.set(&metrics, false, false, Some("no event".into()));
-        assert_eq!(metrics.policy_watch_active.get(), 0);
-        let st = h.status();
-        assert!(!st.active && !st.verified);
-        assert_eq!(st.error.as_deref(), Some("no event"));
-        assert_eq!(st.poll_every_secs, 2);
     }
 }

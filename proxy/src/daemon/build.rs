@@ -8,14 +8,14 @@ use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
 use anyhow::Context;
 
 use super::BadInput;
+use crate::approvals::Approvals;
 use crate::audit::Audit;
 use crate::config::{Config, NameOrId};
 use crate::conn::identity::Identities;
 use crate::control::admin::{self, AdminAuth};
-use crate::control::approvals::Approvals;
-use crate::control::metrics::Metrics;
-use crate::control::policy_store::PolicyStore;
 use crate::daemon::firewall;
+use crate::metrics::Metrics;
+use crate::policy::PolicyStore;
 use crate::proxy::{Proxy, ProxyParts};
 use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
@@ -99,18 +99,20 @@ pub(super) async fn build_proxy(
         resolver,
         guard,
         cfg.limits.upstream_connect_timeout,
-        metrics.upstream_connect.clone(),
+        metrics.upstream.connect.clone(),
         cfg.upstream.proxy.clone(),
     ));
     let forwarder = Forwarder::new(
         dialer.clone(),
         trust.client_config()?,
         &cfg.limits,
-        metrics.upstream_retries.clone(),
+        metrics.upstream.retries.clone(),
     );
     vault.set_token_client(Arc::new(forwarder.clone()));
+    let dns_metrics = crate::dns::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
     Ok(Proxy::new(ProxyParts {
         vault,
+        dns_metrics,
         metrics,
         audit,
         audit_query_values: cfg.audit.query_values == crate::config::QueryValues::Keep,

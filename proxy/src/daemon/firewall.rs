@@ -12,7 +12,7 @@ use anyhow::Context;
 
 use super::BadInput;
 use crate::config::{AgentUser, Config};
-use crate::control::metrics::Metrics;
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FirewallError {
@@ -177,44 +177,6 @@ impl std::fmt::Display for StatusReport {
     }
 }
 
-/// Keeps the rules in place for the daemon's lifetime: another tool can flush them, and a
-/// missing table means the agent's traffic would go direct... or nowhere, if only half is left.
-/// The redirect as the daemon's status shows it.
-pub enum FirewallView {
-    /// This process installed the rules and can ask the firewall itself.
-    Owned(Arc<dyn Redirector>, RedirectSpec),
-    /// The privileged supervisor owns them; this is its latest reconcile report
-    /// ("matches", "restored", "failed: …").
-    Reported {
-        agent_uids: Vec<u32>,
-        state: tokio::sync::watch::Receiver<String>,
-    },
-}
-
-impl FirewallView {
-    pub fn agent_uids(&self) -> &[u32] {
-        match self {
-            FirewallView::Owned(_, spec) => &spec.agent_uids,
-            FirewallView::Reported { agent_uids, .. } => agent_uids,
-        }
-    }
-
-    /// The state now: asked of the firewall, or the supervisor's last report.
-    pub async fn state(&self) -> String {
-        match self {
-            FirewallView::Owned(backend, spec) => {
-                let (b, s) = (backend.clone(), spec.clone());
-                match tokio::task::spawn_blocking(move || b.status(&s)).await {
-                    Ok(Ok(st)) => format!("{:?}", st.state).to_lowercase(),
-                    Ok(Err(e)) => format!("unknown: {e}"),
-                    Err(e) => format!("unknown: {e}"),
-                }
-            }
-            FirewallView::Reported { state, .. } => state.borrow().clone(),
-        }
-    }
-}
-
 /// Keeps the rules in place: every `every`, compares them with `spec` and restores them if
 /// they vanished or changed. Each round's outcome goes to `report` ("matches", "restored",
 /// "failed: …") and to the `firewall_redirect_active` gauge.
@@ -222,11 +184,11 @@ pub async fn reconcile(
     backend: Arc<dyn Redirector>,
     spec: RedirectSpec,
     every: Duration,
-    metrics: Arc<crate::control::metrics::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
     report: Option<tokio::sync::watch::Sender<String>>,
 ) {
-    metrics.firewall_active.set(1);
-    metrics.firewall_managed.set(1);
+    metrics.firewall.active.set(1);
+    metrics.firewall.managed.set(1);
     let say = |s: String| {
         if let Some(r) = &report {
             r.send_if_modified(|old| {
@@ -253,7 +215,8 @@ pub async fn reconcile(
         .await;
         // In place after this round: it matched, or it was restored without error.
         metrics
-            .firewall_active
+            .firewall
+            .active
             .set(i64::from(matches!(checked, Ok(Ok(_)))));
         match checked {
             Ok(Ok(FirewallState::Matches)) => say("matches".into()),

@@ -22,12 +22,14 @@ use tokio::signal::unix::{signal, SignalKind};
 pub use firewall::install_firewall;
 pub use listeners::{Bound, Listeners};
 
-use crate::audit::{Entry, LifecycleEntry, ReloadEntry, ReloadResult};
+use crate::audit::{Entry, LifecycleEntry, ReloadEntry, ReloadResult, ReloadTrigger};
 use crate::config::Config;
 use crate::conn::accept;
 use crate::control::admin::{self, Admin, DaemonInfo};
-use crate::control::metrics::Metrics;
+use crate::control::firewall_view::FirewallView;
 use crate::control::policy_watch::watch_policies;
+use crate::control::reload::reload;
+use crate::metrics::Metrics;
 use build::{admin_auth, build_proxy};
 
 /// The policy shipped with the product, seeded into a fresh state directory.
@@ -52,7 +54,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             metrics.clone(),
             None,
         )?;
-        Some(firewall::FirewallView::Owned(backend, spec))
+        Some(FirewallView::Owned(backend, spec))
     } else {
         None
     };
@@ -90,7 +92,7 @@ pub async fn serve(
     cfg: Config,
     bound: Bound,
     metrics: Arc<Metrics>,
-    firewall: Option<firewall::FirewallView>,
+    firewall: Option<FirewallView>,
     supervisor_gone: Option<tokio::sync::oneshot::Receiver<()>>,
     orig: Option<Arc<dyn OrigDst>>,
     ready: readiness::Readiness,
@@ -100,19 +102,15 @@ pub async fn serve(
         admin: admin_listener,
     } = bound;
     let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
-    proxy.metrics.set_policy(proxy.policy().hash());
-    proxy
-        .metrics
-        .reloads
-        .with_label_values(&[ReloadResult::Ok.as_str()])
-        .inc();
+    proxy.metrics.policy.set_policy(proxy.policy().hash());
+    proxy.metrics.policy.reloaded(ReloadResult::Ok);
     if let Some(audit) = &proxy.audit {
         let policy = proxy.policy();
         audit.write(Entry::Start(lifecycle(policy.hash()))).await;
         audit
             .write(Entry::Reload(ReloadEntry {
                 result: ReloadResult::Ok,
-                trigger: "start".into(),
+                trigger: ReloadTrigger::Start,
                 policy: policy.hash().to_string(),
                 rules: Some(policy.rule_count()),
                 error: None,
@@ -229,7 +227,7 @@ pub async fn serve(
     });
     loop {
         tokio::select! {
-            _ = hup.recv() => { let _ = proxy.reload("SIGHUP"); }
+            _ = hup.recv() => { let _ = reload(&proxy, ReloadTrigger::Sighup); }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             () = &mut supervisor_gone => {

@@ -37,9 +37,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::Config;
-use crate::control::metrics::Metrics;
-use crate::daemon::firewall::FirewallView;
+use crate::control::firewall_view::FirewallView;
 use crate::daemon::{self, Bound, Listeners};
+use crate::metrics::Metrics;
 
 /// What the supervisor tells the worker along with the sockets.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -340,8 +340,8 @@ pub async fn worker(
     let metrics = Arc::new(Metrics::new());
     let (state_tx, state_rx) = tokio::sync::watch::channel(String::from("matches"));
     let firewall = header.firewall.map(|agent_uids| {
-        metrics.firewall_active.set(1);
-        metrics.firewall_managed.set(1);
+        metrics.firewall.active.set(1);
+        metrics.firewall.managed.set(1);
         FirewallView::Reported {
             agent_uids,
             state: state_rx,
@@ -359,7 +359,8 @@ pub async fn worker(
             };
             if let Some(state) = v["firewall"].as_str() {
                 gauge
-                    .firewall_active
+                    .firewall
+                    .active
                     .set(i64::from(!state.starts_with("failed")));
                 let _ = state_tx.send(state.to_string());
             }

@@ -22,6 +22,7 @@
 mod answer;
 mod ede;
 mod message;
+mod metrics;
 mod names;
 mod record;
 mod serve;
@@ -33,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::DeniedAnswer;
 use crate::ratelimit::{AgentKey, ConcurrencyCaps, ConcurrencyPermit};
+pub(crate) use metrics::DnsMetrics;
 pub(crate) use names::NameMemory;
 pub(crate) use serve::{serve_tcp, serve_udp};
 
@@ -61,6 +63,8 @@ pub(crate) struct DnsState {
     unattributed: Arc<Semaphore>,
     in_flight: Arc<Semaphore>,
     per_agent: ConcurrencyCaps,
+    /// The stub's series.
+    pub metrics: DnsMetrics,
 }
 
 /// One question in hand, counted against its agent's budget and the stub's until dropped.
@@ -100,12 +104,12 @@ impl DnsState {
 
 impl Default for DnsState {
     fn default() -> Self {
-        DnsState::new(DeniedAnswer::default())
+        DnsState::new(DeniedAnswer::default(), DnsMetrics::unregistered())
     }
 }
 
 impl DnsState {
-    pub(crate) fn new(denied: DeniedAnswer) -> Self {
+    pub(crate) fn new(denied: DeniedAnswer, metrics: DnsMetrics) -> Self {
         DnsState {
             names: NameMemory::default(),
             synthetic: synthetic::Synthetic::default(),
@@ -117,6 +121,7 @@ impl DnsState {
             unattributed: Arc::new(Semaphore::new(MAX_UNATTRIBUTED)),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             per_agent: ConcurrencyCaps::new(),
+            metrics,
         }
     }
 }

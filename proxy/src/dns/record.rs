@@ -35,11 +35,7 @@ pub(super) async fn record(
         .as_ref()
         .map_or(Verdict::Allow, |r| r.verdict);
     let rcode = rcode_name(outcome.rcode);
-    proxy
-        .metrics
-        .dns_queries
-        .with_label_values(&[verdict.as_str(), rcode])
-        .inc();
+    proxy.dns.metrics.answered(verdict, outcome.rcode);
     let qtype = query.map(|q| q.query_type());
     if outcome.refusal.is_none() {
         let key = (

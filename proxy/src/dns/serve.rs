@@ -58,7 +58,7 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
             }
         };
         let Ok(unattributed) = proxy.dns.unattributed.clone().try_acquire_owned() else {
-            proxy.metrics.dns_dropped.inc();
+            proxy.dns.metrics.dropped.inc();
             tracing::debug!(%client, "DNS stub: {MAX_UNATTRIBUTED} datagrams wait for their owner; dropped");
             continue;
         };
@@ -98,7 +98,7 @@ fn take(proxy: &Proxy, uid: Option<u32>) -> Option<super::InHand> {
     match proxy.dns.take(uid) {
         Ok(in_hand) => Some(in_hand),
         Err(crowded) => {
-            proxy.metrics.dns_dropped.inc();
+            proxy.dns.metrics.dropped.inc();
             match crowded {
                 Crowded::Agent(agent) => tracing::debug!(
                     "DNS stub: {agent} has {} questions in hand; dropped",

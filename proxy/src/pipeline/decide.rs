@@ -7,7 +7,7 @@ use http::Request;
 
 use super::refusal::Refusal;
 use super::RequestCtx;
-use crate::control::approvals::{AskOutcome, PendingRequest};
+use crate::approvals::{AskOutcome, PendingRequest};
 use crate::policy::{Action, Decision, RequestFacts};
 use crate::proxy::Proxy;
 use crate::record::{ErrorCode, Verdict};

@@ -12,11 +12,10 @@ use super::record;
 use super::refusal::Refusal;
 use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
-use crate::control::metrics::ConnProtocol;
-use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
-use crate::record::{ErrorCode, Record};
+use crate::record::{ErrorCode, Protocol, Record};
 use crate::secrets::websocket::FrameGuard;
+use crate::tunnels::TunnelFacts;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
 
@@ -169,7 +168,7 @@ async fn tunnel(
             return;
         }
     };
-    let _open = proxy.metrics.connection(ConnProtocol::Ws);
+    let _open = proxy.metrics.connections.open(Protocol::Ws);
     let mut live = proxy.tunnels.open(facts);
     let started = Instant::now();
     let idle = proxy.limits.tunnel_idle_timeout;

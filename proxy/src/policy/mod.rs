@@ -28,8 +28,11 @@ mod pattern;
 mod rate;
 mod rule;
 mod sigv4_scope;
+mod store;
 mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, Sigv4Scope, ISSUES_CREDENTIALS};
+pub(crate) use store::{PolicyInfo, PolicyStore};
+pub(crate) use watch_status::WatchHealth;
 
 /// Name patterns for a `sigv4` scope built in code.
 #[cfg(test)]
@@ -37,6 +40,7 @@ pub(crate) fn sigv4_scope_globs(p: &[&str]) -> Result<NameGlobs, String> {
     NameGlobs::from_patterns(p)
 }
 mod toml_file;
+mod watch_status;
 
 use std::fmt;
 use std::sync::Arc;

@@ -53,7 +53,10 @@ impl RecordKind {
     }
 }
 
-/// What the agent spoke, as far as the decision saw it.
+/// What the agent speaks: one spelling everywhere (audit, `ctl tail`, metrics labels). A
+/// record names what its decision saw (`Http`, `Https`, `Tcp`, `Tls`, `Dns`,
+/// `TlsPassthrough`: the audit schema's set); an open connection, as the connection gauges
+/// count it, names its wire protocol (`H1`, `H2`, `Ws`, `Tcp`, `TlsPassthrough`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Protocol {
@@ -61,6 +64,12 @@ pub(crate) enum Protocol {
     Http,
     /// HTTP inside TLS we intercepted.
     Https,
+    /// A connection serving HTTP/1.1 (plain or intercepted).
+    H1,
+    /// A connection serving HTTP/2.
+    H2,
+    /// A connection switched to WebSocket.
+    Ws,
     /// Bytes that are neither TLS nor HTTP, relayed as they are.
     Tcp,
     /// A TLS handshake, when the connection ended in it.
@@ -77,6 +86,9 @@ impl Protocol {
         match self {
             Protocol::Http => "http",
             Protocol::Https => "https",
+            Protocol::H1 => "h1",
+            Protocol::H2 => "h2",
+            Protocol::Ws => "ws",
             Protocol::Tcp => "tcp",
             Protocol::Tls => "tls",
             Protocol::Dns => "dns",

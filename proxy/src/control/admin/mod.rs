@@ -30,7 +30,7 @@ pub(crate) struct DaemonInfo {
     pub dns: Vec<std::net::SocketAddr>,
     pub metrics: Option<std::net::SocketAddr>,
     pub socket: PathBuf,
-    pub firewall: Option<crate::daemon::firewall::FirewallView>,
+    pub firewall: Option<crate::control::firewall_view::FirewallView>,
     /// The CA certificate's file.
     pub ca_path: PathBuf,
 }

@@ -11,9 +11,11 @@ use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
 use super::Admin;
+use crate::audit::ReloadTrigger;
 use crate::body::{full, ProxyBody};
-use crate::control::events::SharedEvent;
 use crate::control::policy_check::check;
+use crate::control::reload::reload;
+use crate::events::SharedEvent;
 use crate::record::{Record, Verdict};
 
 pub(super) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<ProxyBody> {
@@ -44,12 +46,12 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
         (Method::GET, ["v1", "status"]) => status(admin).await,
         (Method::POST, ["v1", "reload"]) => {
             tracing::info!(uid, "reload requested over the admin socket");
-            match admin.proxy.reload("ctl reload") {
+            match reload(&admin.proxy, ReloadTrigger::CtlReload) {
                 Ok(p) => json(
                     StatusCode::OK,
                     &serde_json::json!({"ok": true, "hash": p.hash(), "rules": p.rule_count()}),
                 ),
-                Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
+                Err(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
             }
         }
         (Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(admin)),
@@ -94,8 +96,8 @@ struct Status {
     /// The CA whose leaves the agent sees.
     ca: CaInfo,
     audit: Option<AuditHead>,
-    policy: crate::control::policy_store::PolicyInfo,
-    counts: crate::control::events::CountersSnapshot,
+    policy: crate::policy::PolicyInfo,
+    counts: crate::events::CountersSnapshot,
     pending: usize,
     /// Raw TCP relays and upgraded connections open now.
     tunnels: usize,

@@ -15,7 +15,9 @@ use zeroize::Zeroizing;
 
 use super::routes::{error, json};
 use super::Admin;
+use crate::audit::ReloadTrigger;
 use crate::body::ProxyBody;
+use crate::control::reload::reload;
 use crate::secrets::provider::ProviderSpec;
 use crate::secrets::value::MAX_VALUE_LEN;
 use crate::secrets::vault::ProviderError;
@@ -101,7 +103,7 @@ pub(super) async fn set(
     tracing::info!(uid, secret = %name, replaced, "secret stored over the admin socket");
     // A policy that was refused for want of this secret can load now.
     if admin.proxy.policies.info().last_error.is_some() {
-        let _ = admin.proxy.reload(&format!("secret {name} stored"));
+        let _ = reload(&admin.proxy, ReloadTrigger::SecretStored(name.to_string()));
     }
     let rules = admin.proxy.policy().secret_binders(name.as_str());
     json(
@@ -169,7 +171,7 @@ async fn set_provider(
     }
     tracing::info!(uid, secret = %name, kind = kind.as_str(), replaced, "fetched secret stored over the admin socket");
     if admin.proxy.policies.info().last_error.is_some() {
-        let _ = admin.proxy.reload(&format!("secret {name} stored"));
+        let _ = reload(&admin.proxy, ReloadTrigger::SecretStored(name.to_string()));
     }
     let rules = admin.proxy.policy().secret_binders(name.as_str());
     let expires = vault

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::watch_health::{WatchHealth, WatchStatus};
+use super::watch_status::{WatchHealth, WatchStatus};
+use super::{Policy, PolicyError};
 use crate::clock::now_rfc3339;
-use crate::policy::{Policy, PolicyError};
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ReloadFailure {
@@ -63,7 +63,7 @@ impl PolicyStore {
 
     /// Re-reads the directory. On success the new policy is in force for every request that
     /// starts after this returns; on failure nothing changes but the recorded error.
-    pub(crate) fn reload(&self) -> Result<Arc<Policy>, String> {
+    pub(crate) fn reload(&self) -> Result<Arc<Policy>, PolicyError> {
         let loaded =
             Policy::load_dir(&self.dir).and_then(|p| p.check_secrets(&*self.secrets).map(|()| p));
         match loaded {
@@ -76,14 +76,13 @@ impl PolicyStore {
                 Ok(p)
             }
             Err(e) => {
-                let message = e.to_string();
                 if let Ok(mut st) = self.state.lock() {
                     st.1 = Some(ReloadFailure {
                         at: now_rfc3339(),
-                        message: message.clone(),
+                        message: e.to_string(),
                     });
                 }
-                Err(message)
+                Err(e)
             }
         }
     }
