@@ -5,17 +5,14 @@ use super::*;
 const A: u32 = 5200;
 const B: u32 = 5201;
 
-fn req() -> PendingRequest {
+fn req() -> Asked {
     ask_as(Some(A), "POST", "/x")
 }
 
-fn ask_as(uid: Option<u32>, method: &str, path: &str) -> PendingRequest {
-    PendingRequest {
-        id: String::new(),
-        since: String::new(),
-        expires: String::new(),
+fn ask_as(uid: Option<u32>, method: &str, path: &str) -> Asked {
+    Asked {
         agent_uid: uid,
-        client: "127.0.0.1:1".into(),
+        client: ([127, 0, 0, 1], 1).into(),
         method: method.into(),
         host: "api.test".into(),
         port: 443,
@@ -25,18 +22,19 @@ fn ask_as(uid: Option<u32>, method: &str, path: &str) -> PendingRequest {
 }
 
 /// Starts a request that asks, and waits until it is listed as pending.
-async fn held(
-    a: &Arc<Approvals>,
-    r: PendingRequest,
-) -> (tokio::task::JoinHandle<AskOutcome>, String) {
-    let before: HashSet<String> = a.list().into_iter().map(|p| p.id).collect();
+async fn held(a: &Arc<Approvals>, r: Asked) -> (tokio::task::JoinHandle<AskOutcome>, String) {
+    let before: HashSet<String> = a.list().into_iter().map(|p| p.id.to_string()).collect();
     let waiter = tokio::spawn({
         let a = a.clone();
         async move { a.ask(r).await }
     });
     loop {
-        if let Some(p) = a.list().into_iter().find(|p| !before.contains(&p.id)) {
-            return (waiter, p.id);
+        if let Some(p) = a
+            .list()
+            .into_iter()
+            .find(|p| !before.contains(&p.id.to_string()))
+        {
+            return (waiter, p.id.to_string());
         }
         tokio::task::yield_now().await;
     }
@@ -67,7 +65,11 @@ async fn remember_covers_the_approving_agent_method_and_path_only() {
     let (waiter, id) = held(&a, ask_as(Some(A), "GET", "/repos/x")).await;
     let shown = a.decide(&id, true, true).expect("pending");
     assert_eq!(
-        (shown.agent_uid, shown.method.as_str(), shown.path.as_str()),
+        (
+            shown.asked.agent_uid,
+            shown.asked.method.as_str(),
+            shown.asked.path.as_str()
+        ),
         (Some(A), "GET", "/repos/x")
     );
     assert_eq!(waiter.await.expect("join"), AskOutcome::Approved);
@@ -113,9 +115,16 @@ async fn one_agent_at_its_quota_leaves_the_others_room() {
     let (waiter_u, id_u) = held(&a, ask_as(None, "GET", "/u")).await;
     assert_eq!(a.len(), MAX_PENDING_PER_AGENT + 2);
     let listed = a.list();
-    let b = listed.iter().find(|p| p.id == id_b).expect("B is listed");
+    let b = listed
+        .iter()
+        .find(|p| p.id.to_string() == id_b)
+        .expect("B is listed");
     assert_eq!(
-        (b.agent_uid, b.method.as_str(), b.path.as_str()),
+        (
+            b.asked.agent_uid,
+            b.asked.method.as_str(),
+            b.asked.path.as_str()
+        ),
         (Some(B), "GET", "/b")
     );
     a.decide(&id_b, true, false).expect("pending");

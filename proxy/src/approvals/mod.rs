@@ -11,30 +11,72 @@
 //! (the query may differ).
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
+use time::OffsetDateTime;
 use tokio::sync::oneshot;
 
-use crate::clock::now_rfc3339;
+use crate::clock::rfc3339;
 use crate::ratelimit::AgentKey;
 
+/// A request an `ask` rule holds, as the data path describes it. Method, host and path are
+/// as shown to the operator: redacted (a secret's value never reaches `ctl pending`), so text.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct PendingRequest {
-    pub id: String,
-    pub since: String,
-    /// When it is refused unanswered (`approvals.timeout` after `since`).
-    pub expires: String,
+pub(crate) struct Asked {
     /// The local user whose request waits, when the OS could tell.
     pub agent_uid: Option<u32>,
-    pub client: String,
+    pub client: SocketAddr,
     pub method: String,
     pub host: String,
     pub port: u16,
     pub path: String,
     pub rule_id: String,
+}
+
+/// A request waiting for an operator's answer, as `ctl pending` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PendingRequest {
+    pub id: PendingId,
+    #[serde(serialize_with = "timestamp")]
+    pub since: OffsetDateTime,
+    /// When it is refused unanswered (`approvals.timeout` after `since`).
+    #[serde(serialize_with = "timestamp")]
+    pub expires: OffsetDateTime,
+    #[serde(flatten)]
+    pub asked: Asked,
+}
+
+/// A pending request's id, `p1`, `p2`, …: given in the order requests were held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PendingId(u64);
+
+impl PendingId {
+    /// The id `ctl pending approve|deny` names, exactly as it was shown.
+    pub(crate) fn parse(s: &str) -> Option<PendingId> {
+        let id = PendingId(s.strip_prefix('p')?.parse().ok()?);
+        (id.to_string() == s).then_some(id)
+    }
+}
+
+impl fmt::Display for PendingId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "p{}", self.0)
+    }
+}
+
+impl Serialize for PendingId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+fn timestamp<S: Serializer>(t: &OffsetDateTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(*t))
 }
 
 /// Requests one agent may have waiting at once; more are refused at once (an agent must not
@@ -74,7 +116,7 @@ struct RememberKey {
 }
 
 impl RememberKey {
-    fn of(req: &PendingRequest) -> RememberKey {
+    fn of(req: &Asked) -> RememberKey {
         RememberKey {
             agent: AgentKey::of(req.agent_uid),
             rule_id: req.rule_id.clone(),
@@ -89,14 +131,14 @@ impl RememberKey {
 /// The requests waiting now, and how many each agent has among them.
 #[derive(Default)]
 struct Waiting {
-    by_id: HashMap<String, (PendingRequest, oneshot::Sender<Verdict>)>,
+    by_id: HashMap<PendingId, (PendingRequest, oneshot::Sender<Verdict>)>,
     per_agent: HashMap<AgentKey, usize>,
 }
 
 impl Waiting {
-    fn remove(&mut self, id: &str) -> Option<(PendingRequest, oneshot::Sender<Verdict>)> {
-        let entry = self.by_id.remove(id)?;
-        let agent = AgentKey::of(entry.0.agent_uid);
+    fn remove(&mut self, id: PendingId) -> Option<(PendingRequest, oneshot::Sender<Verdict>)> {
+        let entry = self.by_id.remove(&id)?;
+        let agent = AgentKey::of(entry.0.asked.agent_uid);
         if let Some(n) = self.per_agent.get_mut(&agent) {
             *n -= 1;
             if *n == 0 {
@@ -136,16 +178,20 @@ impl Approvals {
         }
     }
 
-    /// Holds the caller until a verdict or the timeout. `req.id` is assigned here.
-    pub(crate) async fn ask(&self, mut req: PendingRequest) -> AskOutcome {
-        let key = RememberKey::of(&req);
+    /// Holds the caller until a verdict or the timeout.
+    pub(crate) async fn ask(&self, asked: Asked) -> AskOutcome {
+        let key = RememberKey::of(&asked);
         if self.remembered.lock().is_ok_and(|r| r.contains(&key)) {
             return AskOutcome::Remembered;
         }
-        req.id = format!("p{}", self.next.fetch_add(1, Ordering::Relaxed));
-        req.since = now_rfc3339();
-        req.expires = crate::clock::rfc3339_after(self.timeout);
-        let id = req.id.clone();
+        let since = OffsetDateTime::now_utc();
+        let req = PendingRequest {
+            id: PendingId(self.next.fetch_add(1, Ordering::Relaxed)),
+            since,
+            expires: since + self.timeout,
+            asked,
+        };
+        let id = req.id;
         let (tx, rx) = oneshot::channel();
         {
             let Ok(mut w) = self.waiting.lock() else {
@@ -158,13 +204,13 @@ impl Approvals {
             if w.by_id.len() >= self.total {
                 return AskOutcome::Full;
             }
-            w.by_id.insert(id.clone(), (req, tx));
+            w.by_id.insert(id, (req, tx));
             *w.per_agent.entry(key.agent).or_default() += 1;
         }
         // Removed however this ends, including when the agent gives up and the future drops.
         let _entry = Entry {
             approvals: self,
-            id: &id,
+            id,
         };
         tracing::warn!(pending = %id, agent = %key.agent, "request held for approval: agenshield proxy ctl pending approve {id}");
         match tokio::time::timeout(self.timeout, rx).await {
@@ -203,7 +249,8 @@ impl Approvals {
         approve: bool,
         remember: bool,
     ) -> Result<PendingRequest, NotPending> {
-        let entry = self.waiting.lock().ok().and_then(|mut w| w.remove(id));
+        let entry = PendingId::parse(id)
+            .and_then(|id| self.waiting.lock().ok().and_then(|mut w| w.remove(id)));
         let Some((req, tx)) = entry else {
             return Err(NotPending(id.to_string()));
         };
@@ -229,7 +276,7 @@ impl Approvals {
 
 struct Entry<'a> {
     approvals: &'a Approvals,
-    id: &'a str,
+    id: PendingId,
 }
 
 impl Drop for Entry<'_> {

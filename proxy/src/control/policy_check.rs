@@ -8,8 +8,34 @@ use serde::Serialize;
 
 use crate::config::DeniedAnswer;
 use crate::policy::{
-    normalize_host, normalize_path, Action, Decision, Policy, RequestFacts, Scheme,
+    normalize_host, normalize_path, Action, Decision, HostError, PathError, Policy, RequestFacts,
+    Scheme,
 };
+
+/// Why `method url` cannot be checked: it is no request the proxy could be sent.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CheckError {
+    #[error("invalid URL {url:?}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("unsupported scheme {0:?} (http or https)")]
+    Scheme(String),
+    #[error("{0:?} is not an absolute URL")]
+    NotAbsolute(String),
+    #[error("{0:?} has no host")]
+    NoHost(String),
+    #[error("userinfo in the URL is refused, as the proxy refuses it")]
+    Userinfo,
+    #[error("host: {0}")]
+    Host(#[source] HostError),
+    #[error("path: {0}")]
+    Path(#[source] PathError),
+    #[error("invalid HTTP method {0:?}: a method is one token, e.g. GET, POST, DELETE")]
+    Method(String),
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct CheckResult {
@@ -43,36 +69,35 @@ pub(crate) fn check(
     url: &str,
     agent: Option<u32>,
     denied: DeniedAnswer,
-) -> Result<CheckResult, String> {
+) -> Result<CheckResult, CheckError> {
     if method.eq_ignore_ascii_case("DNS") {
         return Ok(check_name(policy, url, agent, denied));
     }
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
+    let uri: http::Uri = url.parse().map_err(|source| CheckError::Url {
+        url: url.to_string(),
+        source,
+    })?;
     let scheme = match uri.scheme_str() {
         Some("https") => Scheme::Https,
         Some("http") => Scheme::Http,
-        Some(other) => return Err(format!("unsupported scheme {other:?} (http or https)")),
-        None => return Err(format!("{url:?} is not an absolute URL")),
+        Some(other) => return Err(CheckError::Scheme(other.to_string())),
+        None => return Err(CheckError::NotAbsolute(url.to_string())),
     };
     let auth = uri
         .authority()
-        .ok_or_else(|| format!("{url:?} has no host"))?;
+        .ok_or_else(|| CheckError::NoHost(url.to_string()))?;
     if auth.as_str().contains('@') {
-        return Err("userinfo in the URL is refused, as the proxy refuses it".into());
+        return Err(CheckError::Userinfo);
     }
-    let host = normalize_host(auth.host()).map_err(|e| format!("host: {e}"))?;
+    let host = normalize_host(auth.host()).map_err(CheckError::Host)?;
     let port = auth.port_u16().unwrap_or(match scheme {
         Scheme::Https => 443,
         _ => 80,
     });
-    let path = normalize_path(uri.path()).map_err(|e| format!("path: {e}"))?;
+    let path = normalize_path(uri.path()).map_err(CheckError::Path)?;
     // A method is one token (RFC 9110): "G E T" is none, and no request could carry it.
     if http::Method::from_bytes(method.as_bytes()).is_err() {
-        return Err(format!(
-            "invalid HTTP method {method:?}: a method is one token, e.g. GET, POST, DELETE"
-        ));
+        return Err(CheckError::Method(method.to_string()));
     }
     let method = method.to_ascii_uppercase();
     let d = policy.decide(&RequestFacts {
@@ -261,7 +286,10 @@ mod tests {
         for bad in ["G E T", "", "GET\r\n", "GE\"T"] {
             let e =
                 check(&p, bad, "https://x.test/", None, DeniedAnswer::Synthetic).expect_err(bad);
-            assert!(e.contains("a method is one token, e.g. GET"), "{e}");
+            assert!(
+                e.to_string().contains("a method is one token, e.g. GET"),
+                "{e}"
+            );
         }
         let r =
             check(&p, "get", "https://x.test/", None, DeniedAnswer::Synthetic).expect("a token");

@@ -7,7 +7,7 @@ use http::Request;
 
 use super::refusal::Refusal;
 use super::RequestCtx;
-use crate::approvals::{AskOutcome, PendingRequest};
+use crate::approvals::{AskOutcome, Asked};
 use crate::policy::{Action, Decision, RequestFacts};
 use crate::proxy::Proxy;
 use crate::record::{ErrorCode, Verdict};
@@ -133,12 +133,9 @@ async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
     let shown = proxy.vault.current();
     proxy
         .approvals
-        .ask(PendingRequest {
-            id: String::new(),
-            since: String::new(),
-            expires: String::new(),
+        .ask(Asked {
             agent_uid: ctx.conn.agent_uid,
-            client: ctx.conn.client.to_string(),
+            client: ctx.conn.client,
             method: shown.redact(req.method().as_str()).into_owned(),
             host: shown.redact(&target.host).into_owned(),
             port: target.port,

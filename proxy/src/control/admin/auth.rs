@@ -1,5 +1,16 @@
 //! Who may use the admin socket, decided on the kernel's peer credentials.
 
+/// Why a peer is not served.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("uid {0} is an agent user")]
+    Agent(u32),
+    #[error("uid {0} is neither root nor a member of {group}", group = super::ADMIN_GROUP)]
+    NotAdmin(u32),
+    #[error("no peer credentials: {0}")]
+    NoCredentials(String),
+}
+
 /// Root and the daemon's own uid are always served; members of the admin group too; an
 /// agent uid never, whatever its groups.
 #[derive(Debug, Clone)]
@@ -10,9 +21,9 @@ pub(crate) struct AdminAuth {
 }
 
 impl AdminAuth {
-    pub(crate) fn check(&self, uid: u32, gid: u32) -> Result<(), String> {
+    pub(crate) fn check(&self, uid: u32, gid: u32) -> Result<(), Refused> {
         if self.agent_uids.contains(&uid) {
-            return Err(format!("uid {uid} is an agent user"));
+            return Err(Refused::Agent(uid));
         }
         if uid == 0 || uid == self.own_uid {
             return Ok(());
@@ -22,10 +33,7 @@ impl AdminAuth {
                 return Ok(());
             }
         }
-        Err(format!(
-            "uid {uid} is neither root nor a member of {}",
-            super::ADMIN_GROUP
-        ))
+        Err(Refused::NotAdmin(uid))
     }
 }
 

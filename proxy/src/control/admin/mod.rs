@@ -102,7 +102,7 @@ pub(crate) async fn serve(listener: UnixListener, admin: Arc<Admin>) {
         tokio::spawn(async move {
             let verdict = stream
                 .peer_cred()
-                .map_err(|e| format!("no peer credentials: {e}"))
+                .map_err(|e| auth::Refused::NoCredentials(e.to_string()))
                 .and_then(|cred| {
                     admin
                         .auth
@@ -117,7 +117,7 @@ pub(crate) async fn serve(listener: UnixListener, admin: Arc<Admin>) {
                         Ok(uid) => routes::route(&admin, uid, req).await,
                         Err(why) => {
                             tracing::warn!("admin socket: refused: {why}");
-                            routes::forbidden(&why)
+                            routes::forbidden(&why.to_string())
                         }
                     })
                 }

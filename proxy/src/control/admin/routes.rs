@@ -76,7 +76,7 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
                 .is_some_and(|v| v == "1" || v == "true");
             match admin.proxy.approvals.decide(id, approve, remember) {
                 Ok(p) => {
-                    tracing::info!(uid, pending = %id, approve, remember, agent = %p.agent_uid.map_or_else(|| "-".to_string(), |u| u.to_string()), method = %p.method, host = %p.host, path = p.path.as_str(), "approval answered");
+                    tracing::info!(uid, pending = %id, approve, remember, agent = %p.asked.agent_uid.map_or_else(|| "-".to_string(), |u| u.to_string()), method = %p.asked.method, host = %p.asked.host, path = p.asked.path.as_str(), "approval answered");
                     json(StatusCode::OK, &p)
                 }
                 Err(e) => error(StatusCode::NOT_FOUND, e.to_string()),
@@ -231,7 +231,7 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
         denied,
     ) {
         Ok(r) => json(StatusCode::OK, &r),
-        Err(e) => error(StatusCode::BAD_REQUEST, e),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 

@@ -76,7 +76,7 @@ pub(super) async fn set(
     }
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let value = match SecretValue::new(bytes.to_vec()) {
         Ok(v) => v,
@@ -133,7 +133,7 @@ async fn set_provider(
 ) -> Response<ProxyBody> {
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let spec: ProviderSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
@@ -225,15 +225,24 @@ pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<Prox
     }
 }
 
+/// Why a value could not be read from a request body.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("reading the value: {0}")]
+    Body(#[source] hyper::Error),
+    #[error("the value is longer than {MAX_VALUE_LEN} bytes")]
+    TooLong,
+}
+
 /// The request body, at most a value's size, in memory that is zeroized when dropped.
-async fn read_value(mut body: Incoming) -> Result<Zeroizing<Vec<u8>>, String> {
+async fn read_value(mut body: Incoming) -> Result<Zeroizing<Vec<u8>>, ReadError> {
     let cap = MAX_VALUE_LEN + 2;
     let mut out = Zeroizing::new(Vec::with_capacity(cap));
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("reading the value: {e}"))?;
+        let frame = frame.map_err(ReadError::Body)?;
         if let Some(data) = frame.data_ref() {
             if out.len() + data.len() > cap {
-                return Err(format!("the value is longer than {MAX_VALUE_LEN} bytes"));
+                return Err(ReadError::TooLong);
             }
             out.extend_from_slice(data);
         }
