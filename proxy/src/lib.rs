@@ -8,7 +8,9 @@
 //! - `dns`: the agent's DNS stub (names decided by policy, synthetic answers);
 //! - `upstream`: resolve, guard, dial, verified TLS, pooled clients, relays;
 //! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
-//! - `control`: admin API, decision feed, approvals, policy store and watcher, metrics;
+//! - `proxy`: the state the data path shares; beneath it `metrics` (each area's Prometheus
+//!   families), `events` (the decision feed), `approvals`, `tunnels`;
+//! - `control`: admin API, policy reload and watcher, the metrics listener;
 //! - `daemon`: `proxy run`, the privilege split, the firewall glue;
 //! - `cmd`: `ctl`, `install`, `firewall`, `exec`, `doctor`, `trust`; `logging`, `log_filter`:
 //!   the process's log output;

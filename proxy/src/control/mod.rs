@@ -1,6 +1,8 @@
-//! The daemon's control plane: the admin API, the decision feed (`ctl tail`), approvals, the
-//! policy store and its watcher, live tunnels (re-decided on each policy change), metrics and
-//! their listener, and `policy check`.
+//! The daemon's control plane: the admin API, policy reloads (`ctl reload`, SIGHUP, the
+//! watcher) and the policy watcher, the redirect as `ctl status` shows it, the metrics
+//! listener, and `policy check`. What the data path shares with it (the policy store, the
+//! decision feed, approvals, live tunnels, metrics) sits below `proxy`, so nothing here is
+//! imported by the data path.
 
 pub(crate) mod admin;
 pub(crate) mod firewall_view;
