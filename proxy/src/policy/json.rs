@@ -181,25 +181,25 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 enum ShapeError {
     #[error("expected a JSON object (AgenShield PolicyConfig) at the top level")]
-    NotAnObject,
+    TopLevel,
     #[error("`rules[{0}]` must be a JSON object")]
-    RuleNotAnObject(usize),
+    Rule(usize),
     #[error("`networkConstraints` must be a JSON object")]
-    ConstraintsNotAnObject,
+    NetworkConstraints,
 }
 
 /// The top level, each rule and `networkConstraints` must be JSON objects.
 fn check_objects(v: &serde_json::Value) -> Result<(), ShapeError> {
     let Some(top) = v.as_object() else {
-        return Err(ShapeError::NotAnObject);
+        return Err(ShapeError::TopLevel);
     };
     if let Some(rules) = top.get("rules").and_then(|r| r.as_array()) {
         if let Some(i) = rules.iter().position(|r| !r.is_object()) {
-            return Err(ShapeError::RuleNotAnObject(i));
+            return Err(ShapeError::Rule(i));
         }
     }
     match top.get("networkConstraints") {
-        Some(nc) if !nc.is_object() && !nc.is_null() => Err(ShapeError::ConstraintsNotAnObject),
+        Some(nc) if !nc.is_object() && !nc.is_null() => Err(ShapeError::NetworkConstraints),
         _ => Ok(()),
     }
 }
