@@ -16,22 +16,31 @@ const EXAMPLES: &str = "e.g. info, debug, warn, agenshield_proxy=debug,h2=info (
 /// as SNI) once per connection.
 const DEFAULT: &str = "info,rustls=error";
 
-/// The filter `var` (a variable's name, for the messages) = `value` asks for.
-pub fn parse(var: &str, value: &str) -> Result<EnvFilter, String> {
-    let filter = EnvFilter::try_new(value)
-        .map_err(|e| format!("{var}={value:?} is not a log filter ({e}); {EXAMPLES}"))?;
-    if value.trim().eq_ignore_ascii_case("off")
-        || enables_our_errors(value)
-        || names_a_module_of_ours(value)
-    {
-        return Ok(filter);
-    }
-    let words: Vec<&str> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty() && !d.contains(['=', '[']))
-        .collect();
-    let read_as = match words.as_slice() {
+/// A log filter refused: the variable's name and value, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("{var}={value:?} is not a log filter ({source}); {EXAMPLES}")]
+    Unparsable {
+        var: String,
+        value: String,
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// Parses, but silences every line of ours; `read_as`: the words taken for module names.
+    #[error(
+        "{var}={value:?} enables no log line of agenshield, not even errors{}; {EXAMPLES}; \
+         `off` silences everything",
+        read_as_modules(read_as)
+    )]
+    Silent {
+        var: String,
+        value: String,
+        read_as: Vec<String>,
+    },
+}
+
+/// ` ("verbose" read as a module name, not a level)`, or nothing for no words.
+fn read_as_modules(words: &[String]) -> String {
+    match words {
         [] => String::new(),
         w => format!(
             " ({} read as a module name, not a level)",
@@ -40,15 +49,37 @@ pub fn parse(var: &str, value: &str) -> Result<EnvFilter, String> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    };
-    Err(format!(
-        "{var}={value:?} enables no log line of agenshield, not even errors{read_as}; {EXAMPLES}; \
-         `off` silences everything"
-    ))
+    }
+}
+
+/// The filter `var` (a variable's name, for the messages) = `value` asks for.
+pub fn parse(var: &str, value: &str) -> Result<EnvFilter, FilterError> {
+    let filter = EnvFilter::try_new(value).map_err(|source| FilterError::Unparsable {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        source,
+    })?;
+    if value.trim().eq_ignore_ascii_case("off")
+        || enables_our_errors(value)
+        || names_a_module_of_ours(value)
+    {
+        return Ok(filter);
+    }
+    let read_as = value
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.contains(['=', '[']))
+        .map(str::to_owned)
+        .collect();
+    Err(FilterError::Silent {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        read_as,
+    })
 }
 
 /// The filter from the environment: `AGENSHIELD_LOG`, else `RUST_LOG`, else the default.
-pub fn from_env() -> Result<EnvFilter, String> {
+pub fn from_env() -> Result<EnvFilter, FilterError> {
     match ["AGENSHIELD_LOG", "RUST_LOG"]
         .iter()
         .find_map(|var| std::env::var(var).ok().map(|v| (var, v)))
@@ -117,11 +148,13 @@ mod tests {
     fn a_filter_that_silences_every_line_of_ours_is_refused_with_examples() {
         let _one = ONE.lock();
         for bad in ["verbose", "warning", "h2=debug", "hyper=trace,rustls=info"] {
-            let err = parse("AGENSHIELD_LOG", bad).expect_err(bad);
+            let err = parse("AGENSHIELD_LOG", bad).expect_err(bad).to_string();
             assert!(err.contains("enables no log line of agenshield"), "{err}");
             assert!(err.contains("agenshield_proxy=debug,h2=info"), "{err}");
         }
-        let err = parse("AGENSHIELD_LOG", "verbose").expect_err("verbose");
+        let err = parse("AGENSHIELD_LOG", "verbose")
+            .expect_err("verbose")
+            .to_string();
         assert!(
             err.contains("\"verbose\" read as a module name, not a level"),
             "{err}"
@@ -131,7 +164,9 @@ mod tests {
     #[test]
     fn a_filter_that_does_not_parse_is_refused_with_examples() {
         let _one = ONE.lock();
-        let err = parse("RUST_LOG", "info,foo=bogus").expect_err("bogus level");
+        let err = parse("RUST_LOG", "info,foo=bogus")
+            .expect_err("bogus level")
+            .to_string();
         assert!(
             err.starts_with("RUST_LOG=\"info,foo=bogus\" is not a log filter"),
             "{err}"

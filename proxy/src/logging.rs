@@ -8,8 +8,18 @@ use tracing_subscriber::Layer as _;
 
 use crate::cli::LogFormat;
 
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    #[error(transparent)]
+    Filter(#[from] crate::log_filter::FilterError),
+    /// A subscriber was installed already.
+    #[error("logging: {0}")]
+    Init(#[source] tracing_subscriber::util::TryInitError),
+}
+
 /// Installs the subscriber. Errors: the log filter is set but unusable (`log_filter`).
-pub fn init(format: LogFormat) -> Result<(), String> {
+pub fn init(format: LogFormat) -> Result<(), LoggingError> {
     let filter = crate::log_filter::from_env()?;
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -24,5 +34,5 @@ pub fn init(format: LogFormat) -> Result<(), String> {
         .with(lines.with_filter(filter))
         .with(crate::conn::h2_own_431::layer())
         .try_init()
-        .map_err(|e| format!("logging: {e}"))
+        .map_err(LoggingError::Init)
 }

@@ -8,13 +8,48 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use prometheus::IntGauge;
 
 /// Free space the log's file system must keep: a few thousand records, so that a write
 /// about to fail is seen before it fails (the ticker looks every 100 ms).
 pub(crate) const RESERVE: u64 = 1 << 20;
+
+/// Why the audit log cannot take records now (for `ctl status` and the refusal's message).
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum NotReady {
+    #[error("the last write to the audit log failed: {0}")]
+    WriteFailed(Arc<std::io::Error>),
+    #[error(
+        "the audit log's file system ({}) has {} KiB free, under the {} KiB it must keep",
+        dir.display(),
+        free / 1024,
+        reserve / 1024
+    )]
+    LowSpace {
+        dir: PathBuf,
+        free: u64,
+        reserve: u64,
+    },
+    #[error(
+        "the audit log is full ({size} bytes) and rotating it would delete {}, which holds \
+         records younger than audit.retention ({}); archive that file elsewhere, or wait until {}",
+        file.display(),
+        humantime::format_duration(*retention),
+        humantime::format_rfc3339_seconds(*until)
+    )]
+    RetentionHeld {
+        size: u64,
+        file: PathBuf,
+        retention: Duration,
+        until: SystemTime,
+    },
+    /// Not ready, and the reason was lost (a poisoned lock).
+    #[error("the audit log cannot be written")]
+    Unknown,
+}
 
 pub(crate) struct Health {
     /// The directory the log lives in (where free space is measured).
@@ -24,7 +59,7 @@ pub(crate) struct Health {
     /// Rotating would delete records younger than `audit.retention`.
     retention_held: AtomicBool,
     /// Why, for `ctl status` and the refusal's message.
-    why: Mutex<Option<String>>,
+    why: Mutex<Option<NotReady>>,
     /// `agenshield_proxy_audit_ready`.
     gauge: IntGauge,
     /// `agenshield_proxy_audit_retention_blocked`: the alarm.
@@ -51,7 +86,7 @@ impl Health {
     }
 
     /// `Err(why)` while the log cannot take records.
-    pub(crate) fn ready(&self) -> Result<(), String> {
+    pub(crate) fn ready(&self) -> Result<(), NotReady> {
         if !self.write_failed.load(Ordering::Relaxed)
             && !self.low_space.load(Ordering::Relaxed)
             && !self.retention_held.load(Ordering::Relaxed)
@@ -63,7 +98,7 @@ impl Health {
             .lock()
             .map(|w| w.clone())
             .unwrap_or_default()
-            .unwrap_or_else(|| "the audit log cannot be written".into()))
+            .unwrap_or(NotReady::Unknown))
     }
 
     /// A batch was written (`Ok`) or failed.
@@ -71,26 +106,23 @@ impl Health {
         let failed = outcome.is_err();
         if self.write_failed.swap(failed, Ordering::Relaxed) != failed {
             match outcome {
-                Err(e) => self.turned(
-                    false,
-                    format!("the last write to the audit log failed: {e}"),
-                ),
-                Ok(()) => self.turned(true, "the audit log is written again".into()),
+                Err(e) => {
+                    let e = std::io::Error::new(e.kind(), e.to_string());
+                    self.turned_bad(NotReady::WriteFailed(Arc::new(e)));
+                }
+                Ok(()) => self.turned_good("the audit log is written again"),
             }
         }
     }
 
     /// Rotation is held back by the retention (`Some(why)`), or no longer (`None`).
-    pub(crate) fn retention(&self, held: Option<String>) {
+    pub(crate) fn retention(&self, held: Option<NotReady>) {
         let now = held.is_some();
         if self.retention_held.swap(now, Ordering::Relaxed) != now {
             self.retention_gauge.set(i64::from(now));
             match held {
-                Some(why) => self.turned(false, why),
-                None => self.turned(
-                    true,
-                    "the audit log rotates again (its oldest file may go)".into(),
-                ),
+                Some(why) => self.turned_bad(why),
+                None => self.turned_good("the audit log rotates again (its oldest file may go)"),
             }
         }
     }
@@ -110,29 +142,26 @@ impl Health {
         let low = free < reserve;
         if self.low_space.swap(low, Ordering::Relaxed) != low {
             if low {
-                self.turned(
-                    false,
-                    format!(
-                        "the audit log's file system ({}) has {} KiB free, under the {} KiB it must keep",
-                        self.dir.display(),
-                        free / 1024,
-                        reserve / 1024
-                    ),
-                );
+                self.turned_bad(NotReady::LowSpace {
+                    dir: self.dir.clone(),
+                    free,
+                    reserve,
+                });
             } else {
-                self.turned(true, "the audit log's file system has room again".into());
+                self.turned_good("the audit log's file system has room again");
             }
         }
     }
 
-    fn turned(&self, ok: bool, why: String) {
-        if ok {
-            tracing::info!("{why}");
-        } else {
-            tracing::error!("{why}: refusing requests until it can record them");
-            if let Ok(mut w) = self.why.lock() {
-                *w = Some(why);
-            }
+    fn turned_good(&self, news: &str) {
+        tracing::info!("{news}");
+        self.gauge.set(i64::from(self.ready().is_ok()));
+    }
+
+    fn turned_bad(&self, why: NotReady) {
+        tracing::error!("{why}: refusing requests until it can record them");
+        if let Ok(mut w) = self.why.lock() {
+            *w = Some(why);
         }
         self.gauge.set(i64::from(self.ready().is_ok()));
     }

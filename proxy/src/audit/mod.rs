@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 use health::Health;
+pub(crate) use health::NotReady;
 pub(crate) use metrics::AuditMetrics;
 pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult, ReloadTrigger};
 use repeats::{Noted, Repeats};
@@ -187,7 +188,7 @@ impl Audit {
 
     /// `Err(why)` while the log cannot take records (its last write failed, or its file
     /// system is nearly full): nothing new may happen until it can.
-    pub(crate) fn ready(&self) -> Result<(), String> {
+    pub(crate) fn ready(&self) -> Result<(), NotReady> {
         self.health.ready()
     }
 

@@ -174,7 +174,7 @@ mod tests {
             assert!(n < 1000, "never held back");
             assert!(audit.write(request(n, "allow")).await);
         }
-        let why = audit.ready().expect_err("held");
+        let why = audit.ready().expect_err("held").to_string();
         assert!(why.contains("audit.retention"), "{why}");
         assert_eq!(metrics.retention_blocked.get(), 1);
         assert_eq!(metrics.ready.get(), 0);
@@ -191,7 +191,7 @@ mod tests {
         let archive = dir.path().join("archived.jsonl");
         std::fs::rename(rotated(&path, 1), &archive).expect("archive");
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        assert_eq!(audit.ready(), Ok(()));
+        assert_eq!(audit.ready().map_err(|e| e.to_string()), Ok(()));
         assert_eq!(metrics.retention_blocked.get(), 0);
         assert_eq!(metrics.ready.get(), 1);
         assert!(rotated(&path, 1).exists(), "rotated");

@@ -66,11 +66,11 @@ pub(crate) fn verify(files: &[PathBuf]) -> io::Result<Report> {
         for (i, line) in reader.split(b'\n').enumerate() {
             let line = line?;
             let n = i as u64 + 1;
-            if let Err(reason) = check_line(&mut r, &line) {
+            if let Err(why) = check_line(&mut r, &line) {
                 r.broken = Some(Broken {
                     file: file.clone(),
                     line: n,
-                    reason,
+                    reason: why.to_string(),
                 });
                 return Ok(r);
             }
@@ -79,27 +79,47 @@ pub(crate) fn verify(files: &[PathBuf]) -> io::Result<Report> {
     Ok(r)
 }
 
-fn check_line(r: &mut Report, line: &[u8]) -> Result<(), String> {
-    let text = std::str::from_utf8(line).map_err(|_| "not UTF-8".to_string())?;
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON record ({e})"))?;
-    let sealed = unseal(text).ok_or("no hash: the line does not end in a seal")?;
+/// Why a line breaks the chain.
+#[derive(Debug, thiserror::Error)]
+enum BrokenLine {
+    #[error("not UTF-8")]
+    NotUtf8,
+    #[error("not a JSON record ({0})")]
+    NotJson(#[source] serde_json::Error),
+    #[error("no hash: the line does not end in a seal")]
+    NoSeal,
+    #[error("its content does not match its hash: the line was edited")]
+    Edited,
+    #[error("no sequence number")]
+    NoSeq,
+    #[error("no prev hash")]
+    NoPrev,
+    #[error(
+        "its prev hash is not the hash of the line before: a line was removed, \
+         inserted or reordered here (sequence {last} → {seq})"
+    )]
+    NotLinked { last: u64, seq: u64 },
+    #[error("the sequence jumps from {last} to {seq}")]
+    SeqJump { last: u64, seq: u64 },
+}
+
+fn check_line(r: &mut Report, line: &[u8]) -> Result<(), BrokenLine> {
+    let text = std::str::from_utf8(line).map_err(|_| BrokenLine::NotUtf8)?;
+    let v: serde_json::Value = serde_json::from_str(text).map_err(BrokenLine::NotJson)?;
+    let sealed = unseal(text).ok_or(BrokenLine::NoSeal)?;
     if !sealed.intact {
-        return Err("its content does not match its hash: the line was edited".into());
+        return Err(BrokenLine::Edited);
     }
-    let seq = v["seq"].as_u64().ok_or("no sequence number")?;
-    let prev = v["prev"].as_str().ok_or("no prev hash")?;
+    let seq = v["seq"].as_u64().ok_or(BrokenLine::NoSeq)?;
+    let prev = v["prev"].as_str().ok_or(BrokenLine::NoPrev)?;
     match (&r.head, r.last_seq) {
         (Some(head), Some(last)) => {
             if prev != head {
-                return Err(format!(
-                    "its prev hash is not the hash of the line before: a line was removed, \
-                     inserted or reordered here (sequence {last} → {seq})"
-                ));
+                return Err(BrokenLine::NotLinked { last, seq });
             }
             // A crafted u64::MAX must not wrap round to a "next" number.
             if last.checked_add(1) != Some(seq) {
-                return Err(format!("the sequence jumps from {last} to {seq}"));
+                return Err(BrokenLine::SeqJump { last, seq });
             }
         }
         _ => {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::chain::{seal_from, unseal, GENESIS};
-use super::health::Health;
+use super::health::{Health, NotReady};
 use super::record::Fields;
 use super::retention;
 use super::rotation::{self, rotated, Leftover, Running};
@@ -267,15 +267,12 @@ impl Writer {
         ) {
             if self.held.is_none() {
                 let file = retention::next_deleted(&self.path, r.keep);
-                self.health.retention(Some(format!(
-                    "the audit log is full ({} bytes) and rotating it would delete {}, which holds \
-                     records younger than audit.retention ({}); archive that file elsewhere, or \
-                     wait until {}",
-                    self.size,
-                    file.display(),
-                    humantime::format_duration(r.retention),
-                    humantime::format_rfc3339_seconds(until),
-                )));
+                self.health.retention(Some(NotReady::RetentionHeld {
+                    size: self.size,
+                    file,
+                    retention: r.retention,
+                    until,
+                }));
             }
             self.held = Some(now + RETENTION_RECHECK);
             return;

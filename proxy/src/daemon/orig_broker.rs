@@ -48,8 +48,33 @@ impl BrokeredOrigDst {
     }
 }
 
-fn lookup_err(msg: String) -> OrigDstError {
-    OrigDstError::Lookup(std::io::Error::other(msg))
+/// What went wrong between the worker and the supervisor (the worker's side reports it as an
+/// `OrigDstError::Lookup`; the supervisor's side sends its text in the answer).
+#[derive(Debug, thiserror::Error)]
+enum BrokerError {
+    #[error("the supervisor channel is poisoned")]
+    Poisoned,
+    #[error(transparent)]
+    Encode(serde_json::Error),
+    #[error("unreadable answer from the supervisor: {0}")]
+    Unreadable(#[source] serde_json::Error),
+    /// The supervisor's answer: its [`BrokerError`] as text.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the supervisor gave no answer")]
+    NoAnswer,
+    #[error("expected one socket, got {0}")]
+    NotOneSocket(usize),
+    #[error(transparent)]
+    SocketAddrs(std::io::Error),
+    #[error("{0} is not a transparent listener: not looked up")]
+    NotOurs(SocketAddr),
+    #[error(transparent)]
+    Lookup(OrigDstError),
+}
+
+fn lookup_err(e: BrokerError) -> OrigDstError {
+    OrigDstError::Lookup(std::io::Error::other(e))
 }
 
 impl OrigDst for BrokeredOrigDst {
@@ -62,17 +87,17 @@ impl OrigDst for BrokeredOrigDst {
         let mut guard = self
             .sock
             .lock()
-            .map_err(|_| lookup_err("the supervisor channel is poisoned".into()))?;
+            .map_err(|_| lookup_err(BrokerError::Poisoned))?;
         guard.1 += 1;
         let id = guard.1;
         let question =
-            serde_json::to_vec(&Question { id }).map_err(|e| lookup_err(e.to_string()))?;
+            serde_json::to_vec(&Question { id }).map_err(|e| lookup_err(BrokerError::Encode(e)))?;
         os::send_fds(&guard.0, &question, &[sock]).map_err(OrigDstError::Lookup)?;
         let mut buf = [0u8; 512];
         loop {
             let n = guard.0.recv(&mut buf).map_err(OrigDstError::Lookup)?;
             let answer: Answer = serde_json::from_slice(&buf[..n])
-                .map_err(|e| lookup_err(format!("unreadable answer from the supervisor: {e}")))?;
+                .map_err(|e| lookup_err(BrokerError::Unreadable(e)))?;
             // An answer to an earlier question that timed out: skip it.
             if answer.id < id {
                 continue;
@@ -80,7 +105,7 @@ impl OrigDst for BrokeredOrigDst {
             return match (answer.dst, answer.err) {
                 (Some(dst), _) => Ok(dst),
                 (None, err) => Err(lookup_err(
-                    err.unwrap_or_else(|| "the supervisor gave no answer".into()),
+                    err.map_or(BrokerError::NoAnswer, BrokerError::Refused),
                 )),
             };
         }
@@ -114,7 +139,7 @@ pub fn serve(sock: UnixDatagram, listeners: Vec<SocketAddr>, lookup: Box<dyn Ori
             Err(e) => Answer {
                 id,
                 dst: None,
-                err: Some(e),
+                err: Some(e.to_string()),
             },
         };
         drop(fds);
@@ -132,22 +157,20 @@ fn answer(
     fds: &[std::os::fd::OwnedFd],
     listeners: &[SocketAddr],
     lookup: &dyn OrigDst,
-) -> Result<SocketAddr, String> {
+) -> Result<SocketAddr, BrokerError> {
     let [fd] = fds else {
-        return Err(format!("expected one socket, got {}", fds.len()));
+        return Err(BrokerError::NotOneSocket(fds.len()));
     };
-    let (local, peer) = os::socket_addrs(fd.as_fd()).map_err(|e| e.to_string())?;
+    let (local, peer) = os::socket_addrs(fd.as_fd()).map_err(BrokerError::SocketAddrs)?;
     let ours = listeners
         .iter()
         .any(|l| l.port() == local.port() && (l.ip().is_unspecified() || l.ip() == local.ip()));
     if !ours {
-        return Err(format!(
-            "{local} is not a transparent listener: not looked up"
-        ));
+        return Err(BrokerError::NotOurs(local));
     }
     lookup
         .orig_dst(fd.as_fd(), local, peer)
-        .map_err(|e| e.to_string())
+        .map_err(BrokerError::Lookup)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub(crate) fn compile_agents(
             AgentFile::Uid(n) => {
                 u32::try_from(*n).map_err(|_| err(a.span(), format!("{n} is not a uid")))?
             }
-            AgentFile::Name(name) => resolve(name).map_err(|m| err(a.span(), m))?,
+            AgentFile::Name(name) => resolve(name).map_err(|e| err(a.span(), e.to_string()))?,
         };
         uids.push(uid);
     }
@@ -58,31 +58,53 @@ pub(crate) fn compile_agents(
     Ok(Some(uids.into_boxed_slice()))
 }
 
+/// Why an agent name does not stand for a user here.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid agent name {0:?}")]
+    InvalidName(String),
+    #[error(
+        "agent {name:?}: no user {user} on this machine (an agent is named for its user \
+         ash_<name>_agent, or given as a uid)"
+    )]
+    NoSuchUser { name: String, user: String },
+    #[error("agent {name:?}: looking up user {user}: {source}")]
+    Lookup {
+        name: String,
+        user: String,
+        source: nix::Error,
+    },
+}
+
 /// An agent as given on a command line: a uid, or a name resolved as in a policy.
-pub fn agent_uid(given: &str) -> Result<u32, String> {
+pub fn agent_uid(given: &str) -> Result<u32, AgentError> {
     match given.parse::<u32>() {
         Ok(uid) => Ok(uid),
         Err(_) => resolve(given),
     }
 }
 
-fn resolve(name: &str) -> Result<u32, String> {
+fn resolve(name: &str) -> Result<u32, AgentError> {
     let valid = !name.is_empty()
         && name.len() <= 32
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !valid {
-        return Err(format!("invalid agent name {name:?}"));
+        return Err(AgentError::InvalidName(name.to_owned()));
     }
     let user = user_name(name);
     match nix::unistd::User::from_name(&user) {
         Ok(Some(u)) => Ok(u.uid.as_raw()),
-        Ok(None) => Err(format!(
-            "agent {name:?}: no user {user} on this machine (an agent is named for its user \
-             ash_<name>_agent, or given as a uid)"
-        )),
-        Err(e) => Err(format!("agent {name:?}: looking up user {user}: {e}")),
+        Ok(None) => Err(AgentError::NoSuchUser {
+            name: name.to_owned(),
+            user,
+        }),
+        Err(source) => Err(AgentError::Lookup {
+            name: name.to_owned(),
+            user,
+            source,
+        }),
     }
 }
 

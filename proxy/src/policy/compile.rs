@@ -95,10 +95,10 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
                     first.at
                 )));
             }
-            let rate = compile_rate(settings.rate.get_ref()).map_err(|(span, msg)| {
+            let rate = compile_rate(settings.rate.get_ref()).map_err(|(span, e)| {
                 PolicyError::Invalid {
                     at: at(span),
-                    message: msg,
+                    message: e.to_string(),
                 }
             })?;
             secret_rates.push(SecretRate {

@@ -17,7 +17,7 @@ impl GlobCache {
         &mut self,
         list: &Spanned<Vec<Spanned<String>>>,
         case_insensitive: bool,
-    ) -> Result<GlobSet, (std::ops::Range<usize>, String)> {
+    ) -> Result<GlobSet, (std::ops::Range<usize>, PathPatternError)> {
         // Unambiguous key: patterns cannot contain control characters (checked below).
         let key = list
             .get_ref()
@@ -32,42 +32,76 @@ impl GlobCache {
         let mut set = GlobSetBuilder::new();
         for p in list.get_ref() {
             let pattern = p.get_ref();
-            check_path_pattern(pattern).map_err(|m| (p.span(), m))?;
+            check_path_pattern(pattern).map_err(|e| (p.span(), e))?;
             let glob = GlobBuilder::new(pattern)
                 .literal_separator(true)
                 .backslash_escape(true)
                 .case_insensitive(case_insensitive)
                 .build()
                 .map_err(|e| {
-                    let msg = format!("invalid path glob {pattern:?}: {}", e.kind());
-                    (p.span(), msg)
+                    let e = PathPatternError::Glob {
+                        pattern: pattern.clone(),
+                        kind: e.kind().clone(),
+                    };
+                    (p.span(), e)
                 })?;
             set.add(glob);
         }
         let set = set
             .build()
-            .map_err(|e| (list.span(), format!("invalid path globs: {e}")))?;
+            .map_err(|e| (list.span(), PathPatternError::Set(e)))?;
         self.0.insert(key, set.clone());
         Ok(set)
     }
 }
 
+/// Why a `paths` entry is refused (the pattern is policy text, never a secret).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PathPatternError {
+    #[error("path pattern {0:?} must start with \"/\"")]
+    NoLeadingSlash(String),
+    #[error("path pattern {0:?} contains a control character")]
+    ControlCharacter(String),
+    #[error("path pattern {0:?} contains \"//\"; request paths have runs of \"/\" collapsed")]
+    DoubleSlash(String),
+    #[error(
+        "path pattern {0:?} contains a \".\" or \"..\" segment; request paths have them resolved"
+    )]
+    DotSegment(String),
+    #[error("path pattern {pattern:?} contains %{hex}; request paths are matched decoded, write {decoded:?} instead")]
+    NeedlessEscape {
+        pattern: String,
+        hex: String,
+        decoded: char,
+    },
+    #[error("path pattern {0:?}: write percent-escapes with uppercase hex")]
+    LowercaseEscape(String),
+    #[error("path pattern {0:?} has an invalid percent-escape")]
+    InvalidEscape(String),
+    #[error("invalid path glob {pattern:?}: {kind}")]
+    Glob {
+        pattern: String,
+        kind: globset::ErrorKind,
+    },
+    #[error("invalid path globs: {0}")]
+    Set(globset::Error),
+}
+
 /// Rejects path patterns that could never match a normalized (`matching`) path, which would
 /// silently make a deny rule useless.
-pub(crate) fn check_path_pattern(p: &str) -> Result<(), String> {
+pub(crate) fn check_path_pattern(p: &str) -> Result<(), PathPatternError> {
+    let owned = || p.to_owned();
     if !p.starts_with('/') {
-        return Err(format!("path pattern {p:?} must start with \"/\""));
+        return Err(PathPatternError::NoLeadingSlash(owned()));
     }
     if p.bytes().any(|b| b.is_ascii_control()) {
-        return Err(format!("path pattern {p:?} contains a control character"));
+        return Err(PathPatternError::ControlCharacter(owned()));
     }
     if p.contains("//") {
-        return Err(format!(
-            "path pattern {p:?} contains \"//\"; request paths have runs of \"/\" collapsed"
-        ));
+        return Err(PathPatternError::DoubleSlash(owned()));
     }
     if p.split('/').any(|seg| seg == "." || seg == "..") {
-        return Err(format!("path pattern {p:?} contains a \".\" or \"..\" segment; request paths have them resolved"));
+        return Err(PathPatternError::DotSegment(owned()));
     }
     let b = p.as_bytes();
     for (i, _) in p.match_indices('%') {
@@ -78,17 +112,17 @@ pub(crate) fn check_path_pattern(p: &str) -> Result<(), String> {
         let octet = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
         match octet {
             Some(o) if o.is_ascii_graphic() && o != b'%' => {
-                return Err(format!(
-                    "path pattern {p:?} contains %{}; request paths are matched decoded, write {:?} instead",
-                    hex.unwrap_or_default(),
-                    char::from(o)
-                ))
+                return Err(PathPatternError::NeedlessEscape {
+                    pattern: owned(),
+                    hex: hex.unwrap_or_default().to_owned(),
+                    decoded: char::from(o),
+                })
             }
             Some(_) if hex.is_some_and(|h| h.bytes().any(|c| c.is_ascii_lowercase())) => {
-                return Err(format!("path pattern {p:?}: write percent-escapes with uppercase hex"))
+                return Err(PathPatternError::LowercaseEscape(owned()))
             }
             Some(_) => {}
-            None => return Err(format!("path pattern {p:?} has an invalid percent-escape")),
+            None => return Err(PathPatternError::InvalidEscape(owned())),
         }
     }
     Ok(())

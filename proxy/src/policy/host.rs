@@ -162,47 +162,74 @@ impl HostPattern {
     }
 }
 
-/// Parses a `hosts` entry from a policy file; the error is a complete reason for the operator.
-pub(crate) fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
+/// Why a `hosts` entry is refused; each is a complete reason for the operator (the entry is
+/// policy text, never a secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HostPatternError {
+    #[error(
+        "invalid host {0:?}: write the host name alone, e.g. \"api.github.com\" (a port \
+         goes in `ports`, a path in `paths`, the scheme in `schemes`)"
+    )]
+    Url(String),
+    #[error(
+        "invalid host {raw:?}: write the port in `ports`, e.g. hosts = [\"{host}\"], \
+         ports = [{port}]"
+    )]
+    WithPort {
+        raw: String,
+        host: String,
+        port: String,
+    },
+    #[error("invalid host pattern {0:?}: wildcards are only allowed as \"*\" or a leading \"*.\" (e.g. \"*.example.com\")")]
+    Wildcard(String),
+    #[error("invalid host pattern {raw:?}: {why}")]
+    Suffix { raw: String, why: HostError },
+    #[error("invalid host pattern {0:?}: a wildcard cannot be applied to an IP address")]
+    WildcardIp(String),
+    #[error("invalid host {raw:?}: {why}")]
+    Host { raw: String, why: HostError },
+}
+
+/// Parses a `hosts` entry from a policy file.
+pub(crate) fn parse_host_pattern(raw: &str) -> Result<HostPattern, HostPatternError> {
     if raw == "*" {
         return Ok(HostPattern::Any);
     }
     // A URL or `host:port` where a host name goes: say where each part belongs.
     if raw.contains("://") || raw.contains('/') {
-        return Err(format!(
-            "invalid host {raw:?}: write the host name alone, e.g. \"api.github.com\" (a port \
-             goes in `ports`, a path in `paths`, the scheme in `schemes`)"
-        ));
+        return Err(HostPatternError::Url(raw.to_owned()));
     }
     if let Some((host, port)) = raw.rsplit_once(':') {
         if !host.contains(':') && port.parse::<u16>().is_ok() {
-            return Err(format!(
-                "invalid host {raw:?}: write the port in `ports`, e.g. hosts = [\"{host}\"], \
-                 ports = [{port}]"
-            ));
+            return Err(HostPatternError::WithPort {
+                raw: raw.to_owned(),
+                host: host.to_owned(),
+                port: port.to_owned(),
+            });
         }
     }
-    let wildcard_hint =
-        "wildcards are only allowed as \"*\" or a leading \"*.\" (e.g. \"*.example.com\")";
     if let Some(suffix) = raw.strip_prefix("*.") {
         if suffix.contains('*') {
-            return Err(format!("invalid host pattern {raw:?}: {wildcard_hint}"));
+            return Err(HostPatternError::Wildcard(raw.to_owned()));
         }
-        let canon =
-            normalize_host(suffix).map_err(|e| format!("invalid host pattern {raw:?}: {e}"))?;
+        let canon = normalize_host(suffix).map_err(|why| HostPatternError::Suffix {
+            raw: raw.to_owned(),
+            why,
+        })?;
         if canon.contains(':') || canon.parse::<Ipv4Addr>().is_ok() {
-            return Err(format!(
-                "invalid host pattern {raw:?}: a wildcard cannot be applied to an IP address"
-            ));
+            return Err(HostPatternError::WildcardIp(raw.to_owned()));
         }
         return Ok(HostPattern::Suffix(canon));
     }
     if raw.contains('*') {
-        return Err(format!("invalid host pattern {raw:?}: {wildcard_hint}"));
+        return Err(HostPatternError::Wildcard(raw.to_owned()));
     }
     normalize_host(raw)
         .map(HostPattern::Exact)
-        .map_err(|e| format!("invalid host {raw:?}: {e}"))
+        .map_err(|why| HostPatternError::Host {
+            raw: raw.to_owned(),
+            why,
+        })
 }
 
 /// The proper dot-suffixes of a canonical host, longest first: `a.b.c` → `b.c`, `c`.

@@ -378,7 +378,7 @@ fn compile_sigv4(
         file.copy_sources.as_ref(),
         spanned.span(),
     )
-    .map_err(|(span, msg)| err(span, msg))?;
+    .map_err(|(span, e)| err(span, e.to_string()))?;
     let mut seen = BTreeSet::new();
     let fields = [
         Some(&file.access_key_id),

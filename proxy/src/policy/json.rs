@@ -82,9 +82,9 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
     // The shape check first: serde would also read a struct from an array, positionally.
     let value: serde_json::Value =
         serde_json::from_str(&src.text).map_err(|e| parse_error(src, &e))?;
-    check_objects(&value).map_err(|message| PolicyError::Invalid {
+    check_objects(&value).map_err(|e| PolicyError::Invalid {
         at: Location::file(&src.name),
-        message,
+        message: e.to_string(),
     })?;
     let cfg: PolicyConfig = serde_json::from_str(&src.text).map_err(|e| parse_error(src, &e))?;
     let stem = id_stem(&src.name);
@@ -154,7 +154,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
         let mut matchers = Vec::with_capacity(patterns.len());
         for p in &patterns {
             let span = find.string(p, id_span.start);
-            matchers.push(pattern::matcher(p, &span).map_err(|m| err(span, m))?);
+            matchers.push(pattern::matcher(p, &span).map_err(|m| err(span, m.to_string()))?);
         }
         out.rules.push(RuleDef {
             secrets: None,
@@ -177,20 +177,29 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
     Ok(out)
 }
 
+/// A JSON source whose shape is not AgenShield's `PolicyConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ShapeError {
+    #[error("expected a JSON object (AgenShield PolicyConfig) at the top level")]
+    TopLevel,
+    #[error("`rules[{0}]` must be a JSON object")]
+    Rule(usize),
+    #[error("`networkConstraints` must be a JSON object")]
+    NetworkConstraints,
+}
+
 /// The top level, each rule and `networkConstraints` must be JSON objects.
-fn check_objects(v: &serde_json::Value) -> Result<(), String> {
+fn check_objects(v: &serde_json::Value) -> Result<(), ShapeError> {
     let Some(top) = v.as_object() else {
-        return Err("expected a JSON object (AgenShield PolicyConfig) at the top level".into());
+        return Err(ShapeError::TopLevel);
     };
     if let Some(rules) = top.get("rules").and_then(|r| r.as_array()) {
         if let Some(i) = rules.iter().position(|r| !r.is_object()) {
-            return Err(format!("`rules[{i}]` must be a JSON object"));
+            return Err(ShapeError::Rule(i));
         }
     }
     match top.get("networkConstraints") {
-        Some(nc) if !nc.is_object() && !nc.is_null() => {
-            Err("`networkConstraints` must be a JSON object".into())
-        }
+        Some(nc) if !nc.is_object() && !nc.is_null() => Err(ShapeError::NetworkConstraints),
         _ => Ok(()),
     }
 }

@@ -30,13 +30,13 @@ mod rule;
 mod sigv4_scope;
 mod store;
 mod tcp;
-pub use sigv4_scope::{NameGlobs, OutOfScope, Sigv4Scope, ISSUES_CREDENTIALS};
+pub use sigv4_scope::{NameGlobs, OutOfScope, ScopeError, Sigv4Scope, ISSUES_CREDENTIALS};
 pub(crate) use store::{PolicyInfo, PolicyStore};
 pub(crate) use watch_status::WatchHealth;
 
 /// Name patterns for a `sigv4` scope built in code.
 #[cfg(test)]
-pub(crate) fn sigv4_scope_globs(p: &[&str]) -> Result<NameGlobs, String> {
+pub(crate) fn sigv4_scope_globs(p: &[&str]) -> Result<NameGlobs, ScopeError> {
     NameGlobs::from_patterns(p)
 }
 mod toml_file;
@@ -57,7 +57,7 @@ pub(crate) fn default_rule_id() -> Arc<str> {
     Arc::clone(&ID)
 }
 
-pub use agents::agent_uid;
+pub use agents::{agent_uid, AgentError};
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};

@@ -14,9 +14,39 @@ use toml::Spanned;
 
 use super::model::MatchDef;
 
+/// Why a pattern is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PatternError {
+    #[error("unsupported scheme {0:?} (use http or https)")]
+    UnsupportedScheme(String),
+    #[error("query strings and fragments cannot be matched (rules see the path only)")]
+    QueryOrFragment,
+    #[error("userinfo (\"user@\") is not allowed")]
+    Userinfo,
+    #[error("no host")]
+    NoHost,
+    #[error("unclosed \"[\" in host")]
+    UnclosedBracket,
+    #[error("unexpected {0:?} after the IPv6 address")]
+    AfterIpv6(String),
+    #[error("invalid port {0:?} (1..=65535 or \"*\")")]
+    InvalidPort(String),
+}
+
+/// A pattern that is not one, with the pattern as written (policy text, never a secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid pattern {pattern:?}: {why}")]
+pub(crate) struct InvalidPattern {
+    pub pattern: String,
+    pub why: PatternError,
+}
+
 /// The matcher for one pattern; every value points at the pattern's span for errors.
-pub(crate) fn matcher(pattern: &str, span: &Range<usize>) -> Result<MatchDef, String> {
-    let p = parse(pattern).map_err(|why| format!("invalid pattern {pattern:?}: {why}"))?;
+pub(crate) fn matcher(pattern: &str, span: &Range<usize>) -> Result<MatchDef, InvalidPattern> {
+    let p = parse(pattern).map_err(|why| InvalidPattern {
+        pattern: pattern.to_owned(),
+        why,
+    })?;
     let one = |v: String| Spanned::new(span.clone(), vec![Spanned::new(span.clone(), v)]);
     let port = p
         .port
@@ -37,31 +67,29 @@ struct Parsed {
     path: Option<String>,
 }
 
-fn parse(pattern: &str) -> Result<Parsed, String> {
+fn parse(pattern: &str) -> Result<Parsed, PatternError> {
     let (scheme, rest) = match pattern.split_once("://") {
         None => (None, pattern),
         Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
             "http" => (Some("http"), rest),
             "https" => (Some("https"), rest),
             "*" => (None, rest),
-            other => return Err(format!("unsupported scheme {other:?} (use http or https)")),
+            other => return Err(PatternError::UnsupportedScheme(other.to_owned())),
         },
     };
     if rest.contains(['?', '#']) {
-        return Err(
-            "query strings and fragments cannot be matched (rules see the path only)".into(),
-        );
+        return Err(PatternError::QueryOrFragment);
     }
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], Some(&rest[i..])),
         None => (rest, None),
     };
     if authority.contains('@') {
-        return Err("userinfo (\"user@\") is not allowed".into());
+        return Err(PatternError::Userinfo);
     }
     let (host, port) = split_port(authority)?;
     if host.is_empty() {
-        return Err("no host".into());
+        return Err(PatternError::NoHost);
     }
     // AgenShield's `**` matches anything, so as a host it can only mean "any host".
     let host = if host == "**" { "*" } else { host };
@@ -81,14 +109,14 @@ fn parse(pattern: &str) -> Result<Parsed, String> {
 }
 
 /// Splits `host[:port]`; `[v6]:port` is bracketed, a bare IPv6 literal has no port.
-fn split_port(authority: &str) -> Result<(&str, Option<&str>), String> {
+fn split_port(authority: &str) -> Result<(&str, Option<&str>), PatternError> {
     if authority.starts_with('[') {
-        let end = authority.find(']').ok_or("unclosed \"[\" in host")?;
+        let end = authority.find(']').ok_or(PatternError::UnclosedBracket)?;
         let (host, rest) = authority.split_at(end + 1);
         return match rest.strip_prefix(':') {
             Some(port) => Ok((host, Some(port))),
             None if rest.is_empty() => Ok((host, None)),
-            None => Err(format!("unexpected {rest:?} after the IPv6 address")),
+            None => Err(PatternError::AfterIpv6(rest.to_owned())),
         };
     }
     match authority.matches(':').count() {
@@ -100,11 +128,11 @@ fn split_port(authority: &str) -> Result<(&str, Option<&str>), String> {
     }
 }
 
-fn parse_port(p: &str) -> Result<u16, String> {
+fn parse_port(p: &str) -> Result<u16, PatternError> {
     p.parse::<u16>()
         .ok()
         .filter(|&n| n != 0 && p.bytes().all(|b| b.is_ascii_digit()))
-        .ok_or_else(|| format!("invalid port {p:?} (1..=65535 or \"*\")"))
+        .ok_or_else(|| PatternError::InvalidPort(p.to_owned()))
 }
 
 /// AgenShield treats `[ ] { }` literally; in a glob they are classes and alternations.
@@ -123,7 +151,7 @@ fn escape_literals(path: &str) -> String {
 mod tests {
     use super::*;
 
-    fn show(p: &str) -> Result<String, String> {
+    fn show(p: &str) -> Result<String, PatternError> {
         parse(p).map(|x| format!("{:?} {} {:?} {:?}", x.scheme, x.host, x.port, x.path))
     }
 
@@ -178,7 +206,7 @@ mod tests {
             ("https://[::1]x/", "unexpected \"x\""),
         ];
         for (p, want) in bad {
-            let e = parse(p).err().unwrap_or_default();
+            let e = parse(p).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(want), "{p}: {e}");
         }
     }

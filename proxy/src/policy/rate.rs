@@ -58,31 +58,40 @@ pub(crate) struct RateFile {
     pub burst: Option<Spanned<i64>>,
 }
 
+/// Why a written `rate` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RateError {
+    #[error("`{key}` must be between 1 and {MAX_RATE_REQUESTS}, not {value}")]
+    Count { key: &'static str, value: i64 },
+    #[error(
+        "`rate.burst` = 0 would refuse every request (burst is the bucket size; \
+         use action = \"deny\" to block)"
+    )]
+    ZeroBurst,
+    #[error(
+        "invalid `rate.per` {0:?}: use a whole number with a unit (\"30s\", \"1m\", \"1h\") \
+         or \"second\", \"minute\", \"hour\""
+    )]
+    Per(String),
+    #[error("`rate.per` {0:?} must be between 1s and 24h")]
+    PerOutOfRange(String),
+}
+
 /// Validates a written rate; the error carries the span of the offending value.
-pub(crate) fn compile_rate(r: &RateFile) -> Result<RateLimit, (Range<usize>, String)> {
-    let count = |v: &Spanned<i64>, key: &str| {
+pub(crate) fn compile_rate(r: &RateFile) -> Result<RateLimit, (Range<usize>, RateError)> {
+    let count = |v: &Spanned<i64>, key: &'static str| {
         u32::try_from(*v.get_ref())
             .ok()
             .filter(|n| (1..=MAX_RATE_REQUESTS).contains(n))
             .ok_or_else(|| {
-                let msg = format!(
-                    "`{key}` must be between 1 and {MAX_RATE_REQUESTS}, not {}",
-                    v.get_ref()
-                );
-                (v.span(), msg)
+                let value = *v.get_ref();
+                (v.span(), RateError::Count { key, value })
             })
     };
     let requests = count(&r.requests, "rate.requests")?;
-    let per = parse_per(r.per.get_ref()).map_err(|m| (r.per.span(), m))?;
+    let per = parse_per(r.per.get_ref()).map_err(|e| (r.per.span(), e))?;
     let burst = match &r.burst {
-        Some(b) if *b.get_ref() == 0 => {
-            return Err((
-                b.span(),
-                "`rate.burst` = 0 would refuse every request (burst is the bucket size; \
-                 use action = \"deny\" to block)"
-                    .into(),
-            ))
-        }
+        Some(b) if *b.get_ref() == 0 => return Err((b.span(), RateError::ZeroBurst)),
         Some(b) => count(b, "rate.burst")?,
         None => requests,
     };
@@ -94,7 +103,7 @@ pub(crate) fn compile_rate(r: &RateFile) -> Result<RateLimit, (Range<usize>, Str
 }
 
 /// `"30s"`, `"1m"`, `"2h"` (whole numbers) or `"second"`, `"minute"`, `"hour"`.
-pub(crate) fn parse_per(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_per(s: &str) -> Result<Duration, RateError> {
     let secs = match s {
         "second" => Some(1),
         "minute" => Some(60),
@@ -116,14 +125,11 @@ pub(crate) fn parse_per(s: &str) -> Result<Duration, String> {
         }
     };
     let Some(secs) = secs else {
-        return Err(format!(
-            "invalid `rate.per` {s:?}: use a whole number with a unit (\"30s\", \"1m\", \"1h\") \
-             or \"second\", \"minute\", \"hour\""
-        ));
+        return Err(RateError::Per(s.to_owned()));
     };
     let per = Duration::from_secs(secs);
     if per.is_zero() || per > MAX_RATE_PER {
-        return Err(format!("`rate.per` {s:?} must be between 1s and 24h"));
+        return Err(RateError::PerOutOfRange(s.to_owned()));
     }
     Ok(per)
 }
@@ -191,6 +197,7 @@ mod tests {
         }
         assert!(parse_per("0s")
             .expect_err("zero")
+            .to_string()
             .contains("between 1s and 24h"));
     }
 

@@ -67,12 +67,12 @@ pub(crate) fn compile_rule(
     for m in &def.matchers {
         let hosts = non_empty(&m.hosts, "hosts", &err)?
             .iter()
-            .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e)))
+            .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         let except_hosts = m
             .except_hosts
             .iter()
-            .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e)))
+            .map(|h| parse_host_pattern(h.get_ref()).map_err(|e| err(h.span(), e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         let schemes = if passthrough {
             passthrough_schemes(m, &err)?
@@ -91,7 +91,7 @@ pub(crate) fn compile_rule(
                 non_empty(list, "paths", &err)?;
                 let set = globs
                     .get(list, m.paths_case_insensitive)
-                    .map_err(|(span, msg)| err(span, msg))?;
+                    .map_err(|(span, e)| err(span, e.to_string()))?;
                 Some(set)
             }
         };
@@ -130,7 +130,7 @@ fn obligations(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<Obligat
     let rate = match &def.rate {
         None => None,
         Some(r) if action == Action::Deny => return Err(only_allow("rate", r.span())),
-        Some(r) => Some(compile_rate(r.get_ref()).map_err(|(span, msg)| err(span, msg))?),
+        Some(r) => Some(compile_rate(r.get_ref()).map_err(|(span, e)| err(span, e.to_string()))?),
     };
     let max_concurrent = match &def.max_concurrent {
         None => None,

@@ -29,6 +29,29 @@ pub const ISSUES_CREDENTIALS: [&str; 16] = [
     "GetClusterCredentials",
 ];
 
+/// Why a `sigv4` scope as written is refused (policy text, never a secret).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScopeError {
+    #[error("`sigv4` must say which {what} it signs for: {what} = [{example}] (\"*\" for any)")]
+    Missing {
+        what: &'static str,
+        example: &'static str,
+    },
+    #[error("`sigv4` {0} must not be empty")]
+    EmptyTokens(&'static str),
+    #[error("invalid `sigv4` {what} entry {entry:?}")]
+    InvalidToken { what: &'static str, entry: String },
+    #[error("a `sigv4` list must not be empty")]
+    EmptyList,
+    #[error("invalid name or pattern {0:?}")]
+    InvalidName(String),
+    #[error("invalid pattern {text:?}: {kind}")]
+    InvalidPattern {
+        text: String,
+        kind: globset::ErrorKind,
+    },
+}
+
 /// Names matched by exact name or by `*`/`?` patterns (case-sensitive, as AWS writes them).
 #[derive(Debug, Clone)]
 pub struct NameGlobs {
@@ -45,18 +68,26 @@ impl PartialEq for NameGlobs {
 impl Eq for NameGlobs {}
 
 impl NameGlobs {
-    fn compile(list: &[Spanned<String>]) -> Result<NameGlobs, (std::ops::Range<usize>, String)> {
+    fn compile(
+        list: &[Spanned<String>],
+    ) -> Result<NameGlobs, (std::ops::Range<usize>, ScopeError)> {
         let mut written = Vec::new();
         let mut matchers = Vec::new();
         for p in list {
             let text = p.get_ref();
             if text.is_empty() || text.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-                return Err((p.span(), format!("invalid name or pattern {text:?}")));
+                return Err((p.span(), ScopeError::InvalidName(text.clone())));
             }
             let glob = GlobBuilder::new(text)
                 .literal_separator(false)
                 .build()
-                .map_err(|e| (p.span(), format!("invalid pattern {text:?}: {}", e.kind())))?;
+                .map_err(|e| {
+                    let e = ScopeError::InvalidPattern {
+                        text: text.clone(),
+                        kind: e.kind().clone(),
+                    };
+                    (p.span(), e)
+                })?;
             written.push(text.clone());
             matchers.push(glob.compile_matcher());
         }
@@ -67,7 +98,7 @@ impl NameGlobs {
     }
 
     /// From patterns given in code (tests, built-in scopes).
-    pub fn from_patterns(patterns: &[&str]) -> Result<NameGlobs, String> {
+    pub fn from_patterns(patterns: &[&str]) -> Result<NameGlobs, ScopeError> {
         let spanned: Vec<Spanned<String>> = patterns
             .iter()
             .map(|p| Spanned::new(0..0, p.to_string()))
@@ -154,16 +185,15 @@ impl Sigv4Scope {
         actions: Option<&Spanned<Vec<Spanned<String>>>>,
         copy_sources: Option<&Spanned<Vec<Spanned<String>>>>,
         whole: std::ops::Range<usize>,
-    ) -> Result<Sigv4Scope, (std::ops::Range<usize>, String)> {
-        let token_list = |l: Option<&Spanned<Vec<Spanned<String>>>>, what: &str, eg: &str| {
+    ) -> Result<Sigv4Scope, (std::ops::Range<usize>, ScopeError)> {
+        let token_list = |l: Option<&Spanned<Vec<Spanned<String>>>>,
+                          what: &'static str,
+                          example: &'static str| {
             let Some(l) = l else {
-                return Err((
-                    whole.clone(),
-                    format!("`sigv4` must say which {what} it signs for: {what} = [{eg}] (\"*\" for any)"),
-                ));
+                return Err((whole.clone(), ScopeError::Missing { what, example }));
             };
             if l.get_ref().is_empty() {
-                return Err((l.span(), format!("`sigv4` {what} must not be empty")));
+                return Err((l.span(), ScopeError::EmptyTokens(what)));
             }
             let mut out = Vec::new();
             for s in l.get_ref() {
@@ -171,10 +201,8 @@ impl Sigv4Scope {
                 let ok = v == "*"
                     || (!v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
                 if !ok {
-                    return Err((
-                        s.span(),
-                        format!("invalid `sigv4` {what} entry {:?}", s.get_ref()),
-                    ));
+                    let entry = s.get_ref().clone();
+                    return Err((s.span(), ScopeError::InvalidToken { what, entry }));
                 }
                 out.push(v);
             }
@@ -182,9 +210,7 @@ impl Sigv4Scope {
         };
         let globs = |l: Option<&Spanned<Vec<Spanned<String>>>>| match l {
             None => Ok(None),
-            Some(l) if l.get_ref().is_empty() => {
-                Err((l.span(), "a `sigv4` list must not be empty".to_string()))
-            }
+            Some(l) if l.get_ref().is_empty() => Err((l.span(), ScopeError::EmptyList)),
             Some(l) => NameGlobs::compile(l.get_ref()).map(Some),
         };
         Ok(Sigv4Scope {
@@ -307,6 +333,6 @@ mod tests {
         assert!(bare.check_copy_source("my-bucket/x").is_err());
         let e = Sigv4Scope::compile(None, Some(&spanned(&["*"])), None, None, 3..9)
             .expect_err("services are required");
-        assert!(e.1.contains("services = ["), "{e:?}");
+        assert!(e.1.to_string().contains("services = ["), "{e:?}");
     }
 }

@@ -23,6 +23,20 @@ thread_local! {
     static SHARD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
+/// Why a shard did not start (the daemon then serves on its main runtime).
+#[derive(Debug, thiserror::Error)]
+enum ShardError {
+    /// No thread for it.
+    #[error(transparent)]
+    Thread(std::io::Error),
+    /// Its thread ended before saying whether its runtime started.
+    #[error(transparent)]
+    Gone(std::sync::mpsc::RecvError),
+    /// No runtime on its thread.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+}
+
 struct Shards {
     handles: Vec<Handle>,
     next: AtomicUsize,
@@ -62,14 +76,14 @@ fn shards() -> &'static Shards {
                         // Serves whatever is spawned onto it, for the life of the process.
                         rt.block_on(std::future::pending::<()>());
                     })
-                    .map_err(|e| e.to_string())
+                    .map_err(ShardError::Thread)
                     .and_then(|_| {
                         rx.recv()
-                            .map_err(|e| e.to_string())
-                            .and_then(|r| r.map_err(|e| e.to_string()))
+                            .map_err(ShardError::Gone)
+                            .and_then(|r| r.map_err(ShardError::Runtime))
                     })
             })
-            .collect::<Result<Vec<Handle>, String>>();
+            .collect::<Result<Vec<Handle>, ShardError>>();
         match handles {
             Ok(handles) => Shards {
                 handles,

@@ -180,7 +180,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                     seq: head.seq,
                     hash: head.hash,
                     ready: ready.is_ok(),
-                    problem: ready.err(),
+                    problem: ready.err().map(|e| e.to_string()),
                 }
             }),
             policy: admin.proxy.policies.info(),
