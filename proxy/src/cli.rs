@@ -541,13 +541,16 @@ pub struct RunArgs {
 #[path = "cli_tests.rs"]
 mod tests;
 
+/// `--since` given something that is not a duration.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0:?} is not a duration back from now; give a number and a unit (s, m, h, d, w), e.g. \
+     --since 30m, --since 6h, --since 1d (yesterday and since), --since 1w, --since 1d12h"
+)]
+pub struct NotASince(String);
+
 /// `--since`: a duration back from now; anything else is refused with the forms it takes.
-fn back_from_now(text: &str) -> Result<humantime::Duration, String> {
-    text.parse::<humantime::Duration>().map_err(|_| {
-        format!(
-            "{text:?} is not a duration back from now; give a number and a unit (s, m, h, d, \
-             w), e.g. --since 30m, --since 6h, --since 1d (yesterday and since), --since 1w, \
-             --since 1d12h"
-        )
-    })
+fn back_from_now(text: &str) -> Result<humantime::Duration, NotASince> {
+    text.parse::<humantime::Duration>()
+        .map_err(|_| NotASince(text.to_string()))
 }

@@ -11,18 +11,41 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 use toml::Value;
 
+/// A value not in the form its key takes.
+#[derive(Debug, thiserror::Error)]
+pub enum FormError {
+    #[error(
+        "{text:?} is not IP:port; write the address, e.g. \"127.0.0.1:{port}\" \
+         (\"[::1]:{port}\" for IPv6; a name such as localhost is not looked up)"
+    )]
+    NotAnAddress { text: String, port: u16 },
+    #[error(
+        "{0:?} is not an IP address or IP:port, e.g. \"10.0.0.53\" or \"10.0.0.53:5353\" (a \
+         name is not looked up)"
+    )]
+    NotANameserver(String),
+}
+
 /// `"IP:port"`.
-pub(super) fn socket_addr_text(text: &str) -> Result<SocketAddr, String> {
-    text.parse().map_err(|_| {
-        let port = text
+pub(super) fn socket_addr_text(text: &str) -> Result<SocketAddr, FormError> {
+    text.parse().map_err(|_| FormError::NotAnAddress {
+        text: text.to_string(),
+        // The port as written, when there is one, makes the example.
+        port: text
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse::<u16>().ok())
-            .unwrap_or(15080);
-        format!(
-            "{text:?} is not IP:port; write the address, e.g. \"127.0.0.1:{port}\" \
-             (\"[::1]:{port}\" for IPv6; a name such as localhost is not looked up)"
-        )
+            .unwrap_or(15080),
     })
+}
+
+/// `IP` (port 53) or `IP:port`.
+pub fn parse_nameserver(s: &str) -> Result<SocketAddr, FormError> {
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    s.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| FormError::NotANameserver(s.to_string()))
 }
 
 fn string<E: serde::de::Error>(v: Value, form: &str) -> Result<String, E> {

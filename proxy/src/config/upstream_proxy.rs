@@ -8,6 +8,31 @@ use http::HeaderValue;
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 
+/// Why `upstream.proxy` is not a proxy address we take. Never shows the password.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyUrlError {
+    #[error("{shown:?} is not a URL like \"http://proxy.corp:3128\": {error}")]
+    NotAUrl {
+        /// The text, password hidden.
+        shown: String,
+        error: url::ParseError,
+    },
+    #[error(
+        "an https:// proxy (TLS to the proxy itself) is not supported; give its http:// \
+         address: TLS to every origin still runs end to end inside the CONNECT tunnel and is \
+         verified by AgenShield"
+    )]
+    Https,
+    #[error("the scheme must be http://, not {0}://")]
+    Scheme(String),
+    #[error("give the proxy's address only: no path, query or fragment")]
+    NotJustTheAddress,
+    #[error("the proxy's host is missing")]
+    NoHost,
+    #[error("the proxy's user name or password is not UTF-8")]
+    NotUtf8,
+}
+
 /// `http://[user:password@]host[:port]` (port 80 when left out, as the URL says).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
@@ -20,40 +45,31 @@ pub struct UpstreamProxy {
 }
 
 impl UpstreamProxy {
-    pub fn parse(text: &str) -> Result<UpstreamProxy, String> {
-        let url = url::Url::parse(text).map_err(|e| {
-            format!(
-                "{:?} is not a URL like \"http://proxy.corp:3128\": {e}",
-                shown(text)
-            )
+    pub fn parse(text: &str) -> Result<UpstreamProxy, ProxyUrlError> {
+        let url = url::Url::parse(text).map_err(|error| ProxyUrlError::NotAUrl {
+            shown: shown(text),
+            error,
         })?;
         match url.scheme() {
             "http" => {}
-            "https" => {
-                return Err(
-                    "an https:// proxy (TLS to the proxy itself) is not supported; give its \
-                     http:// address: TLS to every origin still runs end to end inside the \
-                     CONNECT tunnel and is verified by AgenShield"
-                        .into(),
-                )
-            }
-            other => return Err(format!("the scheme must be http://, not {other}://")),
+            "https" => return Err(ProxyUrlError::Https),
+            other => return Err(ProxyUrlError::Scheme(other.to_string())),
         }
         if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
-            return Err("give the proxy's address only: no path, query or fragment".into());
+            return Err(ProxyUrlError::NotJustTheAddress);
         }
         let host = match url.host() {
             Some(url::Host::Domain(name)) => name.to_string(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            None => return Err("the proxy's host is missing".into()),
+            None => return Err(ProxyUrlError::NoHost),
         };
         let port = url.port_or_known_default().unwrap_or(80);
         let decode = |s: &str| {
             percent_decode_str(s)
                 .decode_utf8()
                 .map(|s| s.into_owned())
-                .map_err(|_| "the proxy's user name or password is not UTF-8".to_string())
+                .map_err(|_| ProxyUrlError::NotUtf8)
         };
         let credentials = match (url.username(), url.password()) {
             ("", None) => None,
@@ -129,9 +145,9 @@ impl fmt::Debug for UpstreamProxy {
 }
 
 impl TryFrom<String> for UpstreamProxy {
-    type Error = String;
+    type Error = ProxyUrlError;
 
-    fn try_from(text: String) -> Result<UpstreamProxy, String> {
+    fn try_from(text: String) -> Result<UpstreamProxy, ProxyUrlError> {
         UpstreamProxy::parse(&text)
     }
 }
@@ -183,7 +199,9 @@ mod tests {
         ] {
             assert!(UpstreamProxy::parse(bad).is_err(), "{bad}");
         }
-        let e = UpstreamProxy::parse("http://u:hunter2@bad host:1").expect_err("bad");
+        let e = UpstreamProxy::parse("http://u:hunter2@bad host:1")
+            .expect_err("bad")
+            .to_string();
         assert!(!e.contains("hunter2"), "{e}");
     }
 }

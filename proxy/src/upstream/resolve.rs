@@ -41,7 +41,7 @@ impl Resolver {
         } else {
             let mut servers = Vec::new();
             for ns in &settings.nameservers {
-                let sa = parse_nameserver(ns).map_err(ResolveError::Setup)?;
+                let sa = parse_nameserver(ns).map_err(|e| ResolveError::Setup(e.to_string()))?;
                 let mut udp = ConnectionConfig::udp();
                 udp.port = sa.port();
                 let mut tcp = ConnectionConfig::tcp();

@@ -23,7 +23,7 @@ pub fn context(ctx: &Context, agent: &Agent, inst: &Installed) -> Finding {
     for (var, want) in &expected {
         match ctx.get(var) {
             None => missing.push(*var),
-            Some(v) if *var == crate::cmd::trust::vars::JAVA_VAR => {
+            Some(v) if *var == crate::cmd::trust::runtimes::JAVA_VAR => {
                 if !v.split_whitespace().any(|t| t == java_flag) {
                     elsewhere.push(format!("{var}={v}"));
                 }

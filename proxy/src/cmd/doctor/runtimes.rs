@@ -11,7 +11,8 @@ use super::contexts::{Context, ContextKind};
 use super::finding::{Area, Finding};
 use super::holds::{holds, Holds};
 use super::installed::Installed;
-use super::sources::{sources, Machine, Ours, Runtime, Source};
+use super::sources::{sources, Machine, Source};
+use crate::cmd::trust::runtimes::Runtime;
 
 /// What python3 has installed, asked once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -225,9 +226,9 @@ fn why(rt: Runtime, o: &Outcome) -> String {
     if !ours_missed {
         return reads;
     }
-    match rt.ours() {
-        Ours::Var(v) => format!("{v} is not set, so it {reads}"),
-        Ours::Wgetrc => format!("no ca_certificate in its wgetrc, so it {reads}"),
+    match rt.ours().var() {
+        Some(v) => format!("{v} is not set, so it {reads}"),
+        None => format!("no ca_certificate in its wgetrc, so it {reads}"),
     }
 }
 
@@ -278,12 +279,12 @@ fn fix(rt: Runtime, o: &Outcome, agent: &Agent, inst: &Installed) -> String {
             inst.truststore.display(),
             path.display()
         ),
-        _ => match rt.ours() {
-            Ours::Wgetrc => format!(
+        _ => match rt.ours().var() {
+            None => format!(
                 "add `ca_certificate = {bundle}` to {} (`sudo agenshield proxy install` writes it)",
                 agent.home.join(".wgetrc").display()
             ),
-            Ours::Var(v) => unset_fix(v, o.ctx.kind, agent, inst),
+            Some(v) => unset_fix(v, o.ctx.kind, agent, inst),
         },
     }
 }

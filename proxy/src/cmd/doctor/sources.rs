@@ -9,92 +9,8 @@ use std::path::{Path, PathBuf};
 use super::agent_access::Access;
 use super::contexts::Context;
 use super::holds::Format;
+use crate::cmd::trust::runtimes::{Runtime, JAVA_VAR};
 use crate::cmd::trust::settings::last_setting;
-
-/// The runtimes doctor knows, in the order it reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Runtime {
-    Curl,
-    Wget,
-    Git,
-    /// Python's `ssl` and `urllib` (OpenSSL's default paths).
-    Python,
-    Requests,
-    Httpx,
-    Pip,
-    Node,
-    Npm,
-    Java,
-    Go,
-    /// gRPC C-core as python's grpcio ships it (also Ruby's and PHP's).
-    Grpc,
-}
-
-/// What install sets up for a runtime (what the fix restores).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ours {
-    Var(&'static str),
-    /// wget reads no variable: `ca_certificate` in `~/.wgetrc`.
-    Wgetrc,
-}
-
-impl Runtime {
-    pub const ALL: [Runtime; 12] = [
-        Runtime::Curl,
-        Runtime::Wget,
-        Runtime::Git,
-        Runtime::Python,
-        Runtime::Requests,
-        Runtime::Httpx,
-        Runtime::Pip,
-        Runtime::Node,
-        Runtime::Npm,
-        Runtime::Java,
-        Runtime::Go,
-        Runtime::Grpc,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Runtime::Curl => "curl",
-            Runtime::Wget => "wget",
-            Runtime::Git => "git",
-            Runtime::Python => "python (ssl, urllib)",
-            Runtime::Requests => "python requests",
-            Runtime::Httpx => "python httpx",
-            Runtime::Pip => "pip",
-            Runtime::Node => "node",
-            Runtime::Npm => "npm",
-            Runtime::Java => "java",
-            Runtime::Go => "go",
-            Runtime::Grpc => "grpc (grpcio)",
-        }
-    }
-
-    /// Our variable, where it overrides the tool's configuration files (git, pip, npm);
-    /// curl's `~/.curlrc` is a command line and beats it, wget reads no variable.
-    pub fn overriding_var(self) -> Option<&'static str> {
-        match (self, self.ours()) {
-            (Runtime::Git | Runtime::Pip | Runtime::Npm, Ours::Var(v)) => Some(v),
-            _ => None,
-        }
-    }
-
-    pub fn ours(self) -> Ours {
-        Ours::Var(match self {
-            Runtime::Curl => "CURL_CA_BUNDLE",
-            Runtime::Wget => return Ours::Wgetrc,
-            Runtime::Git => "GIT_SSL_CAINFO",
-            Runtime::Python | Runtime::Httpx | Runtime::Go => "SSL_CERT_FILE",
-            Runtime::Requests => "REQUESTS_CA_BUNDLE",
-            Runtime::Pip => "PIP_CERT",
-            Runtime::Node => "NODE_EXTRA_CA_CERTS",
-            Runtime::Npm => "NPM_CONFIG_CAFILE",
-            Runtime::Java => crate::cmd::trust::vars::JAVA_VAR,
-            Runtime::Grpc => "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
-        })
-    }
-}
 
 /// One place a runtime takes roots from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,7 +304,7 @@ pub fn sources(
         }
         Runtime::Java => {
             // The launcher's JDK_JAVA_OPTIONS come after JAVA_TOOL_OPTIONS, so they win.
-            for var in ["JDK_JAVA_OPTIONS", crate::cmd::trust::vars::JAVA_VAR] {
+            for var in ["JDK_JAVA_OPTIONS", JAVA_VAR] {
                 if let Some((path, password)) = ctx.get(var).and_then(java_store) {
                     return vec![Source::JavaOption {
                         var,
@@ -484,6 +400,7 @@ fn java_store(options: &str) -> Option<(PathBuf, String)> {
 mod tests {
     use super::*;
     use crate::cmd::doctor::contexts::ContextKind;
+    use crate::cmd::trust::runtimes::Ours;
 
     fn ctx(vars: &[(&str, &str)]) -> Context {
         Context {
@@ -574,16 +491,16 @@ mod tests {
         for rt in Runtime::ALL {
             let s = &sources(rt, &c, &w.home, &w.m, &Access::ours())[0];
             match rt.ours() {
-                Ours::Var(name) if name == crate::cmd::trust::vars::JAVA_VAR => assert_eq!(
+                Ours::JavaOptions => assert_eq!(
                     *s,
                     Source::JavaOption {
-                        var: name,
+                        var: JAVA_VAR,
                         path: "/opt/agenshield/certs/agent-truststore.p12".into(),
                         password: "changeit".into(),
                         keytool: None
                     }
                 ),
-                Ours::Var(name) => assert_eq!(*s, var(name, b), "{rt:?}"),
+                Ours::Bundle(name) => assert_eq!(*s, var(name, b), "{rt:?}"),
                 // wget: no ~/.wgetrc here.
                 Ours::Wgetrc => assert!(s.is_default()),
             }

@@ -20,6 +20,7 @@ pub mod observe;
 pub mod plan;
 pub mod resolvers;
 mod steps;
+mod undo;
 mod uninstall_plan;
 pub mod userfile;
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
-use super::vars::CA_FILE_VARS;
+use super::runtimes::CA_FILE_VARS;
 
 /// A bundle an operator configured for the machine's tools, and where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]

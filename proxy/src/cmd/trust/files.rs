@@ -4,7 +4,8 @@
 //! agent's sessions only, and the macOS launchd agent that sets it for the agent's launchd
 //! domain. Pure, so both platforms' files are golden-tested anywhere.
 
-use super::vars::{AgentTrust, JAVA_VAR};
+use super::runtimes::JAVA_VAR;
+use super::vars::AgentTrust;
 
 /// POSIX sh (bash and zsh): every variable exported; the JVM options are added to what the
 /// agent's own `JAVA_TOOL_OPTIONS` holds, once however often the file is read.

@@ -6,9 +6,11 @@
 
 pub mod bundle;
 pub mod files;
+pub mod runtimes;
 pub mod settings;
 pub mod system_store;
 pub mod truststore;
 pub mod vars;
 
-pub use vars::{AgentTrust, CA_FILE_VARS};
+pub use runtimes::CA_FILE_VARS;
+pub use vars::AgentTrust;

@@ -1,43 +1,9 @@
-//! The environment that makes an agent's tools trust our CA: the variables each runtime reads
-//! a CA bundle from, and the JVM's trust store options.
+//! The environment that makes an agent's tools trust our CA: every bundle variable of the
+//! runtime table ([`super::runtimes`]) naming the bundle, and the JVM's trust store options.
 
 use std::path::Path;
 
-/// Variables naming a PEM bundle, and who reads them. OpenSSL, Ruby, Go, uv
-/// (`SSL_CERT_FILE`); Python requests and httpx (`REQUESTS_CA_BUNDLE`); curl
-/// (`CURL_CA_BUNDLE`); Node, added to its own roots (`NODE_EXTRA_CA_CERTS`); npm, which
-/// *replaces* its list with the file, so it gets the whole bundle (`NPM_CONFIG_CAFILE`, over a
-/// machine npmrc's `cafile`); git (`GIT_SSL_CAINFO`); pip (`PIP_CERT`); cargo
-/// (`CARGO_HTTP_CAINFO`); Bundler (`BUNDLE_SSL_CA_CERT`); gRPC C-core (python grpcio, Ruby,
-/// PHP, C++), which ships its own roots (`GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`); Deno
-/// (`DENO_CERT`); the AWS SDKs and CLI (`AWS_CA_BUNDLE`); OpenAI Codex
-/// (`CODEX_CA_CERTIFICATE`); Elixir's Hex (`HEX_CACERTS_PATH`); the Google Cloud SDK
-/// (`CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE`); httplib2, under the older Google API clients
-/// (`HTTPLIB2_CA_CERTS`); Nix (`NIX_SSL_CERT_FILE`). Images that set some of these to the
-/// system bundle are common: any left unset here would keep pointing there.
-pub const CA_FILE_VARS: [&str; 17] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "NPM_CONFIG_CAFILE",
-    "GIT_SSL_CAINFO",
-    "PIP_CERT",
-    "CARGO_HTTP_CAINFO",
-    "BUNDLE_SSL_CA_CERT",
-    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
-    "DENO_CERT",
-    "AWS_CA_BUNDLE",
-    "CODEX_CA_CERTIFICATE",
-    "HEX_CACERTS_PATH",
-    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
-    "HTTPLIB2_CA_CERTS",
-    "NIX_SSL_CERT_FILE",
-];
-
-/// The JVM reads no CA variable: every launcher (java, javac, Gradle, Maven) reads this one,
-/// and it names our PKCS12 trust store.
-pub const JAVA_VAR: &str = "JAVA_TOOL_OPTIONS";
+use super::runtimes::{CA_FILE_VARS, JAVA_VAR};
 
 /// What the agent trusts: the PEM bundle, and the JVM trust store made from it.
 #[derive(Debug, Clone, Copy)]
