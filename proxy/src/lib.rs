@@ -7,6 +7,9 @@
 //!   forward → record (+ the refusal the agent sees);
 //! - `dns`: the agent's DNS stub (names decided by policy, synthetic answers);
 //! - `upstream`: resolve, guard, dial, verified TLS, pooled clients, relays;
+//! - beneath the data path, the state it shares: `admission` (who may use which listener,
+//!   connections per agent), `server_tls` (the intercepting side's rustls set-up) and
+//!   `dns_state` (the names and synthetic addresses the DNS stub gave each agent);
 //! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
 //! - `control`: admin API, decision feed, approvals, policy store and watcher, metrics;
 //! - `daemon`: `proxy run`, the privilege split, the firewall glue;
@@ -28,12 +31,14 @@ pub mod logging;
 pub mod policy;
 pub mod runtime;
 
+mod admission;
 mod audit;
 mod body;
 mod clock;
 mod conn;
 mod control;
 mod dns;
+mod dns_state;
 mod error_chain;
 mod flush_coalesce;
 mod pipeline;
@@ -41,6 +46,7 @@ mod proxy;
 mod ratelimit;
 mod record;
 mod secrets;
+mod server_tls;
 mod toml_errors;
 mod upstream;
 mod write_through;

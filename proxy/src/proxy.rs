@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use agenshield_certs::LeafCache;
 
+use crate::admission::{Budgets, Identities};
 use crate::audit::{Audit, Entry, ReloadEntry, ReloadResult};
 use crate::config::Limits;
-use crate::conn::identity::Identities;
-use crate::conn::server_tls::InterceptTls;
-use crate::conn::Budgets;
 use crate::control::approvals::Approvals;
 use crate::control::events::Events;
 use crate::control::metrics::Metrics;
@@ -18,6 +16,7 @@ use crate::control::tunnels::Tunnels;
 use crate::policy::Policy;
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
 use crate::secrets::Vault;
+use crate::server_tls::InterceptTls;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
 
@@ -49,7 +48,7 @@ pub(crate) struct Proxy {
     /// Live tunnels, decided again on every policy change.
     pub tunnels: Arc<Tunnels>,
     /// The agent's DNS stub: the names it gave each agent, and its bounds.
-    pub dns: crate::dns::DnsState,
+    pub dns: crate::dns_state::DnsState,
     /// Who may use which listener, and whose requests secrets serve.
     pub identities: Identities,
     next_conn: AtomicU64,
@@ -96,7 +95,7 @@ impl Proxy {
             budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
-            dns: crate::dns::DnsState::new(p.denied_names),
+            dns: crate::dns_state::DnsState::new(p.denied_names),
             identities: p.identities,
             next_conn: AtomicU64::new(1),
         }

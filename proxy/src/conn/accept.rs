@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::budget::{Agent, Seat};
+use crate::admission::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
 use crate::conn::{ConnCtx, Dest};
@@ -188,8 +188,8 @@ pub(crate) async fn transparent(
                 // redirect is NAT); with a testing override it really dialed `local`.
                 ctx.agent_uid = agent_uid(peer, &[dst, local]);
                 if let Err(r) = proxy.identities.transparent(ctx.agent_uid) {
-                    tracing::debug!("closing: {}", r.message);
-                    refused(&proxy, &ctx, r).await;
+                    tracing::debug!("closing: {r}");
+                    refused(&proxy, &ctx, r.into()).await;
                     return;
                 }
                 let own_explicit = is_own_explicit(dst, explicit);
@@ -207,7 +207,7 @@ pub(crate) async fn transparent(
                     // An agent user: the explicit listener admits it too.
                     match proxy.identities.explicit(ctx.agent_uid) {
                         Ok(()) => serve_explicit(proxy, ctx, sock).await,
-                        Err(r) => serve_refused(proxy, ctx, sock, r).await,
+                        Err(r) => serve_refused(proxy, ctx, sock, r.into()).await,
                     }
                     return;
                 }
@@ -249,8 +249,8 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
                 match proxy.identities.explicit(ctx.agent_uid) {
                     Ok(()) => serve_explicit(proxy, ctx, sock).await,
                     Err(r) => {
-                        tracing::debug!("refusing: {}", r.message);
-                        serve_refused(proxy, ctx, sock, r).await
+                        tracing::debug!("refusing: {r}");
+                        serve_refused(proxy, ctx, sock, r.into()).await
                     }
                 }
             }

@@ -13,12 +13,12 @@ use tokio::time::timeout;
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::conn::http::{serve_http, HttpVersions};
-use crate::conn::server_tls::ALPN_H2;
 use crate::conn::{ConnCtx, Dest, DestHost, TlsSide};
 use crate::pipeline::record;
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
 use crate::record::{ErrorCode, Protocol, Record, RequestId};
+use crate::server_tls::ALPN_H2;
 
 pub(super) async fn intercept<S>(proxy: Arc<Proxy>, ctx: ConnCtx, stream: S)
 where

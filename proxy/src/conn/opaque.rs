@@ -89,7 +89,9 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
     // A synthetic address (a name only an `ask` rule covers) stands for its name: the name
     // is dialed, resolved by our own resolver; the address never is.
     let dial = match ctx.dest.host {
-        DestHost::Ip(ip) if by_name && crate::dns::synthetic::is_synthetic(ip) => host.clone(),
+        DestHost::Ip(ip) if by_name && crate::dns_state::synthetic::is_synthetic(ip) => {
+            host.clone()
+        }
         _ => dial,
     };
     TcpDecision {

@@ -8,9 +8,9 @@ use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
 use anyhow::Context;
 
 use super::BadInput;
+use crate::admission::Identities;
 use crate::audit::Audit;
 use crate::config::{Config, NameOrId};
-use crate::conn::identity::Identities;
 use crate::control::admin::{self, AdminAuth};
 use crate::control::approvals::Approvals;
 use crate::control::metrics::Metrics;

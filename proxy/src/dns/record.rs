@@ -15,10 +15,10 @@ use hickory_resolver::proto::op::{Query, ResponseCode};
 
 use super::answer::Outcome;
 use super::message::{Asked, Asker};
-use super::names::{MAX_TTL, MIN_TTL};
-use crate::conn::{ConnCtx, Dest};
+use crate::dns_state::names::{MAX_TTL, MIN_TTL};
 use crate::pipeline::record;
 use crate::proxy::Proxy;
+use crate::record::{ConnCtx, Dest};
 use crate::record::{DnsFacts, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict};
 
 /// Records `outcome` (or counts it only, for an answer recorded lately). `false`: the audit

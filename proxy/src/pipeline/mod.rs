@@ -29,10 +29,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
-use crate::conn::ConnCtx;
 use crate::policy::{Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::record::ConnCtx;
 use crate::record::{Record, RequestId, Verdict};
 use crate::secrets::phase::SecretPhase;
 use crate::upstream::target::Target;

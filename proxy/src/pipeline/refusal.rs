@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response};
 use serde::Serialize;
 
+use crate::admission::NotAdmitted;
 use crate::body::{full, ProxyBody};
 use crate::record::{ErrorCode, Verdict};
 use crate::upstream::error::UpstreamError;
@@ -34,6 +35,17 @@ impl Refusal {
             message,
             rule_id: None,
             retry_after: None,
+        }
+    }
+}
+
+/// A user the listener or the rule's secrets do not serve: its code, its message, and the
+/// rule whose secrets were refused.
+impl From<NotAdmitted> for Refusal {
+    fn from(e: NotAdmitted) -> Refusal {
+        Refusal {
+            rule_id: e.rule().map(str::to_string),
+            ..Refusal::new(e.code(), e.to_string())
         }
     }
 }

@@ -9,9 +9,9 @@ use http::{header, Request};
 
 use super::refusal::Refusal;
 use super::RequestCtx;
-use crate::conn::{ConnCtx, DestHost};
 use crate::policy::{normalize_host, normalize_path, Scheme};
 use crate::record::ErrorCode;
+use crate::record::{ConnCtx, DestHost};
 use crate::upstream::client::upgrade_allowed;
 use crate::upstream::target::Target;
 
@@ -157,8 +157,8 @@ pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Dest, TlsSide};
     use crate::record::ListenerKind;
+    use crate::record::{Dest, TlsSide};
 
     fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
         ConnCtx {

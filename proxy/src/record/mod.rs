@@ -7,6 +7,7 @@
 //! The bottom of the crate: this module imports nothing else from it, so every layer (the
 //! engines, the data path, control) can import it without an import pointing up.
 
+mod conn;
 mod end;
 mod error_code;
 mod listener;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
+pub(crate) use conn::{ConnCtx, Dest, DestHost, TlsSide};
 pub(crate) use end::End;
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;

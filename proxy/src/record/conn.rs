@@ -1,9 +1,11 @@
-//! What the proxy knows about one client connection.
+//! What the proxy knows about one client connection: where it came from, where it was
+//! headed, its TLS side once intercepted, and its owner. Plain facts, beneath every layer
+//! that reads them (the accept loops, the pipeline, the DNS stub).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::record::ListenerKind;
+use super::ListenerKind;
 
 /// Where the client was headed before we looked inside: the original destination of a
 /// redirected connection (an address), or the authority of a CONNECT / absolute-URI request.
