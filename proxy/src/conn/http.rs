@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::watchdog::{serve_until_expired, Activity, Watched};
 use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record;
-use crate::record::{ErrorCode, Protocol, Record, RequestId};
+use crate::record::{ErrorCode, Protocol, Record, Refusal};
 
 use crate::conn::ConnCtx;
 use crate::pipeline;
@@ -188,26 +188,19 @@ async fn refused_by_server(
     why: String,
     started: Instant,
 ) {
-    let started_at = crate::clock::now_rfc3339().into();
+    let at = record::stamp(&proxy.policy(), None);
+    let protocol = if ctx.tls.is_some() {
+        Protocol::Https
+    } else {
+        Protocol::Http
+    };
+    let refusal = Refusal::new(code, why);
     let record = Record {
-        protocol: if ctx.tls.is_some() {
-            Protocol::Https
-        } else {
-            Protocol::Http
-        },
-        decision: code.verdict(),
-        error_code: Some(code),
         status,
-        reason: Some(why),
         ms: record::ms_since(started),
-        ..record::base(
-            proxy,
-            ctx,
-            &proxy.policy(),
-            RequestId::random(),
-            started_at,
-            record::dest_host(proxy, ctx),
-        )
+        ..ctx
+            .base(&proxy.vault.current())
+            .refused(protocol, &refusal, at)
     };
     record::connection(proxy, record).await;
 }

@@ -24,7 +24,7 @@ use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
-use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::record::{Protocol, Record, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::relay::relay;
@@ -161,21 +161,17 @@ pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, tcp: TcpDec
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let shown: Arc<str> = proxy.vault.current().redact(&tcp.host).into();
+    let secrets = proxy.vault.current();
+    let shown: Arc<str> = secrets.redact(&tcp.host).into();
+    let rule = tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone());
+    let at = record::stamp(&tcp.policy, Some(tcp.at));
     let rec = Record {
-        kind: RecordKind::Connection,
-        protocol: Protocol::Tcp,
-        rule: tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone()),
         would_deny: tcp.decision.as_ref().is_ok_and(|d| d.reported_deny),
-        ..record::base(
-            &proxy,
-            &ctx,
-            &tcp.policy,
-            RequestId::random(),
-            crate::clock::rfc3339(tcp.at).into(),
-            shown.clone(),
-        )
+        ..ctx
+            .base(&secrets)
+            .decided(Protocol::Tcp, shown.clone(), rule, at)
     };
+    drop(secrets);
     let permit = match admit(&proxy, &ctx, &tcp, &shown) {
         Ok(permit) => permit,
         Err(r) => {
@@ -260,11 +256,11 @@ fn admit(
     limit::connection(proxy, d, &tcp.host, ctx.agent_uid)
 }
 
-pub(super) async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {
-    let secrets = proxy.vault.current();
-    rec.decision = r.verdict;
-    rec.error_code = Some(r.code);
-    rec.reason = Some(secrets.redact(&r.message).into_owned());
-    rec.ms = record::ms_since(started);
+pub(super) async fn refuse(proxy: &Arc<Proxy>, rec: Record, r: &Refusal, started: Instant) {
+    let shown = record::shown(&proxy.vault.current(), r.clone());
+    let rec = Record {
+        ms: record::ms_since(started),
+        ..rec.refused(&shown)
+    };
     record::connection(proxy, rec).await;
 }

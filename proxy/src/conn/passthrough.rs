@@ -26,7 +26,7 @@ use crate::pipeline::limit;
 use crate::pipeline::record;
 use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
-use crate::record::{Protocol, Record, RecordKind, RequestId};
+use crate::record::{Protocol, Record};
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
 /// for; the connection is intercepted as usual, which reads it itself.
@@ -118,20 +118,15 @@ async fn splice<S>(
     let started = Instant::now();
     let secrets = proxy.vault.current();
     let shown: Arc<str> = secrets.redact(&sni).into();
+    let at = record::stamp(&policy, None);
+    let rule = decision.rule_id.clone();
     let rec = Record {
-        kind: RecordKind::Connection,
-        protocol: Protocol::TlsPassthrough,
-        rule: decision.rule_id.clone(),
         sni: Some(shown.clone()),
-        ..record::base(
-            &proxy,
-            &ctx,
-            &policy,
-            RequestId::random(),
-            crate::clock::rfc3339(time::OffsetDateTime::now_utc()).into(),
-            shown,
-        )
+        ..ctx
+            .base(&secrets)
+            .decided(Protocol::TlsPassthrough, shown, rule, at)
     };
+    drop(secrets);
     let permit = match record::ready(&proxy)
         .and_then(|()| limit::connection(&proxy, &decision, &sni, ctx.agent_uid))
     {

@@ -172,14 +172,11 @@ pub(crate) async fn serve_tcp(proxy: Arc<Proxy>, listener: TcpListener, orig: Ar
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
-                let ctx = ConnCtx {
-                    id,
-                    client,
-                    listener: ListenerKind::Dns,
-                    dest: Dest::from_addr(dst),
-                    tls: None,
-                    agent_uid: agent_uid(client, &[dst, local]),
-                };
+                let uid = agent_uid(client, &[dst, local]);
+                let dest = Dest::from_addr(dst);
+                let secrets = proxy.vault.current();
+                let ctx = ConnCtx::new(id, client, ListenerKind::Dns, dest, uid, &secrets);
+                drop(secrets);
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };

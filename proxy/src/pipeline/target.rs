@@ -161,16 +161,19 @@ mod tests {
     use crate::record::{Dest, TlsSide};
 
     fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
-        ConnCtx {
-            id: 1,
-            client: "127.0.0.1:5000".parse().expect("addr"),
-            listener: ListenerKind::Transparent,
-            dest: Dest::from_addr(dest.parse().expect("addr")),
-            tls: tls.map(|(sni, id)| TlsSide {
-                sni: Some(sni.into()),
-                identity: id.map(str::to_string).map_err(str::to_string),
-            }),
-            agent_uid: None,
+        let set = std::sync::Arc::new(crate::secrets::set::SecretSet::default());
+        let client = "127.0.0.1:5000".parse().expect("addr");
+        let dest = Dest::from_addr(dest.parse().expect("addr"));
+        let ctx = ConnCtx::new(1, client, ListenerKind::Transparent, dest, None, &set);
+        match tls {
+            Some((sni, id)) => ctx.with_tls(
+                TlsSide {
+                    sni: Some(sni.into()),
+                    identity: id.map(str::to_string).map_err(str::to_string),
+                },
+                &set,
+            ),
+            None => ctx,
         }
     }
 

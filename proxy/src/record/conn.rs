@@ -5,7 +5,9 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use super::ListenerKind;
+use std::sync::Arc;
+
+use super::{ListenerKind, RecordBase, Redact};
 
 /// Where the client was headed before we looked inside: the original destination of a
 /// redirected connection (an address), or the authority of a CONNECT / absolute-URI request.
@@ -58,6 +60,8 @@ pub(crate) struct TlsSide {
     pub identity: Result<String, String>,
 }
 
+/// The facts are read freely; they change only through the `with_*` methods, which make the
+/// base of its records again.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnCtx {
     pub id: u64,
@@ -67,4 +71,79 @@ pub(crate) struct ConnCtx {
     pub tls: Option<TlsSide>,
     /// The local user that opened the connection (audit), when the OS could tell.
     pub agent_uid: Option<u32>,
+    /// What every record of the connection shares, redacted with `set` as it was made.
+    base: RecordBase,
+}
+
+impl ConnCtx {
+    /// A connection accepted (`id`), its text redacted with `set` for its records.
+    pub(crate) fn new<R: Redact>(
+        id: u64,
+        client: SocketAddr,
+        listener: ListenerKind,
+        dest: Dest,
+        agent_uid: Option<u32>,
+        set: &Arc<R>,
+    ) -> ConnCtx {
+        let base = RecordBase::new(id, listener, client, agent_uid, &dest, None, set);
+        ConnCtx {
+            id,
+            client,
+            listener,
+            dest,
+            tls: None,
+            agent_uid,
+            base,
+        }
+    }
+
+    /// The base of its records, redacted with `set` (again, when `set` is not the one it
+    /// was made with).
+    pub(crate) fn base<R: Redact>(&self, set: &Arc<R>) -> std::borrow::Cow<'_, RecordBase> {
+        if self.base.redacted_with(set) {
+            std::borrow::Cow::Borrowed(&self.base)
+        } else {
+            std::borrow::Cow::Owned(self.rebased(set))
+        }
+    }
+
+    fn rebased<R: Redact>(&self, set: &Arc<R>) -> RecordBase {
+        let sni = self.tls.as_ref().and_then(|t| t.sni.as_deref());
+        RecordBase::new(
+            self.id,
+            self.listener,
+            self.client,
+            self.agent_uid,
+            &self.dest,
+            sni,
+            set,
+        )
+    }
+
+    /// The same connection, served as `listener`'s.
+    pub(crate) fn with_listener<R: Redact>(self, listener: ListenerKind, set: &Arc<R>) -> Self {
+        let mut c = ConnCtx { listener, ..self };
+        c.base = c.rebased(set);
+        c
+    }
+
+    /// The same connection, headed for `dest` (a proxy request's).
+    pub(crate) fn with_dest<R: Redact>(&self, dest: Dest, set: &Arc<R>) -> Self {
+        let mut c = ConnCtx {
+            dest,
+            ..self.clone()
+        };
+        c.base = c.rebased(set);
+        c
+    }
+
+    /// The same connection, its TLS intercepted.
+    pub(crate) fn with_tls<R: Redact>(self, tls: TlsSide, set: &Arc<R>) -> Self {
+        let mut c = ConnCtx {
+            tls: Some(tls),
+            ..self
+        };
+        c.base = c.rebased(set);
+        c
+    }
 }

@@ -7,21 +7,25 @@
 //! The bottom of the crate: this module imports nothing else from it, so every layer (the
 //! engines, the data path, control) can import it without an import pointing up.
 
+mod base;
 mod conn;
 mod end;
 mod error_code;
 mod listener;
 pub(crate) mod log;
+mod refusal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
+pub(crate) use base::{RecordBase, Redact, Stamp};
 pub(crate) use conn::{ConnCtx, Dest, DestHost, TlsSide};
-pub(crate) use end::End;
+pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
+pub(crate) use refusal::Refusal;
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
 /// handshake): in logs, metrics and tail. The audit log writes `null`.

@@ -12,18 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::record::End;
-
-/// What a relay moved, and how it ended.
-#[derive(Debug)]
-pub(crate) struct Relayed {
-    /// Bytes from the agent's side to the upstream's.
-    pub up: u64,
-    /// Bytes from the upstream's side to the agent's.
-    pub down: u64,
-    pub end: End,
-    /// The failure, when `end` is `Error`.
-    pub error: Option<io::Error>,
-}
+pub(crate) use crate::record::Relayed;
 
 /// Copies both ways until either side closes, nothing moves for `idle`, or `stop` resolves
 /// (a policy change revoked the tunnel). `client` is the agent's side. Counts what moved
