@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use super::accept::{admission, refused};
 use super::dispatch::serve_stream;
 use super::http::{server_head_cap, unparsed};
-use super::watchdog::{serve_until_expired, Activity, Watched};
+use super::watchdog::{serve_until_expired, watched, Activity};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
@@ -50,7 +50,7 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
         // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
         .header_read_timeout(None)
         .max_buf_size(server_head_cap(&limits))
-        .serve_connection(TokioIo::new(Watched::new(stream, activity.clone())), svc)
+        .serve_connection(TokioIo::new(watched(stream, activity.clone())), svc)
         .with_upgrades();
     tokio::pin!(conn);
     let served =

@@ -10,7 +10,7 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 
-use super::watchdog::{serve_until_expired, Activity, Watched};
+use super::watchdog::{serve_until_expired, watched, Activity};
 use crate::control::metrics::ConnProtocol;
 use crate::pipeline::record;
 use crate::record::{ErrorCode, Protocol, Record, Refusal};
@@ -79,7 +79,7 @@ pub(super) async fn serve_http<S>(
         HttpVersions::Http2 => builder.http2_only(),
         HttpVersions::Any => builder,
     };
-    let io = TokioIo::new(Watched::new(io, activity.clone()));
+    let io = TokioIo::new(watched(io, activity.clone()));
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
     let served = serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown());

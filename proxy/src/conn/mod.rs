@@ -21,7 +21,6 @@ mod http;
 mod intercept;
 mod opaque;
 mod passthrough;
-mod prefixed;
 mod watchdog;
 
 pub(crate) use crate::record::{ConnCtx, Dest, DestHost, TlsSide};

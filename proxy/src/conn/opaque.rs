@@ -14,20 +14,20 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
+use crate::pipeline::tunnel::Tunnel;
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::read_side::ReadSide;
 use crate::record::{Protocol, Record, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::upstream::error::UpstreamError;
-use crate::upstream::relay::relay;
 
 /// What the policy says about a connection as raw TCP, decided when it was accepted (and
 /// acted on only if it is taken as raw TCP).
@@ -205,8 +205,7 @@ pub(super) struct Splice<'a> {
 
 impl Splice<'_> {
     /// Dials (through the resolver and the guard), records the decision (nothing is relayed
-    /// unless it is in the audit log), relays until either side ends, a policy change
-    /// revokes it or it idles out, then records the close with its bytes.
+    /// unless it is in the audit log), then runs the tunnel (`pipeline::tunnel`).
     pub(super) async fn run<S>(
         self,
         proxy: &Arc<Proxy>,
@@ -231,15 +230,15 @@ impl Splice<'_> {
         if !record::connection(proxy, rec.clone()).await {
             return;
         }
-        let _open = proxy.metrics.connection(self.protocol);
         let _permit: Option<ConcurrencyPermit> = permit;
-        let mut live = proxy.tunnels.open(self.facts);
-        let started = Instant::now();
+        let tunnel = Tunnel {
+            facts: self.facts,
+            protocol: self.protocol,
+            decided: rec,
+        };
         // What was read already goes first, and counts as sent.
-        let client = Prefixed::new(self.first.unwrap_or_default(), client);
-        let idle = proxy.limits.tunnel_idle_timeout;
-        let relayed = relay(client, upstream, idle, &mut live.revoked).await;
-        record::tunnel_closed(proxy, &rec, &relayed, started).await;
+        let client = ReadSide::prefixed(self.first.unwrap_or_default(), client);
+        tunnel.run(proxy, client, upstream, None).await;
     }
 }
 

@@ -18,7 +18,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use super::intercept::intercept;
 use super::opaque::{refuse, Splice};
-use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
 use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
@@ -26,6 +25,7 @@ use crate::pipeline::limit;
 use crate::pipeline::record;
 use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
+use crate::read_side::ReadSide;
 use crate::record::{Protocol, Record};
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
@@ -86,7 +86,7 @@ where
     let hello = read_hello(&mut stream, proxy.limits.tls_handshake_timeout).await;
     match decide(&policy, &ctx, &hello) {
         Some((sni, d)) => splice(proxy, ctx, policy, sni, d, hello.bytes, stream).await,
-        None => intercept(proxy, ctx, Prefixed::new(hello.bytes, stream)).await,
+        None => intercept(proxy, ctx, ReadSide::prefixed(hello.bytes, stream)).await,
     }
 }
 
