@@ -17,8 +17,7 @@ use tokio::net::TcpStream;
 
 use super::accept::{admission, refused};
 use super::dispatch::serve_stream;
-use super::http::{server_head_cap, unparsed};
-use super::watchdog::{serve_until_expired, watched, Activity};
+use super::http::{serve_watched, server_head_cap, unparsed, HttpVersions};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
@@ -32,34 +31,15 @@ pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: Tcp
     let base = Arc::new(base);
     let limits = proxy.limits.clone();
     let started = Instant::now();
-    let activity = Activity::new(true);
-    let svc = {
-        let (proxy, base, activity) = (proxy.clone(), base.clone(), activity.clone());
-        service_fn(move |req| {
-            let in_flight = activity.start();
-            let proxy = proxy.clone();
-            let base = base.clone();
-            async move {
-                let resp = handle(proxy, base, req).await;
-                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
-            }
-        })
+    let answer = {
+        let (proxy, base) = (proxy.clone(), base.clone());
+        move |req| handle(proxy.clone(), base.clone(), req)
     };
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
-        .header_read_timeout(None)
-        .max_buf_size(server_head_cap(&limits))
-        .serve_connection(TokioIo::new(watched(stream, activity.clone())), svc)
-        .with_upgrades();
-    tokio::pin!(conn);
-    let served =
-        serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown()).await;
+    let served = serve_watched(&limits, stream, HttpVersions::Http1, answer).await;
     if let Err(e) = served {
-        if e.is_parse() {
-            unparsed(&proxy, &base, &e, started).await;
-        } else {
-            tracing::debug!("explicit proxy connection ended: {e}");
+        match e.downcast_ref::<hyper::Error>() {
+            Some(h) if h.is_parse() => unparsed(&proxy, &base, h, started).await,
+            _ => tracing::debug!("explicit proxy connection ended: {e}"),
         }
     }
 }
