@@ -17,6 +17,7 @@ use crate::conn::{ConnCtx, Dest, DestHost, TlsSide};
 use crate::pipeline::record;
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
+use crate::record::HostMismatch;
 use crate::record::{ErrorCode, Protocol, Record, Refusal};
 use crate::server_tls::ALPN_H2;
 
@@ -156,13 +157,14 @@ fn handshake_failure(e: &std::io::Error) -> ErrorCode {
 
 /// The name to mint a leaf for, and the host this connection may address. The SNI wins over
 /// an IP destination (we dial what we resolve for it); a CONNECT name must agree with it.
-fn identity(dest: &Dest, sni: Option<&str>) -> (String, Result<String, String>) {
+fn identity(dest: &Dest, sni: Option<&str>) -> (String, Result<String, HostMismatch>) {
     match (sni, &dest.host) {
         (Some(s), DestHost::Name(n)) if s != n => (
             s.to_string(),
-            Err(format!(
-                "TLS server name {s} does not match the CONNECT host {n}"
-            )),
+            Err(HostMismatch {
+                sni: s.to_string(),
+                host: n.clone(),
+            }),
         ),
         (Some(s), _) => (s.to_string(), Ok(s.to_string())),
         (None, host) => (host.to_string(), Ok(host.to_string())),

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hickory_resolver::proto::op::{Query, ResponseCode};
+use hickory_resolver::proto::op::Query;
 
 use super::answer::Outcome;
 use super::message::{Asked, Asker};
@@ -34,7 +34,7 @@ pub(super) async fn record(
         .refusal
         .as_ref()
         .map_or(Verdict::Allow, |r| r.verdict);
-    let rcode = rcode_name(outcome.rcode);
+    let rcode = crate::record::rcode_str(outcome.rcode);
     proxy
         .metrics
         .dns_queries
@@ -82,8 +82,8 @@ pub(super) async fn record(
         _ => None,
     };
     let facts = DnsFacts {
-        qtype: qtype.map_or_else(|| "-".to_string(), |t| t.to_string()),
-        rcode,
+        qtype,
+        rcode: outcome.rcode,
         answers: outcome.addrs.clone(),
     };
     let at = record::stamp(&asked.policy, Some(asked.at));
@@ -98,17 +98,4 @@ pub(super) async fn record(
         ..base.query(secrets.redact(&outcome.host).into(), facts, at)
     };
     record::connection(proxy, rec).await
-}
-
-/// The response code as dig prints it.
-pub(super) fn rcode_name(rcode: ResponseCode) -> &'static str {
-    match rcode {
-        ResponseCode::NoError => "NOERROR",
-        ResponseCode::NXDomain => "NXDOMAIN",
-        ResponseCode::Refused => "REFUSED",
-        ResponseCode::ServFail => "SERVFAIL",
-        ResponseCode::FormErr => "FORMERR",
-        ResponseCode::NotImp => "NOTIMP",
-        _ => "OTHER",
-    }
 }

@@ -57,7 +57,15 @@ pub(crate) struct TlsSide {
     pub sni: Option<String>,
     /// The host this connection may talk to: the SNI, else the destination. `Err` holds why
     /// the SNI and the destination disagree; every request on it is then refused.
-    pub identity: Result<String, String>,
+    pub identity: Result<String, HostMismatch>,
+}
+
+/// A TLS server name that disagrees with the CONNECT host the tunnel was opened for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("TLS server name {sni} does not match the CONNECT host {host}")]
+pub(crate) struct HostMismatch {
+    pub sni: String,
+    pub host: String,
 }
 
 /// The facts are read freely; they change only through the `with_*` methods, which make the
