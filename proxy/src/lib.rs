@@ -7,6 +7,9 @@
 //!   forward → record (+ the refusal the agent sees);
 //! - `dns`: the agent's DNS stub (names decided by policy, synthetic answers);
 //! - `upstream`: resolve, guard, dial, verified TLS, pooled clients, relays;
+//! - beneath the data path, the state it shares: `admission` (who may use which listener,
+//!   connections per agent), `server_tls` (the intercepting side's rustls set-up) and
+//!   `dns_state` (the names and synthetic addresses the DNS stub gave each agent);
 //! - the engines, with no I/O of their own: `policy`, `secrets`, `ratelimit`, `audit`;
 //! - `proxy`: the state the data path shares; beneath it `metrics` (each area's Prometheus
 //!   families), `events` (the decision feed), `approvals`, `tunnels`;
@@ -30,6 +33,7 @@ pub mod logging;
 pub mod policy;
 pub mod runtime;
 
+mod admission;
 mod approvals;
 mod audit;
 mod body;
@@ -37,6 +41,7 @@ mod clock;
 mod conn;
 mod control;
 mod dns;
+mod dns_state;
 mod error_chain;
 mod events;
 mod flush_coalesce;
@@ -44,9 +49,10 @@ mod metrics;
 mod pipeline;
 mod proxy;
 mod ratelimit;
+mod read_side;
 mod record;
 mod secrets;
+mod server_tls;
 mod toml_errors;
 mod tunnels;
 mod upstream;
-mod write_through;

@@ -5,17 +5,16 @@ use std::sync::Arc;
 
 use agenshield_certs::LeafCache;
 
+use crate::admission::{Budgets, Identities};
 use crate::approvals::Approvals;
 use crate::audit::Audit;
 use crate::config::Limits;
-use crate::conn::identity::Identities;
-use crate::conn::server_tls::InterceptTls;
-use crate::conn::Budgets;
 use crate::events::Events;
 use crate::metrics::Metrics;
 use crate::policy::{Policy, PolicyStore};
 use crate::ratelimit::{ConcurrencyCaps, Limiter};
 use crate::secrets::Vault;
+use crate::server_tls::InterceptTls;
 use crate::tunnels::Tunnels;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
@@ -48,7 +47,7 @@ pub(crate) struct Proxy {
     /// Live tunnels, decided again on every policy change.
     pub tunnels: Arc<Tunnels>,
     /// The agent's DNS stub: the names it gave each agent, and its bounds.
-    pub dns: crate::dns::DnsState,
+    pub dns: crate::dns_state::DnsState,
     /// Who may use which listener, and whose requests secrets serve.
     pub identities: Identities,
     next_conn: AtomicU64,
@@ -72,7 +71,7 @@ pub(crate) struct ProxyParts {
     /// `dns.denied`: what the DNS stub answers for a name no rule allows.
     pub denied_names: crate::config::DeniedAnswer,
     /// The DNS stub's series.
-    pub dns_metrics: crate::dns::DnsMetrics,
+    pub dns_metrics: crate::dns_state::DnsMetrics,
 }
 
 impl Proxy {
@@ -97,7 +96,7 @@ impl Proxy {
             budgets: Budgets::new(p.limits.max_connections_per_agent),
             upgrades: p.upgrades,
             tunnels: Arc::default(),
-            dns: crate::dns::DnsState::new(p.denied_names, p.dns_metrics),
+            dns: crate::dns_state::DnsState::new(p.denied_names, p.dns_metrics),
             identities: p.identities,
             next_conn: AtomicU64::new(1),
         }

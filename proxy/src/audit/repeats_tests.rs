@@ -25,8 +25,8 @@ fn dns_refusal(n: u64, uid: u32, host: &str) -> Record {
         rule: Some("default".into()),
         secrets: Vec::new(),
         dns: Some(DnsFacts {
-            qtype: "A".into(),
-            rcode: "NXDOMAIN",
+            qtype: Some(hickory_resolver::proto::rr::RecordType::A),
+            rcode: hickory_resolver::proto::op::ResponseCode::NXDomain,
             answers: Vec::new(),
         }),
         ..request_record(n, Verdict::Deny)

@@ -23,14 +23,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::budget::{Agent, Seat};
+use crate::admission::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
 use crate::conn::{ConnCtx, Dest};
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
 use crate::proxy::Proxy;
-use crate::record::{ErrorCode, ListenerKind, Record, RequestId};
+use crate::record::{ErrorCode, ListenerKind, Protocol};
 use crate::runtime::memory_release::Open;
 use crate::runtime::shards;
 
@@ -74,20 +74,9 @@ pub(crate) async fn admit(proxy: &Arc<Proxy>, ctx: &ConnCtx) -> Option<Admission
 /// Records a connection refused before it was served (one `connection` record); the caller
 /// closes it.
 pub(crate) async fn refused(proxy: &Arc<Proxy>, ctx: &ConnCtx, refused: Refusal) {
-    let record = Record {
-        decision: refused.verdict,
-        error_code: Some(refused.code),
-        reason: Some(refused.message),
-        ..record::base(
-            proxy,
-            ctx,
-            &proxy.policy(),
-            RequestId::random(),
-            crate::clock::now_rfc3339().into(),
-            record::dest_host(proxy, ctx),
-        )
-    };
-    record::connection(proxy, record).await;
+    let at = record::stamp(&proxy.policy(), None);
+    let base = ctx.base(&proxy.vault.current()).into_owned();
+    record::connection(proxy, base.refused(Protocol::Tcp, &refused, at)).await;
 }
 
 /// A daemon slot and a seat in the agent's budget, or why not (`busy`, `connection_budget`).
@@ -166,14 +155,6 @@ pub(crate) async fn transparent(
             tracing::warn!(conn = id, client = %peer, "closing: connection was not redirected (no original destination)");
             return;
         }
-        let mut ctx = ConnCtx {
-            id,
-            client: peer,
-            listener: ListenerKind::Transparent,
-            dest: Dest::from_addr(dst),
-            tls: None,
-            agent_uid: None,
-        };
         let span = tracing::info_span!("conn", id, client = %peer, orig_dst = %dst, sni = tracing::field::Empty);
         let proxy = proxy.clone();
         let Some(sock) = hand_over(sock, id) else {
@@ -186,20 +167,26 @@ pub(crate) async fn transparent(
                 };
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
-                ctx.agent_uid = agent_uid(peer, &[dst, local]);
+                let uid = agent_uid(peer, &[dst, local]);
+                let secrets = proxy.vault.current();
+                let dest = Dest::from_addr(dst);
+                let ctx = ConnCtx::new(id, peer, ListenerKind::Transparent, dest, uid, &secrets);
                 if let Err(r) = proxy.identities.transparent(ctx.agent_uid) {
-                    tracing::debug!("closing: {}", r.message);
-                    refused(&proxy, &ctx, r).await;
+                    tracing::debug!("closing: {r}");
+                    refused(&proxy, &ctx, r.into()).await;
                     return;
                 }
                 let own_explicit = is_own_explicit(dst, explicit);
-                if own_explicit {
+                let ctx = if own_explicit {
                     tracing::debug!(
                         "an agent dialed the explicit listener from behind the redirect: \
                          serving it as the explicit listener"
                     );
-                    ctx.listener = ListenerKind::Explicit;
-                }
+                    ctx.with_listener(ListenerKind::Explicit, &secrets)
+                } else {
+                    ctx
+                };
+                drop(secrets);
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
@@ -207,7 +194,7 @@ pub(crate) async fn transparent(
                     // An agent user: the explicit listener admits it too.
                     match proxy.identities.explicit(ctx.agent_uid) {
                         Ok(()) => serve_explicit(proxy, ctx, sock).await,
-                        Err(r) => serve_refused(proxy, ctx, sock, r).await,
+                        Err(r) => serve_refused(proxy, ctx, sock, r.into()).await,
                     }
                     return;
                 }
@@ -224,14 +211,6 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
         let id = proxy.next_conn_id();
         let _ = sock.set_nodelay(true);
         let local = sock.local_addr().unwrap_or(peer);
-        let mut ctx = ConnCtx {
-            id,
-            client: peer,
-            listener: ListenerKind::Explicit,
-            dest: Dest::from_addr(local),
-            tls: None,
-            agent_uid: None,
-        };
         let span = tracing::info_span!("conn", id, client = %peer, listener = "explicit", sni = tracing::field::Empty);
         let proxy = proxy.clone();
         let Some(sock) = hand_over(sock, id) else {
@@ -242,15 +221,19 @@ pub(crate) async fn explicit(proxy: Arc<Proxy>, listener: TcpListener) {
                 let Some(sock) = take_over(sock, id) else {
                     return;
                 };
-                ctx.agent_uid = agent_uid(peer, &[local]);
+                let uid = agent_uid(peer, &[local]);
+                let dest = Dest::from_addr(local);
+                let secrets = proxy.vault.current();
+                let ctx = ConnCtx::new(id, peer, ListenerKind::Explicit, dest, uid, &secrets);
+                drop(secrets);
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };
                 match proxy.identities.explicit(ctx.agent_uid) {
                     Ok(()) => serve_explicit(proxy, ctx, sock).await,
                     Err(r) => {
-                        tracing::debug!("refusing: {}", r.message);
-                        serve_refused(proxy, ctx, sock, r).await
+                        tracing::debug!("refusing: {r}");
+                        serve_refused(proxy, ctx, sock, r.into()).await
                     }
                 }
             }

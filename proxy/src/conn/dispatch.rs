@@ -20,9 +20,9 @@ use super::http::{serve_http, server_head_cap, HttpVersions};
 use super::intercept::intercept;
 use super::opaque::{self, relay_opaque};
 use super::passthrough;
-use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
 use crate::proxy::Proxy;
+use crate::read_side::ReadSide;
 
 pub(crate) async fn serve_stream<S>(proxy: Arc<Proxy>, ctx: ConnCtx, mut stream: S)
 where
@@ -54,7 +54,7 @@ where
             return;
         }
     };
-    let stream = Prefixed::new(prefix.freeze(), stream);
+    let stream = ReadSide::prefixed(prefix.freeze(), stream);
     match kind {
         Kind::Tls if tcp.policy().has_passthrough() => {
             passthrough::serve(proxy, ctx, tcp.into_policy(), stream).await

@@ -17,8 +17,7 @@ use tokio::net::TcpStream;
 
 use super::accept::{admission, refused};
 use super::dispatch::serve_stream;
-use super::http::{server_head_cap, unparsed};
-use super::watchdog::{serve_until_expired, Activity, Watched};
+use super::http::{serve_watched, server_head_cap, unparsed, HttpVersions};
 use super::{ConnCtx, Dest, DestHost};
 use crate::body::{self, ProxyBody};
 use crate::pipeline;
@@ -26,40 +25,21 @@ use crate::pipeline::record;
 use crate::pipeline::refusal::{self, Refusal};
 use crate::pipeline::target::split_authority;
 use crate::proxy::Proxy;
-use crate::record::{ErrorCode, Protocol, Record, RecordKind, RequestId};
+use crate::record::{ErrorCode, Protocol, Record};
 
 pub(super) async fn serve_explicit(proxy: Arc<Proxy>, base: ConnCtx, stream: TcpStream) {
     let base = Arc::new(base);
     let limits = proxy.limits.clone();
     let started = Instant::now();
-    let activity = Activity::new(true);
-    let svc = {
-        let (proxy, base, activity) = (proxy.clone(), base.clone(), activity.clone());
-        service_fn(move |req| {
-            let in_flight = activity.start();
-            let proxy = proxy.clone();
-            let base = base.clone();
-            async move {
-                let resp = handle(proxy, base, req).await;
-                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
-            }
-        })
+    let answer = {
+        let (proxy, base) = (proxy.clone(), base.clone());
+        move |req| handle(proxy.clone(), base.clone(), req)
     };
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
-        .header_read_timeout(None)
-        .max_buf_size(server_head_cap(&limits))
-        .serve_connection(TokioIo::new(Watched::new(stream, activity.clone())), svc)
-        .with_upgrades();
-    tokio::pin!(conn);
-    let served =
-        serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown()).await;
+    let served = serve_watched(&limits, stream, HttpVersions::Http1, answer).await;
     if let Err(e) = served {
-        if e.is_parse() {
-            unparsed(&proxy, &base, &e, started).await;
-        } else {
-            tracing::debug!("explicit proxy connection ended: {e}");
+        match e.downcast_ref::<hyper::Error>() {
+            Some(h) if h.is_parse() => unparsed(&proxy, &base, h, started).await,
+            _ => tracing::debug!("explicit proxy connection ended: {e}"),
         }
     }
 }
@@ -96,10 +76,7 @@ pub(super) async fn serve_refused(
                     host: DestHost::Name(String::new()),
                     port: 0,
                 });
-                let ctx = ConnCtx {
-                    dest,
-                    ..(*base).clone()
-                };
+                let ctx = base.with_dest(dest, &proxy.vault.current());
                 let mut resp = refuse_connect(&proxy, &ctx, &req, refusal).await;
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
@@ -136,20 +113,15 @@ async fn handle(
         Err(r) => {
             // No usable destination: the record names none (empty host and destination,
             // port 0), not the listener the client reached.
-            let nowhere = ConnCtx {
-                dest: Dest {
-                    host: DestHost::Name(String::new()),
-                    port: 0,
-                },
-                ..(*base).clone()
+            let nowhere = Dest {
+                host: DestHost::Name(String::new()),
+                port: 0,
             };
+            let nowhere = base.with_dest(nowhere, &proxy.vault.current());
             return refuse_connect(&proxy, &nowhere, &req, r).await;
         }
     };
-    let ctx = ConnCtx {
-        dest,
-        ..(*base).clone()
-    };
+    let ctx = base.with_dest(dest, &proxy.vault.current());
     if req.method() != Method::CONNECT {
         return pipeline::handle(proxy, Arc::new(ctx), req).await;
     }
@@ -188,34 +160,21 @@ async fn refuse_connect<B>(
 ) -> Response<ProxyBody> {
     let secrets = proxy.vault.current();
     let policy = proxy.policy();
-    let id = RequestId::random();
-    let started = crate::clock::now_rfc3339().into();
+    let at = record::stamp(&policy, None);
+    let id = at.id;
+    let shown = record::shown(&secrets, r);
     let mut record = Record {
-        kind: RecordKind::Request,
-        protocol: Protocol::Http,
         method: Some(secrets.redact(req.method().as_str()).into_owned()),
-        decision: r.verdict,
-        error_code: Some(r.code),
-        status: Some(r.code.status().as_u16()),
-        reason: Some(secrets.redact(&r.message).into_owned()),
-        ..record::base(
-            proxy,
-            ctx,
-            &policy,
-            id,
-            started,
-            record::dest_host(proxy, ctx),
-        )
+        status: Some(shown.code.status().as_u16()),
+        ..ctx
+            .base(&secrets)
+            .request(Protocol::Http, None, at)
+            .refused(&shown)
     };
     if ctx.dest.port == 0 {
         record.dst = "".into();
     }
     record::connection(proxy, record).await;
-    let shown = Refusal {
-        message: secrets.redact(&r.message).into_owned(),
-        explanation: secrets.redact(&r.explanation).into_owned(),
-        ..r
-    };
     refusal::render(&shown, &id.to_string(), policy.hash())
 }
 

@@ -4,16 +4,22 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::future::Future;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 
-use super::watchdog::{serve_until_expired, Activity, Watched};
+use super::watchdog::{serve_until_expired, watched, Activity};
 use crate::pipeline::record;
-use crate::record::{ErrorCode, Protocol, Record, RequestId};
+use crate::record::{ErrorCode, Protocol, Record, Refusal};
 
+use crate::body::ProxyBody;
+use crate::config::Limits;
 use crate::conn::ConnCtx;
 use crate::pipeline;
 use crate::proxy::Proxy;
@@ -44,44 +50,15 @@ pub(super) async fn serve_http<S>(
         HttpVersions::Http1 | HttpVersions::Any => Protocol::H1,
     });
     let started = Instant::now();
-    let activity = Activity::new(versions != HttpVersions::Http2);
-    let svc = {
-        let (proxy, ctx, activity) = (proxy.clone(), ctx.clone(), activity.clone());
-        service_fn(move |req| {
-            let in_flight = activity.start();
-            let proxy = proxy.clone();
-            let ctx = ctx.clone();
-            async move {
-                // Boxed: the pipeline's future is large, and hyper moves the service future
-                // (into each HTTP/2 stream's task, among others); a pointer moves for free.
-                let resp = Box::pin(pipeline::handle(proxy, ctx, req)).await;
-                // In flight until hyper has sent (or dropped) the whole body.
-                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
-            }
-        })
+    let handle = {
+        let (proxy, ctx) = (proxy.clone(), ctx.clone());
+        move |req| {
+            // Boxed: the pipeline's future is large, and hyper moves the service future
+            // (into each HTTP/2 stream's task, among others); a pointer moves for free.
+            Box::pin(pipeline::handle(proxy.clone(), ctx.clone(), req))
+        }
     };
-    let mut builder = auto::Builder::new(SpanExecutor);
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
-        .header_read_timeout(None)
-        .max_buf_size(server_head_cap(&limits))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(server_head_cap(&limits)).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256);
-    let builder = match versions {
-        HttpVersions::Http1 => builder.http1_only(),
-        HttpVersions::Http2 => builder.http2_only(),
-        HttpVersions::Any => builder,
-    };
-    let io = TokioIo::new(Watched::new(io, activity.clone()));
-    let conn = builder.serve_connection_with_upgrades(io, svc);
-    tokio::pin!(conn);
-    let served = serve_until_expired(conn.as_mut(), &activity, &limits, |c| c.graceful_shutdown());
+    let served = serve_watched(&limits, io, versions, handle);
     // Each stream h2 answered with its own 431 (a head over the cap): recorded as HTTP/1.1's.
     let served = super::h2_own_431::counting(served, |n| {
         for _ in 0..n {
@@ -125,6 +102,57 @@ pub(super) async fn serve_http<S>(
             None => tracing::debug!("client connection ended: {e}"),
         }
     }
+}
+
+/// Serves HTTP on the client's `io`, each request answered by `handle`, until the connection
+/// ends or the watchdog closes it (idle, or a head too slow): the hyper server set-up of every
+/// listener. Returns hyper's error.
+pub(super) async fn serve_watched<S, H, F>(
+    limits: &Limits,
+    io: S,
+    versions: HttpVersions,
+    handle: H,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let activity = Activity::new(versions != HttpVersions::Http2);
+    let svc = {
+        let activity = activity.clone();
+        service_fn(move |req| {
+            let in_flight = activity.start();
+            let answer = handle(req);
+            async move {
+                let resp = answer.await;
+                // In flight until hyper has sent (or dropped) the whole body.
+                Ok::<_, Infallible>(resp.map(|b| crate::body::guarded(b, in_flight)))
+            }
+        })
+    };
+    let mut builder = auto::Builder::new(SpanExecutor);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // `watchdog` times heads: hyper's timer would also cut idle keep-alive.
+        .header_read_timeout(None)
+        .max_buf_size(server_head_cap(limits))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(server_head_cap(limits)).unwrap_or(u32::MAX))
+        .max_concurrent_streams(256);
+    let builder = match versions {
+        HttpVersions::Http1 => builder.http1_only(),
+        HttpVersions::Http2 => builder.http2_only(),
+        HttpVersions::Any => builder,
+    };
+    let io = TokioIo::new(watched(io, activity.clone()));
+    let conn = builder.serve_connection_with_upgrades(io, svc);
+    tokio::pin!(conn);
+    serve_until_expired(conn.as_mut(), &activity, limits, |c| c.graceful_shutdown()).await
 }
 
 /// Why the HTTP/2 layer closed the connection (a GOAWAY it sent) for what the client sent,
@@ -187,26 +215,19 @@ async fn refused_by_server(
     why: String,
     started: Instant,
 ) {
-    let started_at = crate::clock::now_rfc3339().into();
+    let at = record::stamp(&proxy.policy(), None);
+    let protocol = if ctx.tls.is_some() {
+        Protocol::Https
+    } else {
+        Protocol::Http
+    };
+    let refusal = Refusal::new(code, why);
     let record = Record {
-        protocol: if ctx.tls.is_some() {
-            Protocol::Https
-        } else {
-            Protocol::Http
-        },
-        decision: code.verdict(),
-        error_code: Some(code),
         status,
-        reason: Some(why),
         ms: record::ms_since(started),
-        ..record::base(
-            proxy,
-            ctx,
-            &proxy.policy(),
-            RequestId::random(),
-            started_at,
-            record::dest_host(proxy, ctx),
-        )
+        ..ctx
+            .base(&proxy.vault.current())
+            .refused(protocol, &refusal, at)
     };
     record::connection(proxy, record).await;
 }

@@ -13,12 +13,13 @@ use tokio::time::timeout;
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::conn::http::{serve_http, HttpVersions};
-use crate::conn::server_tls::ALPN_H2;
 use crate::conn::{ConnCtx, Dest, DestHost, TlsSide};
 use crate::pipeline::record;
 use crate::policy::normalize_host;
 use crate::proxy::Proxy;
-use crate::record::{ErrorCode, Protocol, Record, RequestId};
+use crate::record::HostMismatch;
+use crate::record::{ErrorCode, Protocol, Record, Refusal};
+use crate::server_tls::ALPN_H2;
 
 pub(super) async fn intercept<S>(proxy: Arc<Proxy>, ctx: ConnCtx, stream: S)
 where
@@ -95,10 +96,8 @@ where
         }
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
-    let ctx = Arc::new(ConnCtx {
-        tls: Some(TlsSide { sni, identity }),
-        ..ctx
-    });
+    let side = TlsSide { sni, identity };
+    let ctx = Arc::new(ctx.with_tls(side, &proxy.vault.current()));
     // The agent's side is flushed as the h2 codec asks, not consolidated as the upstream side
     // is (`flush_coalesce`): a refusal of an upload is a response and then a reset of the
     // stream, and curl 7.88 (Debian 12's) fails with "Stream error in the HTTP/2 framing layer"
@@ -127,26 +126,14 @@ impl Failed<'_> {
         let proxy = self.proxy;
         let secrets = proxy.vault.current();
         let sni: Option<Arc<str>> = sni.map(|s| secrets.redact(&s).into());
-        let host = sni
-            .clone()
-            .unwrap_or_else(|| record::dest_host(proxy, self.ctx));
-        let started_at = crate::clock::rfc3339(self.at).into();
-        let policy = proxy.policy();
+        let at = record::stamp(&proxy.policy(), Some(self.at));
+        let base = self.ctx.base(&secrets);
+        let refusal = record::shown(&secrets, Refusal::new(code, why));
         let record = Record {
-            protocol: Protocol::Tls,
-            decision: code.verdict(),
-            error_code: Some(code),
+            host: sni.clone().unwrap_or_else(|| base.host().clone()),
             sni,
-            reason: Some(secrets.redact(&why).into_owned()),
             ms: record::ms_since(self.started),
-            ..record::base(
-                proxy,
-                self.ctx,
-                &policy,
-                RequestId::random(),
-                started_at,
-                host,
-            )
+            ..base.refused(Protocol::Tls, &refusal, at)
         };
         record::connection(proxy, record).await;
     }
@@ -170,13 +157,14 @@ fn handshake_failure(e: &std::io::Error) -> ErrorCode {
 
 /// The name to mint a leaf for, and the host this connection may address. The SNI wins over
 /// an IP destination (we dial what we resolve for it); a CONNECT name must agree with it.
-fn identity(dest: &Dest, sni: Option<&str>) -> (String, Result<String, String>) {
+fn identity(dest: &Dest, sni: Option<&str>) -> (String, Result<String, HostMismatch>) {
     match (sni, &dest.host) {
         (Some(s), DestHost::Name(n)) if s != n => (
             s.to_string(),
-            Err(format!(
-                "TLS server name {s} does not match the CONNECT host {n}"
-            )),
+            Err(HostMismatch {
+                sni: s.to_string(),
+                host: n.clone(),
+            }),
         ),
         (Some(s), _) => (s.to_string(), Ok(s.to_string())),
         (None, host) => (host.to_string(), Ok(host.to_string())),

@@ -14,19 +14,19 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::conn::prefixed::Prefixed;
 use crate::conn::{ConnCtx, DestHost};
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
+use crate::pipeline::tunnel::Tunnel;
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
-use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::read_side::ReadSide;
+use crate::record::{Protocol, Record, Verdict};
 use crate::secrets::phase::{Head, SecretPhase};
 use crate::tunnels::TunnelFacts;
 use crate::upstream::error::UpstreamError;
-use crate::upstream::relay::relay;
 
 /// What the policy says about a connection as raw TCP, decided when it was accepted (and
 /// acted on only if it is taken as raw TCP).
@@ -88,7 +88,9 @@ pub(super) fn decide(proxy: &Proxy, ctx: &ConnCtx) -> TcpDecision {
     // A synthetic address (a name only an `ask` rule covers) stands for its name: the name
     // is dialed, resolved by our own resolver; the address never is.
     let dial = match ctx.dest.host {
-        DestHost::Ip(ip) if by_name && crate::dns::synthetic::is_synthetic(ip) => host.clone(),
+        DestHost::Ip(ip) if by_name && crate::dns_state::synthetic::is_synthetic(ip) => {
+            host.clone()
+        }
         _ => dial,
     };
     TcpDecision {
@@ -158,21 +160,17 @@ pub(super) async fn relay_opaque<S>(proxy: Arc<Proxy>, ctx: ConnCtx, tcp: TcpDec
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let shown: Arc<str> = proxy.vault.current().redact(&tcp.host).into();
+    let secrets = proxy.vault.current();
+    let shown: Arc<str> = secrets.redact(&tcp.host).into();
+    let rule = tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone());
+    let at = record::stamp(&tcp.policy, Some(tcp.at));
     let rec = Record {
-        kind: RecordKind::Connection,
-        protocol: Protocol::Tcp,
-        rule: tcp.decision.as_ref().ok().and_then(|d| d.rule_id.clone()),
         would_deny: tcp.decision.as_ref().is_ok_and(|d| d.reported_deny),
-        ..record::base(
-            &proxy,
-            &ctx,
-            &tcp.policy,
-            RequestId::random(),
-            crate::clock::rfc3339(tcp.at).into(),
-            shown.clone(),
-        )
+        ..ctx
+            .base(&secrets)
+            .decided(Protocol::Tcp, shown.clone(), rule, at)
     };
+    drop(secrets);
     let permit = match admit(&proxy, &ctx, &tcp, &shown) {
         Ok(permit) => permit,
         Err(r) => {
@@ -206,8 +204,7 @@ pub(super) struct Splice<'a> {
 
 impl Splice<'_> {
     /// Dials (through the resolver and the guard), records the decision (nothing is relayed
-    /// unless it is in the audit log), relays until either side ends, a policy change
-    /// revokes it or it idles out, then records the close with its bytes.
+    /// unless it is in the audit log), then runs the tunnel (`pipeline::tunnel`).
     pub(super) async fn run<S>(
         self,
         proxy: &Arc<Proxy>,
@@ -232,15 +229,15 @@ impl Splice<'_> {
         if !record::connection(proxy, rec.clone()).await {
             return;
         }
-        let _open = proxy.metrics.connections.open(self.protocol);
         let _permit: Option<ConcurrencyPermit> = permit;
-        let mut live = proxy.tunnels.open(self.facts);
-        let started = Instant::now();
+        let tunnel = Tunnel {
+            facts: self.facts,
+            protocol: self.protocol,
+            decided: rec,
+        };
         // What was read already goes first, and counts as sent.
-        let client = Prefixed::new(self.first.unwrap_or_default(), client);
-        let idle = proxy.limits.tunnel_idle_timeout;
-        let relayed = relay(client, upstream, idle, &mut live.revoked).await;
-        record::tunnel_closed(proxy, &rec, &relayed, started).await;
+        let client = ReadSide::prefixed(self.first.unwrap_or_default(), client);
+        tunnel.run(proxy, client, upstream, None).await;
     }
 }
 
@@ -257,11 +254,11 @@ fn admit(
     limit::connection(proxy, d, &tcp.host, ctx.agent_uid)
 }
 
-pub(super) async fn refuse(proxy: &Arc<Proxy>, mut rec: Record, r: &Refusal, started: Instant) {
-    let secrets = proxy.vault.current();
-    rec.decision = r.verdict;
-    rec.error_code = Some(r.code);
-    rec.reason = Some(secrets.redact(&r.message).into_owned());
-    rec.ms = record::ms_since(started);
+pub(super) async fn refuse(proxy: &Arc<Proxy>, rec: Record, r: &Refusal, started: Instant) {
+    let shown = record::shown(&proxy.vault.current(), r.clone());
+    let rec = Record {
+        ms: record::ms_since(started),
+        ..rec.refused(&shown)
+    };
     record::connection(proxy, rec).await;
 }

@@ -18,13 +18,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use super::intercept::intercept;
 use super::opaque::{refuse, Splice};
-use super::prefixed::Prefixed;
 use super::{ConnCtx, DestHost};
 use crate::pipeline::limit;
 use crate::pipeline::record;
 use crate::policy::{normalize_host, Decision, Policy};
 use crate::proxy::Proxy;
-use crate::record::{Protocol, Record, RecordKind, RequestId};
+use crate::read_side::ReadSide;
+use crate::record::{Protocol, Record};
 use crate::tunnels::TunnelFacts;
 
 /// A ClientHello larger than this (post-quantum key shares make them ~2 KiB) is not waited
@@ -85,7 +85,7 @@ where
     let hello = read_hello(&mut stream, proxy.limits.tls_handshake_timeout).await;
     match decide(&policy, &ctx, &hello) {
         Some((sni, d)) => splice(proxy, ctx, policy, sni, d, hello.bytes, stream).await,
-        None => intercept(proxy, ctx, Prefixed::new(hello.bytes, stream)).await,
+        None => intercept(proxy, ctx, ReadSide::prefixed(hello.bytes, stream)).await,
     }
 }
 
@@ -117,20 +117,15 @@ async fn splice<S>(
     let started = Instant::now();
     let secrets = proxy.vault.current();
     let shown: Arc<str> = secrets.redact(&sni).into();
+    let at = record::stamp(&policy, None);
+    let rule = decision.rule_id.clone();
     let rec = Record {
-        kind: RecordKind::Connection,
-        protocol: Protocol::TlsPassthrough,
-        rule: decision.rule_id.clone(),
         sni: Some(shown.clone()),
-        ..record::base(
-            &proxy,
-            &ctx,
-            &policy,
-            RequestId::random(),
-            crate::clock::rfc3339(time::OffsetDateTime::now_utc()).into(),
-            shown,
-        )
+        ..ctx
+            .base(&secrets)
+            .decided(Protocol::TlsPassthrough, shown, rule, at)
     };
+    drop(secrets);
     let permit = match record::ready(&proxy)
         .and_then(|()| limit::connection(&proxy, &decision, &sni, ctx.agent_uid))
     {

@@ -12,16 +12,14 @@
 //! keep-alive request woke its connection three times and re-armed two timers, one of them
 //! earlier than any other and so a write to the reactor's eventfd.
 
-use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Duration, Instant};
 
 use crate::config::Limits;
+use crate::read_side::{OnRead, ReadSide};
 
 /// Why a connection is to be closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,34 +181,18 @@ where
 }
 
 /// The client's side of a connection, telling its [`Activity`] when bytes arrive.
-pub(super) struct Watched<S> {
-    inner: S,
-    activity: Arc<Activity>,
+pub(super) type Watched<S> = ReadSide<S, Arc<Activity>>;
+
+/// `inner`, watched by `activity`.
+pub(super) fn watched<S>(inner: S, activity: Arc<Activity>) -> Watched<S> {
+    ReadSide::watched(bytes::Bytes::new(), inner, activity)
 }
 
-impl<S> Watched<S> {
-    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Watched<S> {
-        Watched { inner, activity }
+impl OnRead for Arc<Activity> {
+    fn on_read(&self) {
+        self.read();
     }
 }
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.read();
-        }
-        r
-    }
-}
-
-crate::write_through::write_through!(Watched, inner);
 
 #[cfg(test)]
 mod tests {

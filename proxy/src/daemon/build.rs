@@ -8,10 +8,10 @@ use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
 use anyhow::Context;
 
 use super::BadInput;
+use crate::admission::Identities;
 use crate::approvals::Approvals;
 use crate::audit::Audit;
 use crate::config::{Config, NameOrId};
-use crate::conn::identity::Identities;
 use crate::control::admin::{self, AdminAuth};
 use crate::daemon::firewall;
 use crate::metrics::Metrics;
@@ -109,7 +109,8 @@ pub(super) async fn build_proxy(
         metrics.upstream.retries.clone(),
     );
     vault.set_token_client(Arc::new(forwarder.clone()));
-    let dns_metrics = crate::dns::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
+    let dns_metrics =
+        crate::dns_state::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
     Ok(Proxy::new(ProxyParts {
         vault,
         dns_metrics,

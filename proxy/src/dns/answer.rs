@@ -200,7 +200,7 @@ fn synthetic(
         Ok((record, ip)) => Outcome {
             answers: vec![record],
             addrs: vec![ip],
-            ttl: super::synthetic::TTL,
+            ttl: crate::dns_state::synthetic::TTL,
             ..none
         },
         Err((rcode, r)) => Outcome {
@@ -228,7 +228,7 @@ fn denied(proxy: &Proxy, agent: Option<u32>, rtype: RecordType, nxdomain: Outcom
         Ok((record, ip)) => Outcome {
             answers: vec![record],
             addrs: vec![ip],
-            ttl: super::synthetic::TTL,
+            ttl: crate::dns_state::synthetic::TTL,
             ..answered
         },
         Err(_) => Outcome {
@@ -258,7 +258,7 @@ fn synthetic_answer(
     };
     let record = Record::from_rdata(
         name,
-        super::synthetic::TTL,
+        crate::dns_state::synthetic::TTL,
         RData::A(hickory_resolver::proto::rr::rdata::A(ip)),
     );
     Ok((record, IpAddr::V4(ip)))

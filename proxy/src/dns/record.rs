@@ -11,15 +11,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hickory_resolver::proto::op::{Query, ResponseCode};
+use hickory_resolver::proto::op::Query;
 
 use super::answer::Outcome;
 use super::message::{Asked, Asker};
-use super::names::{MAX_TTL, MIN_TTL};
-use crate::conn::{ConnCtx, Dest};
+use crate::dns_state::names::{MAX_TTL, MIN_TTL};
 use crate::pipeline::record;
 use crate::proxy::Proxy;
-use crate::record::{DnsFacts, ListenerKind, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::record::Dest;
+use crate::record::{DnsFacts, ListenerKind, Record, RecordBase, Verdict};
 
 /// Records `outcome` (or counts it only, for an answer recorded lately). `false`: the audit
 /// log could not take a record that was due, and the answer must not be sent.
@@ -34,7 +34,6 @@ pub(super) async fn record(
         .refusal
         .as_ref()
         .map_or(Verdict::Allow, |r| r.verdict);
-    let rcode = rcode_name(outcome.rcode);
     proxy.dns.metrics.answered(verdict, outcome.rcode);
     let qtype = query.map(|q| q.query_type());
     if outcome.refusal.is_none() {
@@ -57,14 +56,16 @@ pub(super) async fn record(
         proxy.dns.recorded.insert(key, now + ttl);
     }
     let secrets = proxy.vault.current();
-    let ctx = ConnCtx {
-        id: asker.conn_id,
-        client: asker.client,
-        listener: ListenerKind::Dns,
-        dest: Dest::from_addr(asker.dst),
-        tls: None,
-        agent_uid: asker.uid,
-    };
+    // One base per question: a datagram is a connection of its own.
+    let base = RecordBase::new(
+        asker.conn_id,
+        ListenerKind::Dns,
+        asker.client,
+        asker.uid,
+        &Dest::from_addr(asker.dst),
+        None,
+        &secrets,
+    );
     let reason = match (&outcome.refusal, &outcome.decision) {
         (Some(r), _) => Some(r.message.clone()),
         (None, Some(d)) => Some(d.explanation.clone()),
@@ -75,9 +76,13 @@ pub(super) async fn record(
         (_, Some(d)) => d.rule_id.clone(),
         _ => None,
     };
+    let facts = DnsFacts {
+        qtype,
+        rcode: outcome.rcode,
+        answers: outcome.addrs.clone(),
+    };
+    let at = record::stamp(&asked.policy, Some(asked.at));
     let rec = Record {
-        kind: RecordKind::Query,
-        protocol: Protocol::Dns,
         decision: verdict,
         rule,
         error_code: outcome.refusal.as_ref().map(|r| r.code),
@@ -85,32 +90,7 @@ pub(super) async fn record(
         // Report mode answered a name enforcing would refuse: `ctl policy suggest` reads it.
         would_deny: outcome.decision.as_ref().is_some_and(|d| d.reported_deny),
         ms: record::ms_since(asked.started),
-        dns: Some(DnsFacts {
-            qtype: qtype.map_or_else(|| "-".to_string(), |t| t.to_string()),
-            rcode,
-            answers: outcome.addrs.clone(),
-        }),
-        ..record::base(
-            proxy,
-            &ctx,
-            &asked.policy,
-            RequestId::random(),
-            crate::clock::rfc3339(asked.at).into(),
-            secrets.redact(&outcome.host).into(),
-        )
+        ..base.query(secrets.redact(&outcome.host).into(), facts, at)
     };
     record::connection(proxy, rec).await
-}
-
-/// The response code as dig prints it.
-pub(super) fn rcode_name(rcode: ResponseCode) -> &'static str {
-    match rcode {
-        ResponseCode::NoError => "NOERROR",
-        ResponseCode::NXDomain => "NXDOMAIN",
-        ResponseCode::Refused => "REFUSED",
-        ResponseCode::ServFail => "SERVFAIL",
-        ResponseCode::FormErr => "FORMERR",
-        ResponseCode::NotImp => "NOTIMP",
-        _ => "OTHER",
-    }
 }

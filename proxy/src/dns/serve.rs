@@ -26,11 +26,11 @@ use tokio::net::{TcpListener, UdpSocket};
 use tracing::Instrument;
 
 use super::message::{respond, Asker};
-use super::{Crowded, MAX_UNATTRIBUTED};
 use crate::conn::accept::{admit, agent_uid};
-use crate::conn::{ConnCtx, Dest};
+use crate::dns_state::{Crowded, InHand, MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_AGENT, MAX_UNATTRIBUTED};
 use crate::proxy::Proxy;
 use crate::record::ListenerKind;
+use crate::record::{ConnCtx, Dest};
 
 /// A TCP connection that asks nothing for this long is closed.
 const TCP_IDLE: Duration = Duration::from_secs(10);
@@ -94,7 +94,7 @@ pub(crate) async fn serve_udp(proxy: Arc<Proxy>, socket: UdpSocket) {
 
 /// A question of `uid` taken in hand, or `None` (dropped and counted) when its agent or the
 /// stub has no room.
-fn take(proxy: &Proxy, uid: Option<u32>) -> Option<super::InHand> {
+fn take(proxy: &Proxy, uid: Option<u32>) -> Option<InHand> {
     match proxy.dns.take(uid) {
         Ok(in_hand) => Some(in_hand),
         Err(crowded) => {
@@ -102,12 +102,11 @@ fn take(proxy: &Proxy, uid: Option<u32>) -> Option<super::InHand> {
             match crowded {
                 Crowded::Agent(agent) => tracing::debug!(
                     "DNS stub: {agent} has {} questions in hand; dropped",
-                    super::MAX_IN_FLIGHT_PER_AGENT
+                    MAX_IN_FLIGHT_PER_AGENT
                 ),
-                Crowded::All => tracing::debug!(
-                    "DNS stub: {} questions in hand; dropped",
-                    super::MAX_IN_FLIGHT
-                ),
+                Crowded::All => {
+                    tracing::debug!("DNS stub: {} questions in hand; dropped", MAX_IN_FLIGHT)
+                }
             }
             None
         }
@@ -173,14 +172,11 @@ pub(crate) async fn serve_tcp(proxy: Arc<Proxy>, listener: TcpListener, orig: Ar
         let proxy = proxy.clone();
         tokio::spawn(
             async move {
-                let ctx = ConnCtx {
-                    id,
-                    client,
-                    listener: ListenerKind::Dns,
-                    dest: Dest::from_addr(dst),
-                    tls: None,
-                    agent_uid: agent_uid(client, &[dst, local]),
-                };
+                let uid = agent_uid(client, &[dst, local]);
+                let dest = Dest::from_addr(dst);
+                let secrets = proxy.vault.current();
+                let ctx = ConnCtx::new(id, client, ListenerKind::Dns, dest, uid, &secrets);
+                drop(secrets);
                 let Some(_admitted) = admit(&proxy, &ctx).await else {
                     return;
                 };

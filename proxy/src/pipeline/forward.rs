@@ -1,15 +1,16 @@
-//! The forward phase: send the request to the checked target (path normalized, query as
-//! injected), redact what comes back for a rule that binds secrets, and keep the rule's
-//! concurrency slot until the response body ends. A protocol upgrade (101) becomes a tunnel
-//! whose end is recorded like every raw TCP relay's.
+//! The forward phase, in two steps (as pingora's `upstream_request_filter` and
+//! `response_filter`): `forward` sends the request to the checked target (path normalized,
+//! query as injected, signed again where it must be); `respond` takes what came back: a
+//! protocol upgrade (101) becomes a tunnel (`tunnel.rs`) whose end is recorded like every raw
+//! TCP relay's, the response is redacted for a rule that binds secrets, and the rule's
+//! concurrency slot is kept until its body ends.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::{Request, Response};
 
-use super::record;
 use super::refusal::Refusal;
+use super::tunnel::Tunnel;
 use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::proxy::Proxy;
@@ -17,12 +18,12 @@ use crate::record::{ErrorCode, Protocol, Record};
 use crate::secrets::websocket::FrameGuard;
 use crate::tunnels::TunnelFacts;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
-use crate::upstream::relay::relay;
 
-pub(super) async fn send(
+/// Sends the request upstream: what comes back, a response or an upgrade.
+pub(super) async fn forward(
     ctx: &mut RequestCtx,
     req: Request<ProxyBody>,
-) -> Result<Response<ProxyBody>, Refusal> {
+) -> Result<Forwarded, Refusal> {
     let target = ctx.target.as_ref().expect("the target phase ran");
     let path = ctx.upstream_path.as_deref().unwrap_or(&ctx.path);
     let path_and_query = match &ctx.query {
@@ -44,8 +45,7 @@ pub(super) async fn send(
     } else {
         req
     };
-    let forwarded = ctx
-        .proxy
+    ctx.proxy
         .forwarder
         .forward(target, &path_and_query, req, ctx.upgrade.is_some())
         .await
@@ -55,7 +55,17 @@ pub(super) async fn send(
                 Some(e) => secrets::refused(ctx, e),
                 None => Refusal::from(r),
             }
-        })?;
+        })
+}
+
+/// What goes back to the agent: the response (redacted for a rule that binds secrets,
+/// holding the rule's concurrency slot until its body ends), or the 101 of an upgrade the
+/// agent asked for, its tunnel waiting for the 101's record.
+pub(super) fn respond(
+    ctx: &mut RequestCtx,
+    forwarded: Forwarded,
+) -> Result<Response<ProxyBody>, Refusal> {
+    let target = ctx.target.as_ref().expect("the target phase ran");
     let resp = match forwarded {
         Forwarded::Response(resp) => resp,
         Forwarded::Upgraded(resp, upgrades) => {
@@ -168,16 +178,10 @@ async fn tunnel(
             return;
         }
     };
-    let _open = proxy.metrics.connections.open(Protocol::Ws);
-    let mut live = proxy.tunnels.open(facts);
-    let started = Instant::now();
-    let idle = proxy.limits.tunnel_idle_timeout;
-    let Some(guard) = guard else {
-        let relayed = relay(client, upstream, idle, &mut live.revoked).await;
-        return record::tunnel_closed(&proxy, &decided, &relayed, started).await;
+    let tunnel = Tunnel {
+        facts,
+        protocol: Protocol::Ws,
+        decided,
     };
-    let guarded = guard.relay(client, upstream, idle, &mut live.revoked).await;
-    let swapped = guard.swapped_names();
-    proxy.vault.record_use(&swapped);
-    record::guarded_tunnel_closed(&proxy, &decided, &guarded, &swapped, started).await;
+    tunnel.run(&proxy, client, upstream, guard).await;
 }

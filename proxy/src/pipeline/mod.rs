@@ -20,6 +20,7 @@ pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod secrets;
 pub(crate) mod target;
+pub(crate) mod tunnel;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -29,10 +30,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
-use crate::conn::ConnCtx;
 use crate::policy::{Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
+use crate::record::ConnCtx;
 use crate::record::{Record, RequestId, Verdict};
 use crate::secrets::phase::SecretPhase;
 use crate::upstream::target::Target;
@@ -116,7 +117,8 @@ async fn phases(
     secrets::inspect(ctx, &req).await?;
     limit::check(ctx)?;
     let req = secrets::apply(ctx, req).await?;
-    forward::send(ctx, req).await
+    let forwarded = forward::forward(ctx, req).await?;
+    forward::respond(ctx, forwarded)
 }
 
 impl RequestCtx {

@@ -1,39 +1,25 @@
 //! The refusal the agent sees: a status and a small JSON body that says which rule and why
-//! (its error code is `record::ErrorCode`). Never carries a secret; the explanation is built
-//! from policy facts only.
+//! (the refusal itself, plain data, is `record::Refusal`, its error code a
+//! `record::ErrorCode`). Never carries a secret; the explanation is built from policy facts
+//! only.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response};
 use serde::Serialize;
 
+use crate::admission::NotAdmitted;
 use crate::body::{full, ProxyBody};
-use crate::record::{ErrorCode, Verdict};
+use crate::record::ErrorCode;
+pub(crate) use crate::record::Refusal;
 use crate::upstream::error::UpstreamError;
 
-/// A refusal, before it is rendered.
-#[derive(Debug, Clone)]
-pub(crate) struct Refusal {
-    pub code: ErrorCode,
-    /// What the record says was decided: the code's own verdict, unless the refusing phase
-    /// set another.
-    pub verdict: Verdict,
-    pub message: String,
-    pub rule_id: Option<String>,
-    pub explanation: String,
-    /// Seconds until a retry may succeed (rate limits): sent as `Retry-After`.
-    pub retry_after: Option<u64>,
-}
-
-impl Refusal {
-    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
-        let message = message.into();
+/// A user the listener or the rule's secrets do not serve: its code, its message, and the
+/// rule whose secrets were refused.
+impl From<NotAdmitted> for Refusal {
+    fn from(e: NotAdmitted) -> Refusal {
         Refusal {
-            code,
-            verdict: code.verdict(),
-            explanation: message.clone(),
-            message,
-            rule_id: None,
-            retry_after: None,
+            rule_id: e.rule().map(str::to_string),
+            ..Refusal::new(e.code(), e.to_string())
         }
     }
 }

@@ -9,9 +9,9 @@ use http::{header, Request};
 
 use super::refusal::Refusal;
 use super::RequestCtx;
-use crate::conn::{ConnCtx, DestHost};
 use crate::policy::{normalize_host, normalize_path, Scheme};
 use crate::record::ErrorCode;
+use crate::record::{ConnCtx, DestHost};
 use crate::upstream::client::upgrade_allowed;
 use crate::upstream::target::Target;
 
@@ -93,7 +93,13 @@ pub(crate) fn split_authority(auth: &str) -> Result<(String, Option<u16>), Refus
 /// connection, or an absolute-URI request whose destination the caller put in `ctx.dest`).
 pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, Refusal> {
     let (scheme, identity) = match &ctx.tls {
-        Some(tls) => (Scheme::Https, Some(tls.identity.clone().map_err(mismatch)?)),
+        Some(tls) => {
+            let identity = tls.identity.clone();
+            (
+                Scheme::Https,
+                Some(identity.map_err(|e| mismatch(e.to_string()))?),
+            )
+        }
         None => (Scheme::Http, None),
     };
     let host_header = match req.headers().get_all(header::HOST).iter().count() {
@@ -157,20 +163,26 @@ pub(crate) fn for_request<B>(ctx: &ConnCtx, req: &Request<B>) -> Result<Target, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{Dest, TlsSide};
     use crate::record::ListenerKind;
+    use crate::record::{Dest, HostMismatch, TlsSide};
 
     fn ctx(dest: &str, tls: Option<(&str, Result<&str, &str>)>) -> ConnCtx {
-        ConnCtx {
-            id: 1,
-            client: "127.0.0.1:5000".parse().expect("addr"),
-            listener: ListenerKind::Transparent,
-            dest: Dest::from_addr(dest.parse().expect("addr")),
-            tls: tls.map(|(sni, id)| TlsSide {
-                sni: Some(sni.into()),
-                identity: id.map(str::to_string).map_err(str::to_string),
-            }),
-            agent_uid: None,
+        let set = std::sync::Arc::new(crate::secrets::set::SecretSet::default());
+        let client = "127.0.0.1:5000".parse().expect("addr");
+        let dest = Dest::from_addr(dest.parse().expect("addr"));
+        let ctx = ConnCtx::new(1, client, ListenerKind::Transparent, dest, None, &set);
+        match tls {
+            Some((sni, id)) => ctx.with_tls(
+                TlsSide {
+                    sni: Some(sni.into()),
+                    identity: id.map(str::to_string).map_err(|host| HostMismatch {
+                        sni: sni.into(),
+                        host: host.into(),
+                    }),
+                },
+                &set,
+            ),
+            None => ctx,
         }
     }
 
@@ -239,10 +251,7 @@ mod tests {
 
     #[test]
     fn refused_identity_refuses_every_request() {
-        let c = ctx(
-            "10.0.0.1:443",
-            Some(("a.test", Err("SNI a.test vs CONNECT b.test"))),
-        );
+        let c = ctx("10.0.0.1:443", Some(("a.test", Err("b.test"))));
         let r = for_request(&c, &req("/", Some("a.test"))).expect_err("refused");
         assert_eq!(r.code, ErrorCode::HostMismatch);
     }

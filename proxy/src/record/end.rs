@@ -1,5 +1,5 @@
 //! How a tunnel (raw TCP, passthrough TLS, an upgraded connection) ended: the `end` of its
-//! close record.
+//! close record, and what it moved.
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -28,4 +28,16 @@ impl End {
             End::Refused => "refused",
         }
     }
+}
+
+/// What a relay moved, and how it ended: what a close record adds to its decision's.
+#[derive(Debug)]
+pub(crate) struct Relayed {
+    /// Bytes from the agent's side to the upstream's.
+    pub up: u64,
+    /// Bytes from the upstream's side to the agent's.
+    pub down: u64,
+    pub end: End,
+    /// The failure, when `end` is `Error`.
+    pub error: Option<std::io::Error>,
 }

@@ -67,9 +67,9 @@ fn summary(r: &Record) -> String {
         (RecordKind::Request, _, _) => format!("request {reason}"),
         (RecordKind::Query, _, _) => format!(
             "dns {} {} {}: {reason}",
-            r.dns.as_ref().map_or("-", |d| d.qtype.as_str()),
+            r.dns.as_ref().map_or_else(|| "-".to_string(), |d| d.qtype_str()),
             r.host,
-            r.dns.as_ref().map_or("-", |d| d.rcode)
+            r.dns.as_ref().map_or("-", |d| d.rcode_str())
         ),
     }
 }

@@ -7,19 +7,27 @@
 //! The bottom of the crate: this module imports nothing else from it, so every layer (the
 //! engines, the data path, control) can import it without an import pointing up.
 
+mod base;
+mod conn;
 mod end;
 mod error_code;
 mod listener;
 pub(crate) mod log;
+mod refusal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::RecordType;
 use serde::{Serialize, Serializer};
 
-pub(crate) use end::End;
+pub(crate) use base::{RecordBase, Redact, Stamp};
+pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
+pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
+pub(crate) use refusal::Refusal;
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
 /// handshake): in logs, metrics and tail. The audit log writes `null`.
@@ -243,11 +251,51 @@ pub(crate) struct Record {
 /// the addresses it was given (after the private-address guard).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct DnsFacts {
-    /// `A`, `AAAA`, `HTTPS`, … as the question named it.
-    pub qtype: String,
-    /// `NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR` or `NOTIMP`.
-    pub rcode: &'static str,
+    /// `A`, `AAAA`, `HTTPS`, … as the question named it; `None` (written `-`) when no
+    /// question could be read.
+    #[serde(serialize_with = "qtype_name")]
+    pub qtype: Option<RecordType>,
+    /// Written `NOERROR`, `NXDOMAIN`, `REFUSED`, `SERVFAIL`, `FORMERR` or `NOTIMP`.
+    #[serde(serialize_with = "rcode_name")]
+    pub rcode: ResponseCode,
     pub answers: Vec<std::net::IpAddr>,
+}
+
+impl DnsFacts {
+    /// The question's type as records show it.
+    pub(crate) fn qtype_str(&self) -> String {
+        self.qtype
+            .map_or_else(|| "-".to_string(), |t| t.to_string())
+    }
+
+    /// The response code as records show it.
+    pub(crate) fn rcode_str(&self) -> &'static str {
+        rcode_str(self.rcode)
+    }
+}
+
+/// The response code as dig prints it.
+pub(crate) fn rcode_str(rcode: ResponseCode) -> &'static str {
+    match rcode {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::Refused => "REFUSED",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::NotImp => "NOTIMP",
+        _ => "OTHER",
+    }
+}
+
+fn qtype_name<S: Serializer>(t: &Option<RecordType>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.collect_str(t),
+        None => s.serialize_str("-"),
+    }
+}
+
+fn rcode_name<S: Serializer>(r: &ResponseCode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(rcode_str(*r))
 }
 
 impl Record {

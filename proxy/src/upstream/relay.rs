@@ -1,29 +1,17 @@
 //! Relaying a tunnel (raw TCP, an upgraded connection) byte for byte, both ways, until
 //! either side closes or nothing moves for the idle timeout.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
+use crate::read_side::{OnRead, ReadSide};
 use crate::record::End;
-
-/// What a relay moved, and how it ended.
-#[derive(Debug)]
-pub(crate) struct Relayed {
-    /// Bytes from the agent's side to the upstream's.
-    pub up: u64,
-    /// Bytes from the upstream's side to the agent's.
-    pub down: u64,
-    pub end: End,
-    /// The failure, when `end` is `Error`.
-    pub error: Option<io::Error>,
-}
+pub(crate) use crate::record::Relayed;
 
 /// Copies both ways until either side closes, nothing moves for `idle`, or `stop` resolves
 /// (a policy change revoked the tunnel). `client` is the agent's side. Counts what moved
@@ -104,42 +92,20 @@ where
     }
 }
 
-/// Counts the bytes read from a stream and records when the last arrived.
-pub(crate) struct Watched<S> {
-    inner: S,
-    activity: Activity,
-    /// Bytes read so far.
-    pub read: u64,
-}
+/// Counts the bytes read from a stream (`read`) and records when the last arrived.
+pub(crate) type Watched<S> = ReadSide<S, Activity>;
 
-impl<S> Watched<S> {
-    pub(crate) fn new(inner: S, activity: &Activity) -> Self {
-        Watched {
-            inner,
-            activity: activity.clone(),
-            read: 0,
-        }
+impl<S> ReadSide<S, Activity> {
+    pub(crate) fn new(inner: S, activity: &Activity) -> Watched<S> {
+        ReadSide::watched(Bytes::new(), inner, activity.clone())
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.read += (buf.filled().len() - before) as u64;
-            this.activity.touch();
-        }
-        r
+impl OnRead for Activity {
+    fn on_read(&self) {
+        self.touch();
     }
 }
-
-crate::write_through::write_through!(Watched, inner);
 
 #[cfg(test)]
 mod tests {

@@ -19,8 +19,8 @@ pub(crate) use auth::AdminAuth;
 
 use crate::proxy::Proxy;
 
-/// The group whose members may use the admin socket.
-pub(crate) const ADMIN_GROUP: &str = "agenshield-admin";
+// The group whose members may use the admin socket (and the explicit listener).
+pub(crate) use crate::admission::ADMIN_GROUP;
 
 /// What `status` reports beyond the proxy's own state.
 pub(crate) struct DaemonInfo {

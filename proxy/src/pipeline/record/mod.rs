@@ -9,6 +9,7 @@
 
 mod held_body;
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +24,10 @@ use super::RequestCtx;
 use crate::audit::Entry;
 use crate::body::ready::{take_ready, Ready};
 use crate::body::ProxyBody;
-use crate::conn::ConnCtx;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
-use crate::record::{log, ErrorCode, Protocol, Record, RecordKind, RequestId, Verdict};
+use crate::record::{log, ErrorCode, Protocol, Record, Redact, RequestId, Stamp, Verdict};
+use crate::secrets::set::SecretSet;
 use crate::secrets::websocket::GuardedRelay;
 use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;
@@ -66,13 +67,7 @@ pub(super) async fn respond(
     let secrets = ctx.proxy.vault.current();
     // The agent may have put a secret value anywhere it wrote: nothing shown or logged
     // carries it.
-    let outcome = outcome.map_err(|mut r| {
-        if !secrets.is_empty() {
-            r.message = secrets.redact(&r.message).into_owned();
-            r.explanation = secrets.redact(&r.explanation).into_owned();
-        }
-        r
-    });
+    let outcome = outcome.map_err(|r| shown(&secrets, r));
     let record = match &outcome {
         Ok(resp) => request_record(&ctx, Ending::Responded(resp)),
         Err(r) => request_record(&ctx, Ending::Refused(r)),
@@ -138,12 +133,12 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
     };
     let (host, port, protocol) = match &ctx.target {
         Some(t) => (
-            secrets.redact(&t.host).into(),
+            Some(secrets.redact(&t.host).into()),
             t.port,
             protocol_of(t.scheme),
         ),
         None => (
-            dest_host(&ctx.proxy, &ctx.conn),
+            None,
             ctx.conn.dest.port,
             if ctx.conn.tls.is_some() {
                 Protocol::Https
@@ -157,9 +152,12 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ctx.query.as_deref().map(|q| secrets.redact(q)).as_deref(),
         ctx.proxy.audit_query_values,
     );
+    let at = Stamp {
+        id: ctx.id,
+        started: ctx.started_at.clone(),
+        policy: ctx.policy.hash_shared(),
+    };
     Record {
-        kind: RecordKind::Request,
-        protocol,
         port,
         method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
         path: Some(path),
@@ -178,14 +176,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
         would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
-        ..base(
-            &ctx.proxy,
-            &ctx.conn,
-            &ctx.policy,
-            ctx.id,
-            ctx.started_at.clone(),
-            host,
-        )
+        ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }
 
@@ -272,7 +263,7 @@ fn closed(decided: &Record, relayed: &Relayed, started: Instant) -> Record {
     if let Some(e) = &relayed.error {
         tracing::debug!("tunnel ended: {e}");
     }
-    decided.closed(relayed.up, relayed.down, ms_since(started), relayed.end)
+    decided.ended(relayed, ms_since(started))
 }
 
 /// Records the end of a WebSocket relayed through the secret guard: the secrets swapped
@@ -300,60 +291,37 @@ pub(crate) async fn guarded_tunnel_closed(
     connection(proxy, record).await;
 }
 
-/// The connection's destination host as a record shows it (redacted).
-pub(crate) fn dest_host(proxy: &Proxy, conn: &ConnCtx) -> Arc<str> {
-    proxy
-        .vault
-        .current()
-        .redact(&conn.dest.host.to_string())
-        .into()
+/// The secret set in force redacts what records show (`record::RecordBase`).
+impl Redact for SecretSet {
+    fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        SecretSet::redact(self, text)
+    }
 }
 
-/// The fields every record of a connection shares; the caller fills in the decision.
-pub(crate) fn base(
-    proxy: &Proxy,
-    conn: &ConnCtx,
-    policy: &Policy,
-    id: RequestId,
-    started: Arc<str>,
-    host: Arc<str>,
-) -> Record {
-    let secrets = proxy.vault.current();
-    Record {
-        kind: RecordKind::Connection,
-        protocol: Protocol::Tcp,
-        started,
-        request_id: id,
-        conn_id: conn.id,
-        listener: conn.listener,
-        client: conn.client,
-        agent_uid: conn.agent_uid,
-        dst: secrets.redact(&conn.dest.to_string()).into(),
-        sni: conn
-            .tls
-            .as_ref()
-            .and_then(|t| t.sni.as_deref())
-            .map(|s| secrets.redact(s).into()),
-        host,
-        port: conn.dest.port,
-        method: None,
-        path: None,
-        upgrade: None,
-        decision: Verdict::Error,
-        rule: None,
+/// A record's id and when its decision started (`at`, else now), under `policy`: the one
+/// place a record's time is formatted.
+pub(crate) fn stamp(policy: &Policy, at: Option<time::OffsetDateTime>) -> Stamp {
+    let started = match at {
+        Some(t) => crate::clock::rfc3339(t),
+        None => crate::clock::now_rfc3339(),
+    };
+    Stamp {
+        id: RequestId::random(),
+        started: started.into(),
         policy: policy.hash_shared(),
-        status: None,
-        error_code: None,
-        upstream: None,
-        secrets: Vec::new(),
-        bytes_up: 0,
-        bytes_down: 0,
-        ms: 0.0,
-        incomplete: false,
-        would_deny: false,
-        end: None,
-        dns: None,
-        reason: None,
+    }
+}
+
+/// `r` as the agent and the record may see it: its message and explanation redacted with
+/// `set` (the agent may have put a secret value anywhere it wrote).
+pub(crate) fn shown(set: &SecretSet, r: Refusal) -> Refusal {
+    if set.is_empty() {
+        return r;
+    }
+    Refusal {
+        message: set.redact(&r.message).into_owned(),
+        explanation: set.redact(&r.explanation).into_owned(),
+        ..r
     }
 }
 

@@ -8,8 +8,10 @@ use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
-use super::tls_sessions::{TlsSessions, CAPACITY};
+mod sessions;
+
 use crate::upstream::trust::{prefer_our_order, provider};
+use sessions::{TlsSessions, CAPACITY};
 
 pub(crate) const ALPN_H2: &[u8] = b"h2";
 pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
@@ -64,5 +66,4 @@ impl Default for InterceptTls {
 }
 
 #[cfg(test)]
-#[path = "server_tls_tests.rs"]
 mod tests;

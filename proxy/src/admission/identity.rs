@@ -19,8 +19,57 @@
 //! `agenshield proxy firewall up` does. `testing.every_uid_is_agent` (tests only) takes every
 //! local uid for an agent user's; the test-suite connects as whoever runs it.
 
-use crate::pipeline::refusal::Refusal;
-use crate::record::ErrorCode;
+use crate::record::{ErrorCode, NO_RULE};
+
+/// The operators' group: members may use the explicit listener and the admin socket.
+pub(crate) const ADMIN_GROUP: &str = "agenshield-admin";
+
+/// Why a user is not served (each a refusal with its error code; see `Refusal`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotAdmitted {
+    #[error(
+        "the proxy could not tell which local user opened this connection (it was closed \
+         already, or it did not come from this host): refused"
+    )]
+    UnknownUser,
+    #[error(
+        "{who} is not an agent user (redirect.agent_users): the transparent listener \
+         serves agent users only"
+    )]
+    NotAnAgent { who: String },
+    #[error(
+        "{who} may not use this proxy: the explicit listener admits agent users, root, \
+         members of {ADMIN_GROUP} and the users and groups in listen.explicit_users and \
+         listen.explicit_groups"
+    )]
+    NotExplicit { who: String },
+    #[error(
+        "rule {} binds secrets, which serve agent users only; {who} is not one, and \
+         the rule does not name it in `agents`",
+        rule.as_deref().unwrap_or(NO_RULE)
+    )]
+    SecretNotForUser { who: String, rule: Option<String> },
+}
+
+impl NotAdmitted {
+    pub(crate) fn code(&self) -> ErrorCode {
+        match self {
+            NotAdmitted::UnknownUser => ErrorCode::UnknownUser,
+            NotAdmitted::NotAnAgent { .. } | NotAdmitted::NotExplicit { .. } => {
+                ErrorCode::UserNotAdmitted
+            }
+            NotAdmitted::SecretNotForUser { .. } => ErrorCode::SecretNotForUser,
+        }
+    }
+
+    /// The rule whose secrets were refused, for `SecretNotForUser`.
+    pub(crate) fn rule(&self) -> Option<&str> {
+        match self {
+            NotAdmitted::SecretNotForUser { rule, .. } => rule.as_deref(),
+            _ => None,
+        }
+    }
+}
 
 /// The users each listener admits, resolved at start.
 #[derive(Debug, Clone, Default)]
@@ -44,24 +93,17 @@ impl Identities {
     }
 
     /// May the owner of a connection on the transparent listener be served?
-    pub(crate) fn transparent(&self, uid: Option<u32>) -> Result<(), Refusal> {
-        let uid = uid.ok_or_else(unknown)?;
+    pub(crate) fn transparent(&self, uid: Option<u32>) -> Result<(), NotAdmitted> {
+        let uid = uid.ok_or(NotAdmitted::UnknownUser)?;
         if self.is_agent(uid) {
             return Ok(());
         }
-        Err(Refusal::new(
-            ErrorCode::UserNotAdmitted,
-            format!(
-                "{} is not an agent user (redirect.agent_users): the transparent listener \
-                 serves agent users only",
-                shown(uid)
-            ),
-        ))
+        Err(NotAdmitted::NotAnAgent { who: shown(uid) })
     }
 
     /// May the owner of a connection on the explicit listener be served?
-    pub(crate) fn explicit(&self, uid: Option<u32>) -> Result<(), Refusal> {
-        let uid = uid.ok_or_else(unknown)?;
+    pub(crate) fn explicit(&self, uid: Option<u32>) -> Result<(), NotAdmitted> {
+        let uid = uid.ok_or(NotAdmitted::UnknownUser)?;
         if self.is_agent(uid)
             || uid == 0
             || uid == self.own_uid
@@ -70,16 +112,7 @@ impl Identities {
         {
             return Ok(());
         }
-        Err(Refusal::new(
-            ErrorCode::UserNotAdmitted,
-            format!(
-                "{} may not use this proxy: the explicit listener admits agent users, root, \
-                 members of {} and the users and groups in listen.explicit_users and \
-                 listen.explicit_groups",
-                shown(uid),
-                crate::control::admin::ADMIN_GROUP
-            ),
-        ))
+        Err(NotAdmitted::NotExplicit { who: shown(uid) })
     }
 
     /// May the deciding rule's secrets be used for `uid`'s request? `names_agents`: the rule
@@ -89,21 +122,14 @@ impl Identities {
         uid: Option<u32>,
         names_agents: bool,
         rule: Option<&str>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), NotAdmitted> {
         if names_agents || uid.is_some_and(|u| self.is_agent(u)) {
             return Ok(());
         }
         let who = uid.map_or_else(|| "an unknown user".to_string(), shown);
-        Err(Refusal {
-            rule_id: rule.map(str::to_string),
-            ..Refusal::new(
-                ErrorCode::SecretNotForUser,
-                format!(
-                    "rule {} binds secrets, which serve agent users only; {who} is not one, and \
-                     the rule does not name it in `agents`",
-                    rule.unwrap_or(crate::record::NO_RULE)
-                ),
-            )
+        Err(NotAdmitted::SecretNotForUser {
+            who,
+            rule: rule.map(str::to_string),
         })
     }
 
@@ -124,14 +150,6 @@ impl Identities {
                 )
         })
     }
-}
-
-fn unknown() -> Refusal {
-    Refusal::new(
-        ErrorCode::UnknownUser,
-        "the proxy could not tell which local user opened this connection (it was closed \
-         already, or it did not come from this host): refused",
-    )
 }
 
 /// `uid 33 (www-data)`, or `uid 33` for a uid with no user.
@@ -162,7 +180,7 @@ mod tests {
         let i = ids();
         assert!(i.transparent(Some(5200)).is_ok());
         assert!(i.transparent(Some(5300)).is_ok());
-        let code = |r: Result<(), Refusal>| r.expect_err("refused").code;
+        let code = |r: Result<(), NotAdmitted>| r.expect_err("refused").code();
         assert_eq!(code(i.transparent(Some(0))), ErrorCode::UserNotAdmitted);
         assert_eq!(code(i.transparent(Some(1001))), ErrorCode::UserNotAdmitted);
         assert_eq!(code(i.transparent(None)), ErrorCode::UnknownUser);
@@ -181,10 +199,10 @@ mod tests {
             assert!(i.explicit(Some(uid)).is_ok(), "{uid}");
         }
         let r = i.explicit(Some(4242)).expect_err("refused");
-        assert_eq!(r.code, ErrorCode::UserNotAdmitted);
-        assert!(r.message.contains("uid 4242"), "{}", r.message);
+        assert_eq!(r.code(), ErrorCode::UserNotAdmitted);
+        assert!(r.to_string().contains("uid 4242"), "{r}");
         assert_eq!(
-            i.explicit(None).expect_err("refused").code,
+            i.explicit(None).expect_err("refused").code(),
             ErrorCode::UnknownUser
         );
         // A group by primary membership: root's group 0.
@@ -211,8 +229,8 @@ mod tests {
         );
         for uid in [Some(0), Some(1001), Some(5201), None] {
             let r = i.secrets(uid, false, Some("r")).expect_err("refused");
-            assert_eq!(r.code, ErrorCode::SecretNotForUser);
-            assert_eq!(r.rule_id.as_deref(), Some("r"));
+            assert_eq!(r.code(), ErrorCode::SecretNotForUser);
+            assert_eq!(r.rule(), Some("r"));
         }
     }
 }

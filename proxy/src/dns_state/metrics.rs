@@ -6,7 +6,7 @@
 use hickory_resolver::proto::op::ResponseCode;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
-use super::record::rcode_name;
+use crate::record::rcode_str as rcode_name;
 use crate::record::Verdict;
 
 #[derive(Clone)]
