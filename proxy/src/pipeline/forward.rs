@@ -16,7 +16,7 @@ use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::proxy::Proxy;
 use crate::record::{ErrorCode, Record};
-use crate::secrets::websocket::FrameGuard;
+use crate::secrets::rewrite::websocket::FrameGuard;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 use crate::upstream::relay::relay;
 
@@ -80,7 +80,7 @@ pub(super) async fn send(
             // which needs frames as sent: no extension (none was offered).
             let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
             if guard.is_some() {
-                crate::secrets::websocket::check_accepted(resp.headers())
+                crate::secrets::rewrite::websocket::check_accepted(resp.headers())
                     .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?;
             }
             let (tx, rx) = tokio::sync::oneshot::channel();

@@ -6,17 +6,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 
-use super::inject::Url;
-use super::redact::{redact_headers, Mode, RedactedBody};
-use super::scan::{inspect_head, SecretRefusal, Violation};
-use super::scan_body::ScannedBody;
-use super::set::SecretSet;
-use super::sigv4::{self, Resign};
-use super::swap::BodySwap;
-use super::vault::Vault;
-use super::websocket::{offered_extensions_removed, FrameGuard};
 use crate::body::ProxyBody;
 use crate::policy::SecretBindings;
+use crate::secrets::guard::redact::{redact_headers, Mode, RedactedBody};
+use crate::secrets::guard::scan::{inspect_head, SecretRefusal, Violation};
+use crate::secrets::guard::scan_body::ScannedBody;
+use crate::secrets::rewrite::inject::Url;
+use crate::secrets::rewrite::sigv4::{self, Resign};
+use crate::secrets::rewrite::swap::BodySwap;
+use crate::secrets::rewrite::websocket::{offered_extensions_removed, FrameGuard};
+use crate::secrets::set::SecretSet;
+use crate::secrets::vault::Vault;
 
 /// The body guard reads up to this much of a body before the request head goes upstream…
 const PREFETCH_BYTES: usize = 64 * 1024;
@@ -152,7 +152,13 @@ impl SecretPhase {
         let (mut parts, body) = req.into_parts();
         let mut url = Url::default();
         if let Some(b) = &self.bindings {
-            url = super::inject::apply(&self.set, b, &mut parts.headers, path, query);
+            url = crate::secrets::rewrite::inject::apply(
+                &self.set,
+                b,
+                &mut parts.headers,
+                path,
+                query,
+            );
         }
         if self.binds() {
             // A compressed response could not be searched for echoed secrets, nor a
@@ -325,7 +331,7 @@ impl SecretPhase {
         let redacted = BodyExt::boxed(RedactedBody::new(body, self.set.clone(), Mode::Replace));
         // Under a `sigv4` rule, credentials an AWS API hands out never reach the agent.
         if self.bindings.as_ref().is_some_and(|b| b.sigv4.is_some()) {
-            let fields = super::aws_fields::FieldsRedacted::new(redacted);
+            let fields = crate::secrets::guard::aws_fields::FieldsRedacted::new(redacted);
             return Ok(Response::from_parts(parts, BodyExt::boxed(fields)));
         }
         Ok(Response::from_parts(parts, redacted))

@@ -4,9 +4,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::matcher::Matcher;
-use super::placeholder::placeholder;
-use super::value::{SecretName, SecretValue};
+use crate::secrets::guard::matcher::Matcher;
+use crate::secrets::placeholder::placeholder;
+use crate::secrets::store::value::{SecretName, SecretValue};
 
 pub(crate) struct Secret {
     pub name: SecretName,
@@ -300,7 +300,7 @@ pub(crate) mod tests {
             http::HeaderName::from_static("x-sk-test-123456"),
             http::HeaderValue::from_static("v sk-TEST-123456"),
         );
-        assert_eq!(super::super::redact::redact_headers(&s, &mut h), 2);
+        assert_eq!(crate::secrets::guard::redact::redact_headers(&s, &mut h), 2);
         assert_eq!(
             h.get("x-agenshield-secret-openai").map(|v| v.as_bytes()),
             Some(&b"v agenshield:secret:openai"[..])

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::oauth::TokenClient;
-use super::provider::{ProviderSpec, SecretKind};
-use super::scan::{SecretRefusal, Violation};
-use super::set::{Secret, SecretSet};
-use super::store::{SecretStore, StoreError};
-use super::value::{SecretName, SecretValue};
+use crate::secrets::fetch::oauth::TokenClient;
+use crate::secrets::fetch::provider::{ProviderSpec, SecretKind};
+use crate::secrets::guard::scan::{SecretRefusal, Violation};
+use crate::secrets::set::{Secret, SecretSet};
+use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::store::{SecretStore, StoreError};
 
 /// One secret as `ctl secrets list` shows it. Never a value.
 #[derive(Debug, Clone, Serialize)]
@@ -179,7 +179,7 @@ impl Vault {
         self.store.describe()
     }
 
-    pub(crate) fn location(&self) -> super::store::StoreLocation {
+    pub(crate) fn location(&self) -> crate::secrets::store::StoreLocation {
         self.store.location()
     }
 
@@ -373,12 +373,14 @@ impl Vault {
     /// Fetches a value and how long it is good for; the failure is noted on the provider.
     async fn fetch(&self, p: &Provider) -> Result<(SecretValue, std::time::Duration), String> {
         let got = match &p.spec {
-            ProviderSpec::Command { command, .. } => super::command::run(command, p.spec.timeout())
-                .await
-                .map(|v| (v, p.spec.ttl()))
-                .map_err(|e| e.to_string()),
+            ProviderSpec::Command { command, .. } => {
+                crate::secrets::fetch::command::run(command, p.spec.timeout())
+                    .await
+                    .map(|v| (v, p.spec.ttl()))
+                    .map_err(|e| e.to_string())
+            }
             ProviderSpec::Oauth2 { .. } => match self.token_client.get() {
-                Some(client) => super::oauth::fetch(&p.spec, client.as_ref()).await,
+                Some(client) => crate::secrets::fetch::oauth::fetch(&p.spec, client.as_ref()).await,
                 None => Err("no upstream client to fetch the token with".into()),
             },
         };
@@ -506,7 +508,7 @@ fn unavailable(name: &str, p: &Provider) -> SecretRefusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::file_store::FileStore;
+    use crate::secrets::store::file::FileStore;
 
     #[test]
     fn the_backoff_doubles_from_a_second_to_five_minutes() {

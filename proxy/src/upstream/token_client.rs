@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 use super::client::{Forwarded, Forwarder};
 use crate::body;
 use crate::policy::Scheme;
-use crate::secrets::oauth::{TokenClient, MAX_RESPONSE};
+use crate::secrets::fetch::oauth::{TokenClient, MAX_RESPONSE};
 use crate::upstream::target::Target;
 
 impl TokenClient for Forwarder {

@@ -16,8 +16,8 @@ use zeroize::Zeroizing;
 use super::routes::{error, json};
 use super::Admin;
 use crate::body::ProxyBody;
-use crate::secrets::provider::ProviderSpec;
-use crate::secrets::value::MAX_VALUE_LEN;
+use crate::secrets::fetch::provider::ProviderSpec;
+use crate::secrets::store::value::MAX_VALUE_LEN;
 use crate::secrets::vault::ProviderError;
 use crate::secrets::{SecretName, SecretValue};
 

@@ -27,7 +27,7 @@ use crate::conn::ConnCtx;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::record::{log, ErrorCode, Protocol, Record, RecordKind, RequestId, Verdict};
-use crate::secrets::websocket::GuardedRelay;
+use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;
 

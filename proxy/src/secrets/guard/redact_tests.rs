@@ -8,11 +8,11 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::body::{BodyError, ProxyBody};
-use crate::secrets::redact::{Mode, RedactedBody};
-use crate::secrets::scan::tests::{binds, set};
-use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::ScannedBody;
-use crate::secrets::swap::BodySwap;
+use crate::secrets::guard::redact::{Mode, RedactedBody};
+use crate::secrets::guard::scan::tests::{binds, set};
+use crate::secrets::guard::scan::Violation;
+use crate::secrets::guard::scan_body::ScannedBody;
+use crate::secrets::rewrite::swap::BodySwap;
 
 fn body(frames: Vec<Frame<Bytes>>) -> ProxyBody {
     let stream = futures_util::stream::iter(frames.into_iter().map(Ok::<_, BodyError>));

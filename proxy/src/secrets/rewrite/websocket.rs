@@ -29,11 +29,11 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{self, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
-use super::scan::SecretRefusal;
-use super::set::SecretSet;
-use super::swap::{BodySwap, Swapper};
 use crate::policy::SecretBindings;
 use crate::record::End;
+use crate::secrets::guard::scan::SecretRefusal;
+use crate::secrets::rewrite::swap::{BodySwap, Swapper};
+use crate::secrets::set::SecretSet;
 use crate::upstream::relay::{supervise, Activity, Relayed, Watched};
 
 /// The longest message relayed (after reassembly); also the longest frame.

@@ -19,12 +19,12 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
 use http_body_util::BodyExt;
 
-use super::aws_chunked::ResignedChunks;
-use super::placeholder::PREFIX;
-use super::scan::{SecretRefusal, Violation};
-use super::set::SecretSet;
 use crate::body::ProxyBody;
 use crate::policy::{OutOfScope, Sigv4Keys};
+use crate::secrets::guard::scan::{SecretRefusal, Violation};
+use crate::secrets::placeholder::PREFIX;
+use crate::secrets::rewrite::aws_chunked::ResignedChunks;
+use crate::secrets::set::SecretSet;
 
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 const CONTENT_SHA256: &str = "x-amz-content-sha256";

@@ -16,9 +16,9 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::{Body, Frame};
 
-use super::scan::SecretRefusal;
-use super::sigv4::ChunkSigner;
 use crate::body::{BodyError, ProxyBody};
+use crate::secrets::guard::scan::SecretRefusal;
+use crate::secrets::rewrite::sigv4::ChunkSigner;
 
 /// The longest chunk held to be signed; SDKs send 64 KiB to 8 MiB.
 pub(crate) const MAX_CHUNK: usize = 16 * 1024 * 1024;
@@ -254,7 +254,7 @@ impl ResignedChunks {
         r.place = format!("an aws-chunked body with {why}");
         let _ = self.verdict.set(r.clone());
         self.ended = true;
-        Box::new(super::scan_body::BodyRefused(r))
+        Box::new(crate::secrets::guard::scan_body::BodyRefused(r))
     }
 }
 

@@ -8,12 +8,12 @@ use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::body::{BodyError, ProxyBody};
-use crate::secrets::inject::{apply, Url};
-use crate::secrets::scan::tests::binds;
-use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::ScannedBody;
+use crate::secrets::guard::scan::tests::binds;
+use crate::secrets::guard::scan::Violation;
+use crate::secrets::guard::scan_body::ScannedBody;
+use crate::secrets::rewrite::inject::{apply, Url};
+use crate::secrets::rewrite::swap::BodySwap;
 use crate::secrets::set::SecretSet;
-use crate::secrets::swap::BodySwap;
 
 /// A value with every byte JSON or a form must escape.
 const ODD: &str = "a\"b\\c/d e&f=g+h-123";

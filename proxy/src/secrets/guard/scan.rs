@@ -8,9 +8,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use http::HeaderMap;
 
-use super::placeholder;
-use super::set::SecretSet;
 use crate::policy::{SecretBindings, SwapPlaces, TemplatePart};
+use crate::secrets::placeholder;
+use crate::secrets::set::SecretSet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Violation {

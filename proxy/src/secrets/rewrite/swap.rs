@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 
-use super::scan::{SecretRefusal, Violation};
-use super::set::SecretSet;
-use super::stream::{ChunkScanner, Piece};
 use crate::policy::SecretBindings;
+use crate::secrets::guard::scan::{SecretRefusal, Violation};
+use crate::secrets::guard::stream::{ChunkScanner, Piece};
+use crate::secrets::set::SecretSet;
 
 /// What becomes of a placeholder of a bound secret in the content.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,9 +35,15 @@ impl BodySwap {
 
     fn encode(&self, value: &[u8]) -> Bytes {
         match self {
-            BodySwap::Json => Bytes::copy_from_slice(&super::matcher::json_escaped(value, false)),
+            BodySwap::Json => {
+                Bytes::copy_from_slice(&crate::secrets::guard::matcher::json_escaped(value, false))
+            }
             BodySwap::Form => Bytes::from(
-                percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
+                percent_encoding::percent_encode(
+                    value,
+                    crate::secrets::rewrite::inject::QUERY_VALUE,
+                )
+                .to_string(),
             ),
             BodySwap::Text | BodySwap::Refused { .. } => Bytes::copy_from_slice(value),
         }
@@ -137,3 +143,7 @@ impl Swapper {
         self.check(pieces)
     }
 }
+
+#[cfg(test)]
+#[path = "swap_tests.rs"]
+mod tests;

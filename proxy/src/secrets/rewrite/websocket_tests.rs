@@ -16,8 +16,8 @@ use tokio_tungstenite::WebSocketStream;
 use super::{FrameGuard, GuardedRelay};
 use crate::policy::SwapPlaces;
 use crate::record::End;
-use crate::secrets::scan::tests::binds;
-use crate::secrets::scan::Violation;
+use crate::secrets::guard::scan::tests::binds;
+use crate::secrets::guard::scan::Violation;
 
 const GH: &str = "ghp_GITHUB_456789";
 const OTHER: &str = "sk-OTHER-99887766";

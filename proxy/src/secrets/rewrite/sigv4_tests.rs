@@ -11,12 +11,12 @@ use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 
 use crate::policy::Sigv4Keys;
-use crate::secrets::aws_chunked::Rechunker;
-use crate::secrets::scan::tests::headers;
-use crate::secrets::scan::Violation;
+use crate::secrets::guard::scan::tests::headers;
+use crate::secrets::guard::scan::Violation;
+use crate::secrets::rewrite::aws_chunked::Rechunker;
+use crate::secrets::rewrite::sigv4::{self, Body, ChunkSigner};
 use crate::secrets::set::SecretSet;
-use crate::secrets::sigv4::{self, Body, ChunkSigner};
-use crate::secrets::value::{SecretName, SecretValue};
+use crate::secrets::store::value::{SecretName, SecretValue};
 
 const KEY_ID: &str = "AKIAIOSFODNN7EXAMPLE";
 const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";

@@ -17,9 +17,9 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 
-use super::set::SecretSet;
-use super::stream::{ChunkScanner, Pause, Piece};
 use crate::body::{BodyError, ProxyBody};
+use crate::secrets::guard::stream::{ChunkScanner, Pause, Piece};
+use crate::secrets::set::SecretSet;
 
 /// Replaces secret values in every header value, and in header names (where HTTP has folded
 /// them to lower case: matched ignoring case); returns how many headers changed.
@@ -65,7 +65,7 @@ pub(crate) enum Mode {
 /// The body error of a cut response; the pipeline's record reads the refusal from it.
 #[derive(Debug, thiserror::Error)]
 #[error("response cut short: it carried the value of secret {}", .0.secret)]
-pub(crate) struct ResponseCut(pub super::scan::SecretRefusal);
+pub(crate) struct ResponseCut(pub crate::secrets::guard::scan::SecretRefusal);
 
 pub(crate) struct RedactedBody {
     inner: ProxyBody,
@@ -104,7 +104,7 @@ impl RedactedBody {
                 Piece::Value(run) if self.mode == Mode::Cut => {
                     let secret = self.set.placeholder_of_run(&run.secrets);
                     let name = secret
-                        .strip_prefix(super::placeholder::PREFIX)
+                        .strip_prefix(crate::secrets::placeholder::PREFIX)
                         .unwrap_or("");
                     tracing::warn!(
                         secret = name,
@@ -112,11 +112,13 @@ impl RedactedBody {
                     );
                     self.finished = true;
                     self.queued.clear();
-                    return Err(Box::new(ResponseCut(super::scan::SecretRefusal {
-                        violation: super::scan::Violation::Echoed,
-                        secret: name.to_string(),
-                        place: "body".to_string(),
-                    })));
+                    return Err(Box::new(ResponseCut(
+                        crate::secrets::guard::scan::SecretRefusal {
+                            violation: crate::secrets::guard::scan::Violation::Echoed,
+                            secret: name.to_string(),
+                            place: "body".to_string(),
+                        },
+                    )));
                 }
                 Piece::Value(run) => {
                     self.replaced += 1;

@@ -13,8 +13,8 @@
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use zeroize::Zeroizing;
 
-use super::placeholder::placeholder;
-use super::value::{SecretName, SecretValue};
+use crate::secrets::placeholder::placeholder;
+use crate::secrets::store::value::{SecretName, SecretValue};
 
 pub(crate) struct Matcher {
     /// Every form of every value; searched overlapping.
