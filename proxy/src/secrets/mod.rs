@@ -24,8 +24,9 @@ pub(crate) mod set;
 pub(crate) mod store;
 pub(crate) mod vault;
 
+pub(crate) use crate::policy::SecretName;
 pub(crate) use guard::scan::{SecretRefusal, Violation};
 pub(crate) use store::file::FileStore;
 pub(crate) use store::open_store;
-pub(crate) use store::value::{SecretName, SecretValue};
+pub(crate) use store::value::SecretValue;
 pub(crate) use vault::Vault;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::secrets::guard::matcher::Matcher;
 use crate::secrets::placeholder::placeholder;
-use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) struct Secret {
     pub name: SecretName,

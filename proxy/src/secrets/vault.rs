@@ -20,8 +20,8 @@ use crate::secrets::fetch::oauth::TokenClient;
 use crate::secrets::fetch::provider::{ProviderSpec, SecretKind};
 use crate::secrets::guard::scan::{SecretRefusal, Violation};
 use crate::secrets::set::{Secret, SecretSet};
-use crate::secrets::store::value::{SecretName, SecretValue};
 use crate::secrets::store::{SecretStore, StoreError};
+use crate::secrets::{SecretName, SecretValue};
 
 /// One secret as `ctl secrets list` shows it. Never a value.
 #[derive(Debug, Clone, Serialize)]

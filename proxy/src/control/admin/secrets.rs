@@ -51,7 +51,7 @@ pub(super) async fn set(
 ) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let is_json = req
         .headers()
@@ -74,7 +74,7 @@ pub(super) async fn set(
     }
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let value = match SecretValue::new(bytes.to_vec()) {
         Ok(v) => v,
@@ -131,7 +131,7 @@ async fn set_provider(
 ) -> Response<ProxyBody> {
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let spec: ProviderSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
@@ -194,7 +194,7 @@ async fn set_provider(
 pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let rules = admin.proxy.policy().secret_binders(name.as_str());
     if !rules.is_empty() {

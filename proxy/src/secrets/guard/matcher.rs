@@ -14,7 +14,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use zeroize::Zeroizing;
 
 use crate::secrets::placeholder::placeholder;
-use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) struct Matcher {
     /// Every form of every value; searched overlapping.

@@ -5,7 +5,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::*;
 use crate::policy::{InjectTarget, Injection, SecretBindings, TemplatePart};
-use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) fn set() -> SecretSet {
     SecretSet::new(

@@ -125,7 +125,7 @@ fn swap_in_url(set: &SecretSet, bindings: &SecretBindings, text: &str) -> Option
         let secret = set.at(index);
         let longer_name = bytes
             .get(r.end)
-            .is_some_and(|b| crate::secrets::store::value::is_name_byte(*b));
+            .is_some_and(|b| crate::policy::is_name_byte(*b));
         if longer_name || !bindings.binds(secret.name.as_str()) {
             continue;
         }

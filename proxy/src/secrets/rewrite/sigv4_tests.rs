@@ -16,7 +16,7 @@ use crate::secrets::guard::scan::Violation;
 use crate::secrets::rewrite::aws_chunked::Rechunker;
 use crate::secrets::rewrite::sigv4::{self, Body, ChunkSigner};
 use crate::secrets::set::SecretSet;
-use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 const KEY_ID: &str = "AKIAIOSFODNN7EXAMPLE";
 const SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";

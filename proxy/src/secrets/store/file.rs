@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use crate::secrets::store::value::{SecretName, SecretValue, MAX_VALUE_LEN};
+use crate::secrets::store::value::MAX_VALUE_LEN;
 use crate::secrets::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
+use crate::secrets::{SecretName, SecretValue};
 
 const SUFFIX: &str = ".secret";
 

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use futures_util::future::BoxFuture;
 
-use crate::secrets::store::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) type StoreResult<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
