@@ -20,12 +20,12 @@ use crate::control::metrics::ConnProtocol;
 use crate::control::tunnels::TunnelFacts;
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
+use crate::pipeline::secrets::{Head, SecretPhase};
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::record::{Protocol, Record, RecordKind, RequestId, Verdict};
-use crate::secrets::phase::{Head, SecretPhase};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::relay::relay;
 

@@ -10,14 +10,13 @@
 //!   the head and in content, AWS SigV4 signed again, WebSocket messages;
 //! * `placeholder`: what the agent holds instead (`agenshield:secret:NAME`);
 //! * `set`: the secrets loaded now, with their automaton; `vault`: the store, the set swapped
-//!   in on change, use times and fetched values;
-//! * `phase`: the pipeline's secret phases for one request.
+//!   in on change, use times and fetched values.
 //!
-//! A secret's name (`SecretName`) is policy's vocabulary too: rules bind names.
+//! A secret's name (`SecretName`) is policy's vocabulary too: rules bind names. The
+//! pipeline's secrets phase (`pipeline/secrets.rs`) drives the engine for one request.
 
 pub(crate) mod fetch;
 pub(crate) mod guard;
-pub(crate) mod phase;
 pub(crate) mod placeholder;
 pub(crate) mod rewrite;
 pub(crate) mod set;

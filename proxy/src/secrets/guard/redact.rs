@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 
 use crate::body::{BodyError, ProxyBody};
 use crate::secrets::guard::stream::{ChunkScanner, Pause, Piece};
@@ -51,6 +52,66 @@ pub(crate) fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize 
         changed += 1;
     }
     changed
+}
+
+/// Redacts what the upstream sent back, while the set holds a secret: its headers always;
+/// its body (unless `head_only` or empty) in `mode`: `Cut` goes on byte for byte, as sent,
+/// and is cut short before a value; `Replace` has values become placeholders (and, with
+/// `aws_fields`, credentials an AWS API hands out redacted), and refuses a body in any
+/// coding but identity, which could not be searched for echoed secrets.
+pub(crate) fn response(
+    set: &Arc<SecretSet>,
+    mode: Mode,
+    aws_fields: bool,
+    resp: Response<ProxyBody>,
+    head_only: bool,
+) -> Result<Response<ProxyBody>, EncodedResponse> {
+    if set.is_empty() {
+        return Ok(resp);
+    }
+    let (mut parts, body) = resp.into_parts();
+    redact_headers(set, &mut parts.headers);
+    if head_only || http_body::Body::is_end_stream(&body) {
+        return Ok(Response::from_parts(parts, body));
+    }
+    if mode == Mode::Cut {
+        let cut = RedactedBody::new(body, set.clone(), Mode::Cut);
+        return Ok(Response::from_parts(parts, BodyExt::boxed(cut)));
+    }
+    if let Some(coding) = content_coding(&parts.headers) {
+        return Err(EncodedResponse { coding });
+    }
+    // A placeholder is not as long as its value: the length is no longer known.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let redacted = BodyExt::boxed(RedactedBody::new(body, set.clone(), Mode::Replace));
+    if aws_fields {
+        let fields = crate::secrets::guard::aws_fields::FieldsRedacted::new(redacted);
+        return Ok(Response::from_parts(parts, BodyExt::boxed(fields)));
+    }
+    Ok(Response::from_parts(parts, redacted))
+}
+
+/// A response body that must have values replaced came in a coding that hides them.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the upstream sent a {coding}-encoded body although asked for identity; it cannot be \
+     checked for secret values, so it is not passed on"
+)]
+pub(crate) struct EncodedResponse {
+    /// As `content_coding` gives it: escaped.
+    coding: String,
+}
+
+/// The first coding but identity in any `Content-Encoding` header (every header, every
+/// coding in it), escaped for a message.
+pub(crate) fn content_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+        .map(|c| String::from_utf8_lossy(c).escape_debug().to_string())
 }
 
 /// What a value in the body gets.

@@ -7,8 +7,10 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap};
 
 use crate::policy::SecretBindings;
+use crate::secrets::guard::redact::content_coding;
 use crate::secrets::guard::scan::{SecretRefusal, Violation};
 use crate::secrets::guard::stream::{ChunkScanner, Piece};
 use crate::secrets::set::SecretSet;
@@ -29,6 +31,41 @@ pub(crate) enum BodySwap {
 }
 
 impl BodySwap {
+    /// What a placeholder of a bound secret becomes in a request body with these headers:
+    /// `swaps_body`: the rule swaps in bodies; `tls`: the request goes upstream over TLS.
+    pub(crate) fn for_body(headers: &HeaderMap, swaps_body: bool, tls: bool) -> BodySwap {
+        let refused = |place: String| BodySwap::Refused { place };
+        if !swaps_body {
+            return refused("body".into());
+        }
+        if !tls {
+            return refused("body sent over plain HTTP".into());
+        }
+        // A compressed body cannot be rewritten: a placeholder visible in its bytes is
+        // refused, one the compression hides goes on as the text it is.
+        if let Some(coding) = content_coding(headers) {
+            return refused(format!("{coding}-encoded body"));
+        }
+        let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+            return BodySwap::Text;
+        };
+        let essence = ct
+            .to_str()
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/json" => BodySwap::Json,
+            e if e.starts_with("application/") && e.ends_with("+json") => BodySwap::Json,
+            "application/x-www-form-urlencoded" => BodySwap::Form,
+            e if e.starts_with("text/") => BodySwap::Text,
+            _ => refused(format!("body of type {}", essence.escape_debug())),
+        }
+    }
+
     pub(crate) fn swaps(&self) -> bool {
         !matches!(self, BodySwap::Refused { .. })
     }
