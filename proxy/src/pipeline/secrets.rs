@@ -27,7 +27,7 @@ use crate::secrets::rewrite::swap::BodySwap;
 use crate::secrets::rewrite::websocket::{offered_extensions_removed, FrameGuard};
 use crate::secrets::set::SecretSet;
 use crate::secrets::vault::Vault;
-use crate::secrets::{SecretRefusal, Violation};
+use crate::secrets::{Place, SecretRefusal, Violation};
 
 pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result<(), Refusal> {
     let bindings = ctx.decision.as_ref().and_then(|d| d.secrets.clone());
@@ -180,7 +180,7 @@ impl SecretPhase {
         // Where a bound secret goes, the channel must protect it: injected or swapped values
         // only over TLS, and no upgrade but a WebSocket (whose messages are guarded and
         // redacted one by one; other protocols' bytes are not understood).
-        let transport = |place: &str| {
+        let transport = |place: Place| {
             let secret = phase.used.first().map(|s| s.to_string()).or_else(|| {
                 let b = phase.bindings.as_ref()?;
                 b.names.first().map(|s| s.to_string())
@@ -188,17 +188,14 @@ impl SecretPhase {
             SecretRefusal {
                 violation: Violation::Transport,
                 secret: secret.unwrap_or_default(),
-                place: place.to_string(),
+                place,
             }
         };
         if !phase.used.is_empty() && !head.tls {
-            return Err(transport("plain HTTP"));
+            return Err(transport(Place::PlainHttp));
         }
         if let Some(proto) = head.upgrade.filter(|_| !phase.websocket && phase.binds()) {
-            return Err(transport(&format!(
-                "an upgraded connection ({})",
-                proto.escape_debug()
-            )));
+            return Err(transport(Place::Upgrade(proto.escape_debug().to_string())));
         }
         Ok(Some(phase))
     }
@@ -357,7 +354,7 @@ impl SecretPhase {
 /// The agent's view of a leak-guard refusal, and a warning for the operator.
 pub(super) fn refused(ctx: &RequestCtx, e: &SecretRefusal) -> Refusal {
     let r = refusal(e, ctx.rule().map(|r| &**r));
-    tracing::warn!(secret = %e.secret, place = e.place.as_str(), code = r.code.as_str(), "refused: {}", r.message);
+    tracing::warn!(secret = %e.secret, place = e.place.to_string().as_str(), code = r.code.as_str(), "refused: {}", r.message);
     r
 }
 

@@ -8,7 +8,8 @@
 //!   automaton of every value and placeholder;
 //! * `rewrite/`: what goes upstream gets the values: `inject` entries, placeholders swapped in
 //!   the head and in content, AWS SigV4 signed again, WebSocket messages;
-//! * `placeholder`: what the agent holds instead (`agenshield:secret:NAME`);
+//! * `placeholder`: what the agent holds instead (`agenshield:secret:NAME`); `refusal`: why
+//!   a request was refused (the violation, the secret, the `Place`), never the value;
 //! * `set`: the secrets loaded now, with their automaton; `vault`: the store, the set swapped
 //!   in on change, use times and fetched values.
 //!
@@ -18,13 +19,14 @@
 pub(crate) mod fetch;
 pub(crate) mod guard;
 pub(crate) mod placeholder;
+pub(crate) mod refusal;
 pub(crate) mod rewrite;
 pub(crate) mod set;
 pub(crate) mod store;
 pub(crate) mod vault;
 
 pub(crate) use crate::policy::SecretName;
-pub(crate) use guard::scan::{SecretRefusal, Violation};
+pub(crate) use refusal::{Place, SecretRefusal, Violation};
 pub(crate) use store::file::FileStore;
 pub(crate) use store::open_store;
 pub(crate) use store::value::SecretValue;

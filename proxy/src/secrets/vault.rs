@@ -18,9 +18,9 @@ use serde::Serialize;
 
 use crate::secrets::fetch::oauth::TokenClient;
 use crate::secrets::fetch::provider::{ProviderSpec, SecretKind};
-use crate::secrets::guard::scan::{SecretRefusal, Violation};
 use crate::secrets::set::{Secret, SecretSet};
 use crate::secrets::store::{SecretStore, StoreError};
+use crate::secrets::{Place, SecretRefusal, Violation};
 use crate::secrets::{SecretName, SecretValue};
 
 /// One secret as `ctl secrets list` shows it. Never a value.
@@ -493,15 +493,10 @@ fn unfetched() -> SecretValue {
 /// The agent's refusal: which source failed, not why (that is in the daemon's log and `ctl
 /// secrets list`, for the operator).
 fn unavailable(name: &str, p: &Provider) -> SecretRefusal {
-    let source = match p.spec.kind() {
-        SecretKind::Command => "its command failed",
-        SecretKind::Oauth2 => "its token endpoint did not give a token",
-        SecretKind::Static => "it could not be read",
-    };
     SecretRefusal {
         violation: Violation::Unfetched,
         secret: name.to_string(),
-        place: source.to_string(),
+        place: Place::Fetch(p.spec.kind()),
     }
 }
 

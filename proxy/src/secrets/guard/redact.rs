@@ -126,7 +126,7 @@ pub(crate) enum Mode {
 /// The body error of a cut response; the pipeline's record reads the refusal from it.
 #[derive(Debug, thiserror::Error)]
 #[error("response cut short: it carried the value of secret {}", .0.secret)]
-pub(crate) struct ResponseCut(pub crate::secrets::guard::scan::SecretRefusal);
+pub(crate) struct ResponseCut(pub crate::secrets::SecretRefusal);
 
 pub(crate) struct RedactedBody {
     inner: ProxyBody,
@@ -173,13 +173,11 @@ impl RedactedBody {
                     );
                     self.finished = true;
                     self.queued.clear();
-                    return Err(Box::new(ResponseCut(
-                        crate::secrets::guard::scan::SecretRefusal {
-                            violation: crate::secrets::guard::scan::Violation::Echoed,
-                            secret: name.to_string(),
-                            place: "body".to_string(),
-                        },
-                    )));
+                    return Err(Box::new(ResponseCut(crate::secrets::SecretRefusal {
+                        violation: crate::secrets::Violation::Echoed,
+                        secret: name.to_string(),
+                        place: crate::secrets::Place::Body,
+                    })));
                 }
                 Piece::Value(run) => {
                     self.replaced += 1;

@@ -18,10 +18,10 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::body::{BodyError, ProxyBody};
 use crate::policy::SecretBindings;
-use crate::secrets::guard::scan::SecretRefusal;
 use crate::secrets::guard::stream::{ChunkScanner, Pause};
 use crate::secrets::rewrite::swap::{BodySwap, Swapper};
 use crate::secrets::set::SecretSet;
+use crate::secrets::SecretRefusal;
 
 /// The body error; the refusal itself is also left in the shared slot, because an HTTP/2
 /// upstream connection reports only that the stream was reset.
@@ -62,7 +62,7 @@ impl ScannedBody {
                 set,
                 bindings,
                 swap,
-                place: "body",
+                place: crate::secrets::Place::Body,
                 swapped,
             },
             verdict,
