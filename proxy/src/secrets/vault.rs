@@ -166,7 +166,7 @@ impl Vault {
         }
         let n = entries.len();
         let set = SecretSet::with_reserved(entries, self.reserved.clone())
-            .map_err(StoreError::Backend)?;
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         self.set.store(Arc::new(set));
         self.providers.store(Arc::new(providers));
         if let Ok(mut u) = self.updated.lock() {
@@ -205,7 +205,7 @@ impl Vault {
         let next = self
             .current()
             .with(name, Arc::new(value))
-            .map_err(StoreError::Backend)?;
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         let value = &next.get(name.as_str()).expect("just added").value;
         self.store.put(name, value).await?;
         self.set.store(Arc::new(next));
@@ -219,7 +219,10 @@ impl Vault {
     /// Removes a secret; `false` if there was none.
     pub(crate) async fn remove(&self, name: &SecretName) -> Result<bool, StoreError> {
         let _one = self.writes.lock().await;
-        let next = self.current().without(name).map_err(StoreError::Backend)?;
+        let next = self
+            .current()
+            .without(name)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         let removed = self.store.remove(name).await?;
         self.set.store(Arc::new(next));
         self.set_provider(name, None);
@@ -297,7 +300,7 @@ impl Vault {
         let next = self
             .current()
             .with(name, Arc::new(value))
-            .map_err(|e| ProviderError::Store(StoreError::Backend(e)))?;
+            .map_err(|e| ProviderError::Store(StoreError::Backend(e.to_string())))?;
         self.store
             .put(name, &stored)
             .await
