@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::conn::{ConnCtx, DestHost};
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
+use crate::pipeline::secrets::{Head, SecretPhase};
 use crate::pipeline::tunnel::Tunnel;
 use crate::pipeline::{decide, limit, secrets};
 use crate::policy::{Action, Decision, Policy};
@@ -24,7 +25,6 @@ use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::read_side::ReadSide;
 use crate::record::{Protocol, Record, Verdict};
-use crate::secrets::phase::{Head, SecretPhase};
 use crate::tunnels::TunnelFacts;
 use crate::upstream::error::UpstreamError;
 

@@ -13,11 +13,11 @@ use hickory_resolver::proto::rr::{DNSClass, RData, Record, RecordType};
 
 use crate::config::DeniedAnswer;
 use crate::pipeline::refusal::Refusal;
+use crate::pipeline::secrets::{Head, SecretPhase};
 use crate::pipeline::{record, secrets};
 use crate::policy::{Action, Decision, Policy};
 use crate::proxy::Proxy;
 use crate::record::ErrorCode;
-use crate::secrets::phase::{Head, SecretPhase};
 use crate::secrets::placeholder;
 use crate::upstream::guard::AddressGuard;
 use crate::upstream::resolve::Answer;

@@ -15,7 +15,7 @@ use super::{secrets, RequestCtx};
 use crate::body::{self, ProxyBody};
 use crate::proxy::Proxy;
 use crate::record::{ErrorCode, Protocol, Record};
-use crate::secrets::websocket::FrameGuard;
+use crate::secrets::rewrite::websocket::FrameGuard;
 use crate::tunnels::TunnelFacts;
 use crate::upstream::client::{strip_hop_by_hop, upgrade_allowed, Forwarded, Upgrades};
 
@@ -89,7 +89,7 @@ pub(super) fn respond(
             // which needs frames as sent: no extension (none was offered).
             let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
             if guard.is_some() {
-                crate::secrets::websocket::check_accepted(resp.headers())
+                crate::secrets::rewrite::websocket::check_accepted(resp.headers())
                     .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?;
             }
             let (tx, rx) = tokio::sync::oneshot::channel();

@@ -35,9 +35,9 @@ use crate::proxy::Proxy;
 use crate::ratelimit::ConcurrencyPermit;
 use crate::record::ConnCtx;
 use crate::record::{Record, RequestId, Verdict};
-use crate::secrets::phase::SecretPhase;
 use crate::upstream::target::Target;
 use refusal::Refusal;
+use secrets::SecretPhase;
 
 /// What one request carries through the phases; `record` turns it into the record.
 pub(crate) struct RequestCtx {

@@ -13,7 +13,7 @@ use super::record;
 use crate::proxy::Proxy;
 use crate::record::Protocol;
 use crate::record::Record;
-use crate::secrets::websocket::FrameGuard;
+use crate::secrets::rewrite::websocket::FrameGuard;
 use crate::tunnels::TunnelFacts;
 use crate::upstream::relay::relay;
 

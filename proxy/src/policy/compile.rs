@@ -87,8 +87,7 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
                 at: here.clone(),
                 message,
             };
-            crate::secrets::SecretName::new(name)
-                .map_err(|e| invalid(format!("[secrets.{name}]: {e}")))?;
+            super::SecretName::new(name).map_err(|e| invalid(format!("[secrets.{name}]: {e}")))?;
             if let Some(first) = secret_rates.iter().find(|r| &*r.secret == name.as_str()) {
                 return Err(invalid(format!(
                     "[secrets.{name}] is also set at {}",

@@ -547,9 +547,9 @@ fn parse_template(
 }
 
 fn check_name(name: &str, span: Range<usize>, err: &ErrFn<'_>) -> Result<(), PolicyError> {
-    crate::secrets::SecretName::new(name)
+    super::SecretName::new(name)
         .map(|_| ())
-        .map_err(|e| err(span, e))
+        .map_err(|e| err(span, e.to_string()))
 }
 
 /// Where a rule names a secret.

@@ -27,6 +27,7 @@ mod path;
 mod pattern;
 mod rate;
 mod rule;
+mod secret_name;
 mod sigv4_scope;
 mod store;
 mod tcp;
@@ -68,6 +69,7 @@ pub use inject::{
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
+pub(crate) use secret_name::{is_name_byte, SecretName};
 pub(crate) use toml_file::MAX_ID_LEN as MAX_RULE_ID_LEN;
 
 /// One policy source: a file's text and the name errors show (its path for files on disk).

@@ -2,7 +2,7 @@
 //! where the key would (an environment variable, a config file); the proxy swaps it for the
 //! real value in the headers of a request whose rule binds NAME, and refuses it anywhere else.
 
-use super::value::{is_name_byte, SecretName};
+use crate::policy::{is_name_byte, SecretName};
 
 pub(crate) const PREFIX: &str = "agenshield:secret:";
 

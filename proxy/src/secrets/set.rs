@@ -4,9 +4,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::matcher::Matcher;
-use super::placeholder::placeholder;
-use super::value::{SecretName, SecretValue};
+use crate::secrets::guard::matcher::{Matcher, MatcherError};
+use crate::secrets::placeholder::placeholder;
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) struct Secret {
     pub name: SecretName,
@@ -39,7 +39,9 @@ pub(crate) struct SecretSet {
 impl SecretSet {
     /// Fails only if the automaton cannot be built; the caller keeps the set it had.
     #[cfg(test)]
-    pub(crate) fn new(entries: Vec<(SecretName, Arc<SecretValue>)>) -> Result<SecretSet, String> {
+    pub(crate) fn new(
+        entries: Vec<(SecretName, Arc<SecretValue>)>,
+    ) -> Result<SecretSet, MatcherError> {
         SecretSet::with_reserved(entries, Arc::from(Vec::new()))
     }
 
@@ -47,7 +49,7 @@ impl SecretSet {
     pub(crate) fn with_reserved(
         mut entries: Vec<(SecretName, Arc<SecretValue>)>,
         reserved: Arc<[Secret]>,
-    ) -> Result<SecretSet, String> {
+    ) -> Result<SecretSet, MatcherError> {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|a, b| a.0 == b.0);
         let refs: Vec<(SecretName, &SecretValue)> = entries
@@ -72,14 +74,14 @@ impl SecretSet {
         &self,
         name: &SecretName,
         value: Arc<SecretValue>,
-    ) -> Result<SecretSet, String> {
+    ) -> Result<SecretSet, MatcherError> {
         let mut entries = self.entries_but(name);
         entries.push((name.clone(), value));
         SecretSet::with_reserved(entries, self.reserved.clone())
     }
 
     /// This set without `name`.
-    pub(crate) fn without(&self, name: &SecretName) -> Result<SecretSet, String> {
+    pub(crate) fn without(&self, name: &SecretName) -> Result<SecretSet, MatcherError> {
         SecretSet::with_reserved(self.entries_but(name), self.reserved.clone())
     }
 
@@ -300,7 +302,7 @@ pub(crate) mod tests {
             http::HeaderName::from_static("x-sk-test-123456"),
             http::HeaderValue::from_static("v sk-TEST-123456"),
         );
-        assert_eq!(super::super::redact::redact_headers(&s, &mut h), 2);
+        assert_eq!(crate::secrets::guard::redact::redact_headers(&s, &mut h), 2);
         assert_eq!(
             h.get("x-agenshield-secret-openai").map(|v| v.as_bytes()),
             Some(&b"v agenshield:secret:openai"[..])

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use super::oauth::TokenClient;
-use super::provider::{ProviderSpec, SecretKind};
-use super::scan::{SecretRefusal, Violation};
-use super::set::{Secret, SecretSet};
-use super::store::{SecretStore, StoreError};
-use super::value::{SecretName, SecretValue};
+use crate::secrets::fetch::oauth::TokenClient;
+use crate::secrets::fetch::provider::{ProviderSpec, SecretKind};
+use crate::secrets::set::{Secret, SecretSet};
+use crate::secrets::store::{SecretStore, StoreError};
+use crate::secrets::{Place, SecretRefusal, Violation};
+use crate::secrets::{SecretName, SecretValue};
 
 /// One secret as `ctl secrets list` shows it. Never a value.
 #[derive(Debug, Clone, Serialize)]
@@ -166,7 +166,7 @@ impl Vault {
         }
         let n = entries.len();
         let set = SecretSet::with_reserved(entries, self.reserved.clone())
-            .map_err(StoreError::Backend)?;
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         self.set.store(Arc::new(set));
         self.providers.store(Arc::new(providers));
         if let Ok(mut u) = self.updated.lock() {
@@ -179,7 +179,7 @@ impl Vault {
         self.store.describe()
     }
 
-    pub(crate) fn location(&self) -> super::store::StoreLocation {
+    pub(crate) fn location(&self) -> crate::secrets::store::StoreLocation {
         self.store.location()
     }
 
@@ -205,7 +205,7 @@ impl Vault {
         let next = self
             .current()
             .with(name, Arc::new(value))
-            .map_err(StoreError::Backend)?;
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         let value = &next.get(name.as_str()).expect("just added").value;
         self.store.put(name, value).await?;
         self.set.store(Arc::new(next));
@@ -219,7 +219,10 @@ impl Vault {
     /// Removes a secret; `false` if there was none.
     pub(crate) async fn remove(&self, name: &SecretName) -> Result<bool, StoreError> {
         let _one = self.writes.lock().await;
-        let next = self.current().without(name).map_err(StoreError::Backend)?;
+        let next = self
+            .current()
+            .without(name)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
         let removed = self.store.remove(name).await?;
         self.set.store(Arc::new(next));
         self.set_provider(name, None);
@@ -297,7 +300,7 @@ impl Vault {
         let next = self
             .current()
             .with(name, Arc::new(value))
-            .map_err(|e| ProviderError::Store(StoreError::Backend(e)))?;
+            .map_err(|e| ProviderError::Store(StoreError::Backend(e.to_string())))?;
         self.store
             .put(name, &stored)
             .await
@@ -373,12 +376,14 @@ impl Vault {
     /// Fetches a value and how long it is good for; the failure is noted on the provider.
     async fn fetch(&self, p: &Provider) -> Result<(SecretValue, std::time::Duration), String> {
         let got = match &p.spec {
-            ProviderSpec::Command { command, .. } => super::command::run(command, p.spec.timeout())
-                .await
-                .map(|v| (v, p.spec.ttl()))
-                .map_err(|e| e.to_string()),
+            ProviderSpec::Command { command, .. } => {
+                crate::secrets::fetch::command::run(command, p.spec.timeout())
+                    .await
+                    .map(|v| (v, p.spec.ttl()))
+                    .map_err(|e| e.to_string())
+            }
             ProviderSpec::Oauth2 { .. } => match self.token_client.get() {
-                Some(client) => super::oauth::fetch(&p.spec, client.as_ref()).await,
+                Some(client) => crate::secrets::fetch::oauth::fetch(&p.spec, client.as_ref()).await,
                 None => Err("no upstream client to fetch the token with".into()),
             },
         };
@@ -491,22 +496,17 @@ fn unfetched() -> SecretValue {
 /// The agent's refusal: which source failed, not why (that is in the daemon's log and `ctl
 /// secrets list`, for the operator).
 fn unavailable(name: &str, p: &Provider) -> SecretRefusal {
-    let source = match p.spec.kind() {
-        SecretKind::Command => "its command failed",
-        SecretKind::Oauth2 => "its token endpoint did not give a token",
-        SecretKind::Static => "it could not be read",
-    };
     SecretRefusal {
         violation: Violation::Unfetched,
         secret: name.to_string(),
-        place: source.to_string(),
+        place: Place::Fetch(p.spec.kind()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::file_store::FileStore;
+    use crate::secrets::store::file::FileStore;
 
     #[test]
     fn the_backoff_doubles_from_a_second_to_five_minutes() {

@@ -15,5 +15,4 @@ pub(crate) mod proxy_connect;
 pub(crate) mod relay;
 pub(crate) mod resolve;
 pub(crate) mod target;
-mod token_client;
 pub(crate) mod trust;

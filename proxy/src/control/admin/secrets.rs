@@ -18,8 +18,8 @@ use super::Admin;
 use crate::audit::ReloadTrigger;
 use crate::body::ProxyBody;
 use crate::control::reload::reload;
-use crate::secrets::provider::ProviderSpec;
-use crate::secrets::value::MAX_VALUE_LEN;
+use crate::secrets::fetch::provider::ProviderSpec;
+use crate::secrets::store::value::MAX_VALUE_LEN;
 use crate::secrets::vault::ProviderError;
 use crate::secrets::{SecretName, SecretValue};
 
@@ -53,7 +53,7 @@ pub(super) async fn set(
 ) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let is_json = req
         .headers()
@@ -196,7 +196,7 @@ async fn set_provider(
 pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let rules = admin.proxy.policy().secret_binders(name.as_str());
     if !rules.is_empty() {

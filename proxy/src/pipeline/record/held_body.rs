@@ -143,7 +143,9 @@ impl Body for FinishedBody {
                 Some(Err(e)) => {
                     if let Some(mut f) = this.finish.take() {
                         // Cut short before a secret's value: the record says so.
-                        if let Some(cut) = e.downcast_ref::<crate::secrets::redact::ResponseCut>() {
+                        if let Some(cut) =
+                            e.downcast_ref::<crate::secrets::guard::redact::ResponseCut>()
+                        {
                             f.cut(&cut.0);
                         }
                         f.detached(this.down);

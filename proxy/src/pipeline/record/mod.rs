@@ -27,8 +27,8 @@ use crate::body::ProxyBody;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::record::{log, ErrorCode, Protocol, Record, Redact, RequestId, Stamp, Verdict};
+use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::secrets::set::SecretSet;
-use crate::secrets::websocket::GuardedRelay;
 use crate::upstream::pool::UpstreamAddr;
 use crate::upstream::relay::Relayed;
 
@@ -284,7 +284,7 @@ pub(crate) async fn guarded_tunnel_closed(
     record.secrets.sort();
     if let Some(r) = &guarded.refused {
         let refusal = crate::pipeline::secrets::refusal(r, decided.rule.as_deref());
-        tracing::warn!(secret = %r.secret, place = r.place.as_str(), code = refusal.code.as_str(), "WebSocket closed: {}", refusal.message);
+        tracing::warn!(secret = %r.secret, place = r.place.to_string().as_str(), code = refusal.code.as_str(), "WebSocket closed: {}", refusal.message);
         record.error_code = Some(refusal.code);
         record.reason = Some(refusal.message);
     }

@@ -16,9 +16,9 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::{Body, Frame};
 
-use super::scan::SecretRefusal;
-use super::sigv4::ChunkSigner;
 use crate::body::{BodyError, ProxyBody};
+use crate::secrets::rewrite::sigv4::ChunkSigner;
+use crate::secrets::{Place, SecretRefusal};
 
 /// The longest chunk held to be signed; SDKs send 64 KiB to 8 MiB.
 pub(crate) const MAX_CHUNK: usize = 16 * 1024 * 1024;
@@ -63,13 +63,13 @@ impl Rechunker {
     }
 
     /// Takes `input`; returns what can go on now (possibly nothing).
-    pub(crate) fn push(&mut self, input: &[u8]) -> Result<Bytes, String> {
+    pub(crate) fn push(&mut self, input: &[u8]) -> Result<Bytes, ChunkError> {
         self.buf.extend_from_slice(input);
         let mut out = BytesMut::new();
         loop {
             match &mut self.state {
                 State::Header => {
-                    let Some(line) = take_line(&mut self.buf, "chunk header")? else {
+                    let Some(line) = take_line(&mut self.buf, Line::ChunkHeader)? else {
                         break;
                     };
                     let size = parse_header(&line)?;
@@ -111,7 +111,7 @@ impl Rechunker {
                     self.state = State::Header;
                 }
                 State::Trailer { lines, signed } => {
-                    let Some(line) = take_line(&mut self.buf, "trailer")? else {
+                    let Some(line) = take_line(&mut self.buf, Line::Trailer)? else {
                         break;
                     };
                     if !line.is_empty() {
@@ -119,21 +119,21 @@ impl Rechunker {
                         if name.eq_ignore_ascii_case(TRAILER_SIGNATURE) {
                             *signed = true;
                         } else if *signed {
-                            return Err("a trailer after the trailer signature".into());
+                            return Err(ChunkError::TrailerAfterSignature);
                         } else {
                             lines.push(line);
                         }
                         continue;
                     }
                     if !*signed {
-                        return Err("trailers without x-amz-trailer-signature".into());
+                        return Err(ChunkError::UnsignedTrailers);
                     }
                     let mut headers = aws_smithy_runtime_api::http::Headers::new();
                     for l in lines.iter() {
                         let (name, value) = split_trailer(l)?;
                         headers
                             .try_append(name.to_ascii_lowercase(), value.trim().to_string())
-                            .map_err(|_| format!("trailer {name:?} is not a header"))?;
+                            .map_err(|_| ChunkError::TrailerNotAHeader(name.to_string()))?;
                         out.put_slice(l);
                         out.put_slice(b"\r\n");
                     }
@@ -143,7 +143,7 @@ impl Rechunker {
                 }
                 State::Done => {
                     if !self.buf.is_empty() {
-                        return Err("bytes after the last chunk".into());
+                        return Err(ChunkError::AfterLastChunk);
                     }
                     break;
                 }
@@ -153,46 +153,98 @@ impl Rechunker {
     }
 
     /// At the body's end: every chunk arrived.
-    pub(crate) fn finish(&self) -> Result<(), String> {
+    pub(crate) fn finish(&self) -> Result<(), ChunkError> {
         match self.state {
             State::Done => Ok(()),
-            _ => Err("the body ended before its last chunk".into()),
+            _ => Err(ChunkError::EndedEarly),
         }
     }
 }
 
+/// What is wrong with an aws-chunked body (said after "an aws-chunked body with").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ChunkError {
+    #[error("a {0} line over {MAX_LINE} bytes")]
+    LongLine(Line),
+    #[error("a chunk header that is not text")]
+    HeaderNotText,
+    #[error("a chunk header without its chunk-signature")]
+    NoSignature,
+    #[error("a chunk header with an extension other than chunk-signature")]
+    OtherExtension,
+    #[error("a chunk signature that is not 64 hex digits")]
+    BadSignature,
+    #[error("a chunk size that is not hex")]
+    BadSize,
+    #[error("a chunk over {} MiB", MAX_CHUNK >> 20)]
+    TooLong,
+    #[error("a chunk whose data is not followed by CRLF (its size is wrong)")]
+    NoCrlf,
+    #[error("a trailer that is not text")]
+    TrailerNotText,
+    #[error("a trailer line without a colon")]
+    TrailerNoColon,
+    #[error("a trailer with an invalid name")]
+    TrailerBadName,
+    #[error("a trailer after the trailer signature")]
+    TrailerAfterSignature,
+    #[error("trailers without x-amz-trailer-signature")]
+    UnsignedTrailers,
+    /// The trailer's name (not secret: a header name).
+    #[error("trailer {0:?} is not a header")]
+    TrailerNotAHeader(String),
+    #[error("bytes after the last chunk")]
+    AfterLastChunk,
+    #[error("the body ended before its last chunk")]
+    EndedEarly,
+}
+
+/// Which kind of line was too long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Line {
+    ChunkHeader,
+    Trailer,
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Line::ChunkHeader => "chunk header",
+            Line::Trailer => "trailer",
+        })
+    }
+}
+
 /// A line ending in CRLF, taken off `buf` without it; `None` until it is complete.
-fn take_line(buf: &mut BytesMut, what: &str) -> Result<Option<Bytes>, String> {
+fn take_line(buf: &mut BytesMut, what: Line) -> Result<Option<Bytes>, ChunkError> {
     match memchr::memmem::find(buf, b"\r\n") {
         Some(n) if n <= MAX_LINE => {
             let line = buf.split_to(n).freeze();
             let _ = buf.split_to(2);
             Ok(Some(line))
         }
-        Some(_) => Err(format!("a {what} line over {MAX_LINE} bytes")),
-        None if buf.len() > MAX_LINE => Err(format!("a {what} line over {MAX_LINE} bytes")),
+        Some(_) => Err(ChunkError::LongLine(what)),
+        None if buf.len() > MAX_LINE => Err(ChunkError::LongLine(what)),
         None => Ok(None),
     }
 }
 
 /// `hex-size;chunk-signature=SIG`: the size.
-fn parse_header(line: &[u8]) -> Result<usize, String> {
-    let text = std::str::from_utf8(line).map_err(|_| "a chunk header that is not text")?;
-    let (size, ext) = text
-        .split_once(';')
-        .ok_or("a chunk header without its chunk-signature")?;
+fn parse_header(line: &[u8]) -> Result<usize, ChunkError> {
+    let text = std::str::from_utf8(line).map_err(|_| ChunkError::HeaderNotText)?;
+    let (size, ext) = text.split_once(';').ok_or(ChunkError::NoSignature)?;
     let sig = ext
         .strip_prefix(SIGNATURE_EXT)
-        .ok_or("a chunk header with an extension other than chunk-signature")?;
+        .ok_or(ChunkError::OtherExtension)?;
     if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err("a chunk signature that is not 64 hex digits".into());
+        return Err(ChunkError::BadSignature);
     }
     if size.is_empty() || size.len() > 8 || !size.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err("a chunk size that is not hex".into());
+        return Err(ChunkError::BadSize);
     }
-    let n = usize::from_str_radix(size, 16).map_err(|_| "a chunk size that is not hex")?;
+    let n = usize::from_str_radix(size, 16).map_err(|_| ChunkError::BadSize)?;
     if n > MAX_CHUNK {
-        return Err(format!("a chunk over {} MiB", MAX_CHUNK >> 20));
+        return Err(ChunkError::TooLong);
     }
     Ok(n)
 }
@@ -201,21 +253,19 @@ fn put_header(out: &mut BytesMut, size: usize, sig: &str) {
     out.put_slice(format!("{size:x};{SIGNATURE_EXT}{sig}\r\n").as_bytes());
 }
 
-fn expect_crlf(b: &[u8]) -> Result<(), String> {
+fn expect_crlf(b: &[u8]) -> Result<(), ChunkError> {
     if b == b"\r\n" {
         Ok(())
     } else {
-        Err("a chunk whose data is not followed by CRLF (its size is wrong)".into())
+        Err(ChunkError::NoCrlf)
     }
 }
 
-fn split_trailer(line: &[u8]) -> Result<(&str, &str), String> {
-    let text = std::str::from_utf8(line).map_err(|_| "a trailer that is not text")?;
-    let (name, value) = text
-        .split_once(':')
-        .ok_or("a trailer line without a colon")?;
+fn split_trailer(line: &[u8]) -> Result<(&str, &str), ChunkError> {
+    let text = std::str::from_utf8(line).map_err(|_| ChunkError::TrailerNotText)?;
+    let (name, value) = text.split_once(':').ok_or(ChunkError::TrailerNoColon)?;
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("a trailer with an invalid name".into());
+        return Err(ChunkError::TrailerBadName);
     }
     Ok((name, value))
 }
@@ -249,12 +299,12 @@ impl ResignedChunks {
         }
     }
 
-    fn refuse(&mut self, why: String) -> BodyError {
+    fn refuse(&mut self, why: ChunkError) -> BodyError {
         let mut r = self.refusal.clone();
-        r.place = format!("an aws-chunked body with {why}");
+        r.place = Place::AwsChunked(why);
         let _ = self.verdict.set(r.clone());
         self.ended = true;
-        Box::new(super::scan_body::BodyRefused(r))
+        Box::new(crate::secrets::guard::scan_body::BodyRefused(r))
     }
 }
 

@@ -7,11 +7,13 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap};
 
-use super::scan::{SecretRefusal, Violation};
-use super::set::SecretSet;
-use super::stream::{ChunkScanner, Piece};
 use crate::policy::SecretBindings;
+use crate::secrets::guard::redact::content_coding;
+use crate::secrets::guard::stream::{ChunkScanner, Piece};
+use crate::secrets::set::SecretSet;
+use crate::secrets::{Place, SecretRefusal, Violation};
 
 /// What becomes of a placeholder of a bound secret in the content.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +21,7 @@ pub(crate) enum BodySwap {
     /// Refused: the rule does not swap here, or this content cannot be rewritten (`place`
     /// says which: `body`, `gzip-encoded body`, `body of type application/grpc`, `WebSocket
     /// binary message`).
-    Refused { place: String },
+    Refused { place: Place },
     /// The value JSON-escaped (`"` and `\`), for a placeholder inside a JSON string.
     Json,
     /// The value percent-encoded, as a form field's value.
@@ -29,15 +31,56 @@ pub(crate) enum BodySwap {
 }
 
 impl BodySwap {
+    /// What a placeholder of a bound secret becomes in a request body with these headers:
+    /// `swaps_body`: the rule swaps in bodies; `tls`: the request goes upstream over TLS.
+    pub(crate) fn for_body(headers: &HeaderMap, swaps_body: bool, tls: bool) -> BodySwap {
+        let refused = |place: Place| BodySwap::Refused { place };
+        if !swaps_body {
+            return refused(Place::Body);
+        }
+        if !tls {
+            return refused(Place::BodyOverPlainHttp);
+        }
+        // A compressed body cannot be rewritten: a placeholder visible in its bytes is
+        // refused, one the compression hides goes on as the text it is.
+        if let Some(coding) = content_coding(headers) {
+            return refused(Place::EncodedBody(coding));
+        }
+        let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+            return BodySwap::Text;
+        };
+        let essence = ct
+            .to_str()
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/json" => BodySwap::Json,
+            e if e.starts_with("application/") && e.ends_with("+json") => BodySwap::Json,
+            "application/x-www-form-urlencoded" => BodySwap::Form,
+            e if e.starts_with("text/") => BodySwap::Text,
+            _ => refused(Place::BodyOfType(essence.escape_debug().to_string())),
+        }
+    }
+
     pub(crate) fn swaps(&self) -> bool {
         !matches!(self, BodySwap::Refused { .. })
     }
 
     fn encode(&self, value: &[u8]) -> Bytes {
         match self {
-            BodySwap::Json => Bytes::copy_from_slice(&super::matcher::json_escaped(value, false)),
+            BodySwap::Json => {
+                Bytes::copy_from_slice(&crate::secrets::guard::matcher::json_escaped(value, false))
+            }
             BodySwap::Form => Bytes::from(
-                percent_encoding::percent_encode(value, super::inject::QUERY_VALUE).to_string(),
+                percent_encoding::percent_encode(
+                    value,
+                    crate::secrets::rewrite::inject::QUERY_VALUE,
+                )
+                .to_string(),
             ),
             BodySwap::Text | BodySwap::Refused { .. } => Bytes::copy_from_slice(value),
         }
@@ -50,7 +93,7 @@ pub(crate) struct Swapper {
     pub bindings: Option<Arc<SecretBindings>>,
     pub swap: BodySwap,
     /// Where a secret the rule does not bind is reported found (`body`, `WebSocket message`).
-    pub place: &'static str,
+    pub place: Place,
     /// Bound secrets whose placeholders were swapped, in the order first swapped.
     pub swapped: Arc<Mutex<Vec<Arc<str>>>>,
 }
@@ -63,10 +106,10 @@ impl Swapper {
         let mut single = None;
         let n = pieces.len();
         let binds = |name: &str| self.bindings.as_ref().is_some_and(|bd| bd.binds(name));
-        let refusal = |violation, name: &str, place: &str| SecretRefusal {
+        let refusal = |violation, name: &str, place: &Place| SecretRefusal {
             violation,
             secret: name.to_string(),
-            place: place.to_string(),
+            place: place.clone(),
         };
         for p in pieces {
             let bytes = match p {
@@ -76,7 +119,7 @@ impl Swapper {
                     for &i in &run.secrets {
                         let name = self.set.at(i).name.as_str();
                         if !binds(name) {
-                            return Err(refusal(Violation::Leak, name, self.place));
+                            return Err(refusal(Violation::Leak, name, &self.place));
                         }
                     }
                     run.bytes
@@ -89,7 +132,7 @@ impl Swapper {
                     let secret = self.set.at(secret);
                     let name = secret.name.as_str();
                     if !binds(name) {
-                        return Err(refusal(Violation::Scope, name, self.place));
+                        return Err(refusal(Violation::Scope, name, &self.place));
                     }
                     match &self.swap {
                         BodySwap::Refused { place } => {
@@ -101,7 +144,7 @@ impl Swapper {
                             return Err(refusal(
                                 Violation::NotSwapped,
                                 name,
-                                &format!("{} (split by a pause in the stream)", self.place),
+                                &Place::SplitByPause(Box::new(self.place.clone())),
                             ));
                         }
                         swap => {
@@ -137,3 +180,7 @@ impl Swapper {
         self.check(pieces)
     }
 }
+
+#[cfg(test)]
+#[path = "swap_tests.rs"]
+mod tests;

@@ -13,8 +13,8 @@ use security_framework::os::macos::keychain::SecKeychain;
 use security_framework::os::macos::keychain_item::SecKeychainItem;
 use zeroize::Zeroizing;
 
-use super::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
-use super::value::{SecretName, SecretValue};
+use crate::secrets::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
+use crate::secrets::{SecretName, SecretValue};
 
 /// The keychain `KeychainStore::open` uses.
 pub(crate) const SYSTEM_KEYCHAIN: &str = "/Library/Keychains/System.keychain";

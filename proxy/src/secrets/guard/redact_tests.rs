@@ -8,11 +8,11 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::body::{BodyError, ProxyBody};
-use crate::secrets::redact::{Mode, RedactedBody};
-use crate::secrets::scan::tests::{binds, set};
-use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::ScannedBody;
-use crate::secrets::swap::BodySwap;
+use crate::secrets::guard::redact::{Mode, RedactedBody};
+use crate::secrets::guard::scan::tests::{binds, set};
+use crate::secrets::guard::scan_body::ScannedBody;
+use crate::secrets::rewrite::swap::BodySwap;
+use crate::secrets::Violation;
 
 fn body(frames: Vec<Frame<Bytes>>) -> ProxyBody {
     let stream = futures_util::stream::iter(frames.into_iter().map(Ok::<_, BodyError>));
@@ -54,7 +54,7 @@ async fn the_guard_refuses_a_value_split_across_chunks_and_names_it() {
         1 << 20,
         verdict.clone(),
         BodySwap::Refused {
-            place: "body".into(),
+            place: crate::secrets::Place::Body,
         },
         Arc::default(),
     );
@@ -62,7 +62,7 @@ async fn the_guard_refuses_a_value_split_across_chunks_and_names_it() {
     assert!(out.is_err(), "refused");
     let r = verdict.get().expect("verdict left for the pipeline");
     assert_eq!(
-        (r.violation, r.secret.as_str(), r.place.as_str()),
+        (r.violation, r.secret.as_str(), r.place.to_string().as_str()),
         (Violation::Leak, "github", "body")
     );
 }
@@ -81,7 +81,7 @@ async fn the_guard_passes_bound_secrets_trailers_and_bytes_past_its_window_uncha
         1 << 20,
         Arc::default(),
         BodySwap::Refused {
-            place: "body".into(),
+            place: crate::secrets::Place::Body,
         },
         Arc::default(),
     );
@@ -97,7 +97,7 @@ async fn the_guard_passes_bound_secrets_trailers_and_bytes_past_its_window_uncha
         10,
         Arc::default(),
         BodySwap::Refused {
-            place: "body".into(),
+            place: crate::secrets::Place::Body,
         },
         Arc::default(),
     );
@@ -117,7 +117,7 @@ async fn prefetch_refuses_a_small_body_before_anything_is_sent() {
         1 << 20,
         Arc::default(),
         BodySwap::Refused {
-            place: "body".into(),
+            place: crate::secrets::Place::Body,
         },
         Arc::default(),
     );
@@ -168,7 +168,7 @@ async fn the_guard_checks_request_trailers_even_past_its_window() {
             window,
             verdict.clone(),
             BodySwap::Refused {
-                place: "body".into(),
+                place: crate::secrets::Place::Body,
             },
             Arc::default(),
         );
@@ -180,7 +180,7 @@ async fn the_guard_checks_request_trailers_even_past_its_window() {
         );
         let r = verdict.get().expect("verdict");
         assert_eq!(
-            (r.violation, r.secret.as_str(), r.place.as_str()),
+            (r.violation, r.secret.as_str(), r.place.to_string().as_str()),
             (Violation::Leak, "github", "header x-sig")
         );
     }

@@ -10,8 +10,8 @@ use futures_util::future::BoxFuture;
 use http::HeaderValue;
 use zeroize::Zeroizing;
 
-use super::provider::{ClientAuth, ProviderSpec};
-use super::value::SecretValue;
+use crate::secrets::fetch::provider::{ClientAuth, ProviderSpec};
+use crate::secrets::store::value::SecretValue;
 
 /// How much before the endpoint's expiry a token is fetched again.
 const MARGIN: Duration = Duration::from_secs(60);

@@ -2,7 +2,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::*;
 use crate::policy::{Injection, TemplatePart};
-use crate::secrets::scan::tests::{binds, set};
+use crate::secrets::guard::scan::tests::{binds, set};
 
 fn header_inj(name: &'static str, parts: Vec<TemplatePart>) -> Injection {
     Injection {

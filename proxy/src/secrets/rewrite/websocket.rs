@@ -29,11 +29,11 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{self, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
 
-use super::scan::SecretRefusal;
-use super::set::SecretSet;
-use super::swap::{BodySwap, Swapper};
 use crate::policy::SecretBindings;
 use crate::record::End;
+use crate::secrets::rewrite::swap::{BodySwap, Swapper};
+use crate::secrets::set::SecretSet;
+use crate::secrets::{Place, SecretRefusal};
 use crate::upstream::relay::{supervise, Activity, Relayed, Watched};
 
 /// The longest message relayed (after reassembly); also the longest frame.
@@ -80,7 +80,7 @@ pub(crate) fn offered_extensions_removed(headers: &mut http::HeaderMap) {
 }
 
 impl FrameGuard {
-    fn swapper(&self, swap: BodySwap, place: &'static str) -> Swapper {
+    fn swapper(&self, swap: BodySwap, place: Place) -> Swapper {
         Swapper {
             set: self.set.clone(),
             bindings: Some(self.bindings.clone()),
@@ -126,24 +126,24 @@ impl FrameGuard {
         let text_swap = match (self.bindings.swap.websocket, self.tls) {
             (true, true) => BodySwap::Text,
             (true, false) => BodySwap::Refused {
-                place: "WebSocket message over plain HTTP".into(),
+                place: Place::WebSocketMessageOverPlainHttp,
             },
             (false, _) => BodySwap::Refused {
-                place: "WebSocket message".into(),
+                place: Place::WebSocketMessage,
             },
         };
-        let text = self.swapper(text_swap, "WebSocket message");
+        let text = self.swapper(text_swap, Place::WebSocketMessage);
         let binary = self.swapper(
             BodySwap::Refused {
-                place: "WebSocket binary message".into(),
+                place: Place::WebSocketBinaryMessage,
             },
-            "WebSocket message",
+            Place::WebSocketMessage,
         );
         let reason = self.swapper(
             BodySwap::Refused {
-                place: "WebSocket close reason".into(),
+                place: Place::WebSocketCloseReason,
             },
-            "WebSocket close reason",
+            Place::WebSocketCloseReason,
         );
         let outcome = {
             let up = async {

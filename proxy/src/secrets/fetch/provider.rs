@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::value::SecretValue;
+use crate::secrets::store::value::SecretValue;
 
 /// How a stored spec starts, so it is never taken for a value.
 const SPEC_PREFIX: &str = "agenshield-provider:v1:";

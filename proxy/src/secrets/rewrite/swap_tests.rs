@@ -8,12 +8,12 @@ use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
 
 use crate::body::{BodyError, ProxyBody};
-use crate::secrets::inject::{apply, Url};
-use crate::secrets::scan::tests::binds;
-use crate::secrets::scan::Violation;
-use crate::secrets::scan_body::ScannedBody;
+use crate::secrets::guard::scan::tests::binds;
+use crate::secrets::guard::scan_body::ScannedBody;
+use crate::secrets::rewrite::inject::{apply, Url};
+use crate::secrets::rewrite::swap::BodySwap;
 use crate::secrets::set::SecretSet;
-use crate::secrets::swap::BodySwap;
+use crate::secrets::{Place, Violation};
 
 /// A value with every byte JSON or a form must escape.
 const ODD: &str = "a\"b\\c/d e&f=g+h-123";
@@ -110,16 +110,21 @@ async fn the_whole_length_is_known_when_the_body_came_at_once_and_only_then() {
 
 #[tokio::test]
 async fn where_the_body_may_not_be_rewritten_a_bound_placeholder_is_refused_by_name() {
-    for place in ["body", "gzip-encoded body", "body of type application/grpc"] {
-        let swap = BodySwap::Refused {
-            place: place.into(),
-        };
+    for (refused, place) in [
+        (Place::Body, "body"),
+        (Place::EncodedBody("gzip".into()), "gzip-encoded body"),
+        (
+            Place::BodyOfType("application/grpc".into()),
+            "body of type application/grpc",
+        ),
+    ] {
+        let swap = BodySwap::Refused { place: refused };
         let b = scanned(&[b"x agenshield:secret:g", b"h y"], swap, &["gh"]);
         let verdict = b.verdict_slot();
         assert!(collect(b).await.is_err(), "{place}: refused");
         let r = verdict.get().expect("a verdict").clone();
         assert_eq!(
-            (r.violation, r.secret.as_str(), r.place.as_str()),
+            (r.violation, r.secret.as_str(), r.place.to_string().as_str()),
             (Violation::NotSwapped, "gh", place)
         );
     }

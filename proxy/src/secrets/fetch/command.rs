@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use zeroize::Zeroizing;
 
-use super::value::{SecretValue, MAX_VALUE_LEN};
+use crate::secrets::store::value::{SecretValue, MAX_VALUE_LEN};
 
 /// How much of standard error is kept for the message.
 const STDERR_KEPT: usize = 4096;

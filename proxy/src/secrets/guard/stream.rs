@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::matcher::Matcher;
-use super::value::is_name_byte;
+use crate::policy::is_name_byte;
+use crate::secrets::guard::matcher::Matcher;
 
 /// A piece of the stream, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,7 +250,7 @@ enum EventKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::value::{SecretName, SecretValue};
+    use crate::secrets::{SecretName, SecretValue};
 
     fn matcher(values: &[&str]) -> Matcher {
         let owned: Vec<(SecretName, SecretValue)> = values

@@ -6,11 +6,21 @@
 //! Methods return boxed futures so a network backend fits without changing callers; the
 //! local backends do their (small, rare) blocking work inline.
 
+//!
+//! * `value`: a secret's value, zeroized when dropped, never printed;
+//! * `file`: the file vault, one 0600 file per secret;
+//! * `keychain` (macOS): the System keychain.
+
+pub(crate) mod file;
+#[cfg(target_os = "macos")]
+pub(crate) mod keychain;
+pub(crate) mod value;
+
 use std::path::PathBuf;
 
 use futures_util::future::BoxFuture;
 
-use super::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) type StoreResult<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
@@ -88,5 +98,29 @@ impl StoreError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
         let path = path.into();
         move |source| StoreError::Io { path, source }
+    }
+}
+
+/// The store the configuration names; `create`: make the file vault if it is missing (a start
+/// does), else `None` for a missing one (`run --check`).
+pub(crate) fn open_store(
+    cfg: &crate::config::Config,
+    create: bool,
+) -> Result<Option<std::sync::Arc<dyn SecretStore>>, StoreError> {
+    use crate::config::SecretStoreKind;
+    match cfg.secrets.store {
+        SecretStoreKind::File if create => Ok(Some(std::sync::Arc::new(file::FileStore::open(
+            &cfg.vault,
+        )?))),
+        SecretStoreKind::File => Ok(file::FileStore::open_existing(&cfg.vault)?
+            .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn SecretStore>)),
+        #[cfg(target_os = "macos")]
+        SecretStoreKind::Keychain => Ok(Some(std::sync::Arc::new(keychain::KeychainStore::open(
+            &cfg.secrets.keychain_service,
+        )?))),
+        #[cfg(not(target_os = "macos"))]
+        SecretStoreKind::Keychain => Err(StoreError::Backend(
+            "the keychain store is available on macOS only".into(),
+        )),
     }
 }

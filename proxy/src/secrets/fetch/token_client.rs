@@ -1,6 +1,6 @@
-//! The daemon's own requests to OAuth2 token endpoints go out like the agent's: through the
-//! forwarder (our dialer and its address guard, verified TLS, the pool), bounded in time and
-//! in the size of the answer.
+//! The OAuth2 token client: the daemon's own requests to token endpoints go out like the
+//! agent's, through the upstream forwarder (our dialer and its address guard, verified TLS,
+//! the pool), bounded in time and in the size of the answer.
 
 use std::time::Duration;
 
@@ -10,10 +10,10 @@ use http::{header, HeaderValue, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use zeroize::Zeroizing;
 
-use super::client::{Forwarded, Forwarder};
+use super::oauth::{TokenClient, MAX_RESPONSE};
 use crate::body;
 use crate::policy::Scheme;
-use crate::secrets::oauth::{TokenClient, MAX_RESPONSE};
+use crate::upstream::client::{Forwarded, Forwarder};
 use crate::upstream::target::Target;
 
 impl TokenClient for Forwarder {

@@ -14,12 +14,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 
-use super::set::SecretSet;
-use super::stream::{ChunkScanner, Pause, Piece};
 use crate::body::{BodyError, ProxyBody};
+use crate::secrets::guard::stream::{ChunkScanner, Pause, Piece};
+use crate::secrets::set::SecretSet;
 
 /// Replaces secret values in every header value, and in header names (where HTTP has folded
 /// them to lower case: matched ignoring case); returns how many headers changed.
@@ -53,6 +54,66 @@ pub(crate) fn redact_headers(set: &SecretSet, headers: &mut HeaderMap) -> usize 
     changed
 }
 
+/// Redacts what the upstream sent back, while the set holds a secret: its headers always;
+/// its body (unless `head_only` or empty) in `mode`: `Cut` goes on byte for byte, as sent,
+/// and is cut short before a value; `Replace` has values become placeholders (and, with
+/// `aws_fields`, credentials an AWS API hands out redacted), and refuses a body in any
+/// coding but identity, which could not be searched for echoed secrets.
+pub(crate) fn response(
+    set: &Arc<SecretSet>,
+    mode: Mode,
+    aws_fields: bool,
+    resp: Response<ProxyBody>,
+    head_only: bool,
+) -> Result<Response<ProxyBody>, EncodedResponse> {
+    if set.is_empty() {
+        return Ok(resp);
+    }
+    let (mut parts, body) = resp.into_parts();
+    redact_headers(set, &mut parts.headers);
+    if head_only || http_body::Body::is_end_stream(&body) {
+        return Ok(Response::from_parts(parts, body));
+    }
+    if mode == Mode::Cut {
+        let cut = RedactedBody::new(body, set.clone(), Mode::Cut);
+        return Ok(Response::from_parts(parts, BodyExt::boxed(cut)));
+    }
+    if let Some(coding) = content_coding(&parts.headers) {
+        return Err(EncodedResponse { coding });
+    }
+    // A placeholder is not as long as its value: the length is no longer known.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let redacted = BodyExt::boxed(RedactedBody::new(body, set.clone(), Mode::Replace));
+    if aws_fields {
+        let fields = crate::secrets::guard::aws_fields::FieldsRedacted::new(redacted);
+        return Ok(Response::from_parts(parts, BodyExt::boxed(fields)));
+    }
+    Ok(Response::from_parts(parts, redacted))
+}
+
+/// A response body that must have values replaced came in a coding that hides them.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the upstream sent a {coding}-encoded body although asked for identity; it cannot be \
+     checked for secret values, so it is not passed on"
+)]
+pub(crate) struct EncodedResponse {
+    /// As `content_coding` gives it: escaped.
+    coding: String,
+}
+
+/// The first coding but identity in any `Content-Encoding` header (every header, every
+/// coding in it), escaped for a message.
+pub(crate) fn content_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+        .map(|c| String::from_utf8_lossy(c).escape_debug().to_string())
+}
+
 /// What a value in the body gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -65,7 +126,7 @@ pub(crate) enum Mode {
 /// The body error of a cut response; the pipeline's record reads the refusal from it.
 #[derive(Debug, thiserror::Error)]
 #[error("response cut short: it carried the value of secret {}", .0.secret)]
-pub(crate) struct ResponseCut(pub super::scan::SecretRefusal);
+pub(crate) struct ResponseCut(pub crate::secrets::SecretRefusal);
 
 pub(crate) struct RedactedBody {
     inner: ProxyBody,
@@ -104,7 +165,7 @@ impl RedactedBody {
                 Piece::Value(run) if self.mode == Mode::Cut => {
                     let secret = self.set.placeholder_of_run(&run.secrets);
                     let name = secret
-                        .strip_prefix(super::placeholder::PREFIX)
+                        .strip_prefix(crate::secrets::placeholder::PREFIX)
                         .unwrap_or("");
                     tracing::warn!(
                         secret = name,
@@ -112,10 +173,10 @@ impl RedactedBody {
                     );
                     self.finished = true;
                     self.queued.clear();
-                    return Err(Box::new(ResponseCut(super::scan::SecretRefusal {
-                        violation: super::scan::Violation::Echoed,
+                    return Err(Box::new(ResponseCut(crate::secrets::SecretRefusal {
+                        violation: crate::secrets::Violation::Echoed,
                         secret: name.to_string(),
-                        place: "body".to_string(),
+                        place: crate::secrets::Place::Body,
                     })));
                 }
                 Piece::Value(run) => {

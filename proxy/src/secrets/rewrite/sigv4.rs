@@ -19,12 +19,12 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request};
 use http_body_util::BodyExt;
 
-use super::aws_chunked::ResignedChunks;
-use super::placeholder::PREFIX;
-use super::scan::{SecretRefusal, Violation};
-use super::set::SecretSet;
 use crate::body::ProxyBody;
 use crate::policy::{OutOfScope, Sigv4Keys};
+use crate::secrets::placeholder::PREFIX;
+use crate::secrets::rewrite::aws_chunked::ResignedChunks;
+use crate::secrets::set::SecretSet;
+use crate::secrets::{Place, SecretRefusal, Violation};
 
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 const CONTENT_SHA256: &str = "x-amz-content-sha256";
@@ -70,7 +70,7 @@ fn unsignable(keys: &Sigv4Keys, why: impl Into<String>) -> SecretRefusal {
     SecretRefusal {
         violation: Violation::Unsignable,
         secret: keys.access_key_id.to_string(),
-        place: why.into(),
+        place: Place::Why(why.into()),
     }
 }
 
@@ -156,7 +156,7 @@ pub(crate) fn plan(
             return Err(SecretRefusal {
                 violation: Violation::Unavailable,
                 secret: name.to_string(),
-                place: "sigv4".into(),
+                place: Place::Sigv4,
             });
         }
     }
@@ -203,7 +203,7 @@ fn out_of_scope(keys: &Sigv4Keys, o: &OutOfScope) -> SecretRefusal {
     SecretRefusal {
         violation: Violation::OutOfScope,
         secret: keys.access_key_id.to_string(),
-        place: o.describe(&keys.scope),
+        place: Place::Why(o.describe(&keys.scope)),
     }
 }
 
@@ -364,7 +364,7 @@ impl Resign {
             let s = set.get(name).ok_or_else(|| SecretRefusal {
                 violation: Violation::Unavailable,
                 secret: name.to_string(),
-                place: "sigv4".into(),
+                place: Place::Sigv4,
             })?;
             std::str::from_utf8(s.value.expose())
                 .map(str::to_string)

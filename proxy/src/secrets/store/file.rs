@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use super::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
-use super::value::{SecretName, SecretValue, MAX_VALUE_LEN};
+use crate::secrets::store::value::MAX_VALUE_LEN;
+use crate::secrets::store::{SecretStore, StoreError, StoreLocation, StoreResult, StoredSecret};
+use crate::secrets::{SecretName, SecretValue};
 
 const SUFFIX: &str = ".secret";
 
@@ -137,7 +138,9 @@ impl FileStore {
         if bytes.len() as u64 == limit {
             return Err(StoreError::BadValue {
                 name: name.to_string(),
-                why: super::value::too_long(super::value::full_len(&bytes, &mut file)),
+                why: crate::secrets::store::value::too_long(
+                    crate::secrets::store::value::full_len(&bytes, &mut file),
+                ),
             });
         }
         if bytes.last() == Some(&b'\n') {

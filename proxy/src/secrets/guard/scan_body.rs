@@ -16,12 +16,12 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::scan::SecretRefusal;
-use super::set::SecretSet;
-use super::stream::{ChunkScanner, Pause};
-use super::swap::{BodySwap, Swapper};
 use crate::body::{BodyError, ProxyBody};
 use crate::policy::SecretBindings;
+use crate::secrets::guard::stream::{ChunkScanner, Pause};
+use crate::secrets::rewrite::swap::{BodySwap, Swapper};
+use crate::secrets::set::SecretSet;
+use crate::secrets::SecretRefusal;
 
 /// The body error; the refusal itself is also left in the shared slot, because an HTTP/2
 /// upstream connection reports only that the stream was reset.
@@ -62,7 +62,7 @@ impl ScannedBody {
                 set,
                 bindings,
                 swap,
-                place: "body",
+                place: crate::secrets::Place::Body,
                 swapped,
             },
             verdict,
@@ -232,7 +232,8 @@ impl Body for ScannedBody {
                         // Trailers, whatever the window: checked as headers are.
                         if let Some(t) = f.trailers_ref() {
                             let (set, b) = (&this.swapper.set, this.swapper.bindings.as_deref());
-                            if let Err(r) = super::scan::inspect_trailers(set, b, t) {
+                            if let Err(r) = crate::secrets::guard::scan::inspect_trailers(set, b, t)
+                            {
                                 return this.refuse(r);
                             }
                         }
@@ -259,7 +260,3 @@ impl Body for ScannedBody {
         SizeHint::default()
     }
 }
-
-#[cfg(test)]
-#[path = "swap_tests.rs"]
-mod swap_tests;

@@ -1,8 +1,7 @@
-//! A secret's name and value. Values are zeroized when dropped and print as `[redacted]`,
-//! so neither a log line, a `{:?}` nor a panic message can carry one.
+//! A secret's value: zeroized when dropped and printed as `[redacted]`, so neither a log
+//! line, a `{:?}` nor a panic message can carry one. (Its name is `policy::SecretName`.)
 
 use std::fmt;
-use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
@@ -10,60 +9,6 @@ use zeroize::Zeroizing;
 pub(crate) const MIN_VALUE_LEN: usize = 8;
 /// Longest value accepted (it must fit in a request header).
 pub(crate) const MAX_VALUE_LEN: usize = 8 * 1024;
-/// Longest name.
-pub(crate) const MAX_NAME_LEN: usize = 64;
-
-/// A secret's name: 1..=64 of `A-Z a-z 0-9 _ -`, starting with a letter or digit. Names are
-/// not secret: they appear in policy, placeholders, logs and `ctl secrets list`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct SecretName(Arc<str>);
-
-impl SecretName {
-    pub(crate) fn new(name: &str) -> Result<SecretName, String> {
-        if is_valid_name(name) {
-            Ok(SecretName(Arc::from(name)))
-        } else {
-            Err(format!(
-                "invalid secret name {name:?}: use 1..={MAX_NAME_LEN} of A-Z a-z 0-9 _ -, \
-                 starting with a letter or digit"
-            ))
-        }
-    }
-
-    /// A name of the daemon's own for a value it redacts but no rule can bind (it holds a
-    /// `.`, which no secret name may: no placeholder of it can ever be swapped).
-    pub(crate) fn reserved(name: &'static str) -> SecretName {
-        debug_assert!(name.contains('.'));
-        SecretName(Arc::from(name))
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub(crate) fn shared(&self) -> Arc<str> {
-        self.0.clone()
-    }
-}
-
-impl fmt::Display for SecretName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Whether `b` may appear in a secret name (and so continues a placeholder).
-pub(crate) fn is_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
-}
-
-pub(crate) fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.bytes().all(is_name_byte)
-}
-
 /// A secret value. Not `Clone`: share it behind an `Arc`, so there is one copy to zeroize.
 pub(crate) struct SecretValue(Zeroizing<Vec<u8>>);
 
@@ -192,15 +137,5 @@ mod tests {
         assert_eq!(full_len(b"abc\n", &mut none), 3);
         assert!(too_long(9000).starts_with("the value is 9000 bytes; at most 8192"));
         assert!(SecretValue::new(b"with inner space".to_vec()).is_ok());
-    }
-
-    #[test]
-    fn names() {
-        for ok in ["openai", "GITHUB_TOKEN", "a", "x-1_2"] {
-            assert!(SecretName::new(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-x", "_x", "a.b", "a b", "a/b", "é", &"x".repeat(65)] {
-            assert!(SecretName::new(bad).is_err(), "{bad:?}");
-        }
     }
 }

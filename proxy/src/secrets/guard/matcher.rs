@@ -13,8 +13,8 @@
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use zeroize::Zeroizing;
 
-use super::placeholder::placeholder;
-use super::value::{SecretName, SecretValue};
+use crate::secrets::placeholder::placeholder;
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) struct Matcher {
     /// Every form of every value; searched overlapping.
@@ -32,10 +32,22 @@ pub(crate) struct Matcher {
     max_len: usize,
 }
 
+/// An automaton that cannot be built (too many or too long patterns); the guard is never
+/// silently disabled instead. Says nothing of the values.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MatcherError {
+    #[error("cannot build the secret matcher: {0}")]
+    Values(aho_corasick::BuildError),
+    #[error("cannot build the placeholder matcher: {0}")]
+    Placeholders(aho_corasick::BuildError),
+}
+
 impl Matcher {
     /// `secrets` in the order their indices refer to. `Ok(None)` when there is nothing to
     /// match; an error (never a silently disabled guard) if an automaton cannot be built.
-    pub(crate) fn build(secrets: &[(SecretName, &SecretValue)]) -> Result<Option<Matcher>, String> {
+    pub(crate) fn build(
+        secrets: &[(SecretName, &SecretValue)],
+    ) -> Result<Option<Matcher>, MatcherError> {
         let mut values: Vec<Zeroizing<Vec<u8>>> = Vec::new();
         let mut value_secret = Vec::new();
         let mut placeholders: Vec<Vec<u8>> = Vec::new();
@@ -71,16 +83,16 @@ impl Matcher {
         let values_ac = AhoCorasickBuilder::new()
             .match_kind(MatchKind::Standard)
             .build(values.iter().map(|p| p.as_slice()))
-            .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
+            .map_err(MatcherError::Values)?;
         let folded = AhoCorasickBuilder::new()
             .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(true)
             .build(values.iter().map(|p| p.as_slice()))
-            .map_err(|e| format!("cannot build the secret matcher: {e}"))?;
+            .map_err(MatcherError::Values)?;
         let placeholders_ac = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&placeholders)
-            .map_err(|e| format!("cannot build the placeholder matcher: {e}"))?;
+            .map_err(MatcherError::Placeholders)?;
         let max_len = values
             .iter()
             .map(|p| p.len())

@@ -9,10 +9,10 @@ use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::placeholder;
-use super::scan::{basic_credentials, split_scheme};
-use super::set::SecretSet;
 use crate::policy::{InjectTarget, SecretBindings, TemplatePart};
+use crate::secrets::guard::scan::{basic_credentials, split_scheme};
+use crate::secrets::placeholder;
+use crate::secrets::set::SecretSet;
 
 /// The request target as it goes upstream, where injection or a swap changed it.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -125,7 +125,7 @@ fn swap_in_url(set: &SecretSet, bindings: &SecretBindings, text: &str) -> Option
         let secret = set.at(index);
         let longer_name = bytes
             .get(r.end)
-            .is_some_and(|b| super::value::is_name_byte(*b));
+            .is_some_and(|b| crate::policy::is_name_byte(*b));
         if longer_name || !bindings.binds(secret.name.as_str()) {
             continue;
         }

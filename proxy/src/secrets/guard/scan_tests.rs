@@ -5,7 +5,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::*;
 use crate::policy::{InjectTarget, Injection, SecretBindings, TemplatePart};
-use crate::secrets::value::{SecretName, SecretValue};
+use crate::secrets::{SecretName, SecretValue};
 
 pub(crate) fn set() -> SecretSet {
     SecretSet::new(
@@ -72,7 +72,7 @@ fn a_bound_placeholder_is_a_use_and_an_unbound_one_is_out_of_scope() {
 
     let e = inspect_head(&s, None, "GET", "evil.test", &h, "/").expect_err("scope");
     assert_eq!(
-        (e.violation, e.secret.as_str(), e.place.as_str()),
+        (e.violation, e.secret.as_str(), e.place.to_string().as_str()),
         (Violation::Scope, "openai", "header authorization")
     );
     let e = inspect_head(
@@ -124,7 +124,7 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
     for (host, h, url, place) in cases {
         let e = inspect_head(&s, Some(&b), "GET", host, &h, url).expect_err(place);
         assert_eq!(
-            (e.violation, e.secret.as_str(), e.place.as_str()),
+            (e.violation, e.secret.as_str(), e.place.to_string().as_str()),
             (Violation::Leak, "github", place)
         );
         assert!(
@@ -143,7 +143,10 @@ fn real_values_are_leaks_unless_the_rule_binds_them() {
         "/",
     )
     .expect_err("method");
-    assert_eq!((e.violation, e.place.as_str()), (Violation::Leak, "method"));
+    assert_eq!(
+        (e.violation, e.place.to_string().as_str()),
+        (Violation::Leak, "method")
+    );
     // What follows the placeholder prefix is shown only if it names a stored secret: it
     // could be a real value.
     let h = headers(&[("x-key", "agenshield:secret:ghp_GITHUB_4567")]);
@@ -230,7 +233,7 @@ fn by_default_only_credential_positions_swap() {
     ] {
         let r = ok(&b, &h, pq).expect_err("refused");
         assert_eq!(
-            (r.violation, r.secret.as_str(), r.place.as_str()),
+            (r.violation, r.secret.as_str(), r.place.to_string().as_str()),
             (Violation::NotSwapped, "github", place),
             "{pq}"
         );
@@ -244,7 +247,7 @@ fn by_default_only_credential_positions_swap() {
     assert!(ok(&b, &[], "/q?token=agenshield:secret:github&n=1").is_ok());
     let r = ok(&b, &[], "/q?other=agenshield:secret:github").expect_err("unnamed parameter");
     assert_eq!(
-        (r.violation, r.place.as_str()),
+        (r.violation, r.place.to_string().as_str()),
         (Violation::NotSwapped, "query")
     );
 }

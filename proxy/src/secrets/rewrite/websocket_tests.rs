@@ -16,8 +16,8 @@ use tokio_tungstenite::WebSocketStream;
 use super::{FrameGuard, GuardedRelay};
 use crate::policy::SwapPlaces;
 use crate::record::End;
-use crate::secrets::scan::tests::binds;
-use crate::secrets::scan::Violation;
+use crate::secrets::guard::scan::tests::binds;
+use crate::secrets::Violation;
 
 const GH: &str = "ghp_GITHUB_456789";
 const OTHER: &str = "sk-OTHER-99887766";
@@ -149,7 +149,7 @@ async fn refused(g: FrameGuard, send: Message) -> (Violation, String) {
     let (r, _) = relay.await.expect("join");
     assert_eq!(r.relayed.end, End::Refused);
     let why = r.refused.expect("a refusal");
-    (why.violation, why.place)
+    (why.violation, why.place.to_string())
 }
 
 #[tokio::test]
