@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const TOKEN: &str = "ghp_SHIPPEDexample0123456789abcdef";
-const EXAMPLE: &str = include_str!("../../policies/examples/github.toml");
+const EXAMPLE: &str = include_str!("../../../policies/examples/github.toml");
 const HOSTS: [&str; 3] = ["api.github.com", "github.com", "codeload.github.com"];
 
 struct World {
