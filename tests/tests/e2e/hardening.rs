@@ -2,11 +2,11 @@
 //! path tricks with segment parameters, escapes that are data, a crafted audit log. Each
 //! refusal is a JSON body and a record; nothing refused reaches the upstream.
 
-use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::{echo_server, Upstream, UpstreamOptions};
+use agenshield_e2e::world::ApiUpstream;
 use serde_json::Value;
 
 const POLICY: &str = r#"

@@ -8,11 +8,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::{SeenRequest, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, LOCAL};
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::{OauthClient, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, LOCAL};
 
 const BASE: &str = r#"
 version = 1

@@ -10,12 +10,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::audit;
 use agenshield_e2e::aws::AwsAccount;
 use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, LOCAL};
 
 const KEY_ID: &str = "AKIAAGENSHIELDE2E001";
 const SECRET_KEY: &str = "aWsSeCrEt/e2e+Key0123456789abcdefGHIJklmn";

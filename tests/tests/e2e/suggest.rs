@@ -3,10 +3,10 @@
 //! enforcing: exactly the traffic that was seen is allowed, and what was not seen is refused.
 //! The real daemon, curl through its explicit listener, a loopback TLS upstream.
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, LOCAL};
 
 const HOSTS: [&str; 3] = ["api.test", "files.test", "other.test"];
 

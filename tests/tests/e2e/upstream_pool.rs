@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::daemon::Daemon;
 use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::world::ApiUpstream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
