@@ -8,8 +8,11 @@ use std::path::PathBuf;
 
 use crate::curl::{curl, CurlOut};
 use crate::daemon::{Daemon, DaemonOptions};
-use crate::pki::TestCa;
+use crate::pki::{client_config, TestCa};
 use crate::upstream::{SeenRequest, Upstream, UpstreamOptions};
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 pub const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -173,6 +176,17 @@ impl World {
         args.extend_from_slice(extra);
         args.push(url);
         curl(&args, body_to_null).await
+    }
+
+    /// TLS to the transparent listener as the agent opens it for `host`, offering `alpn`,
+    /// trusting only our CA.
+    pub async fn tls(&self, host: &str, alpn: &[&[u8]]) -> TlsStream<TcpStream> {
+        let tls = tokio_rustls::TlsConnector::from(client_config(&[&self.daemon.ca_pem], alpn));
+        let tcp = TcpStream::connect(self.daemon.transparent)
+            .await
+            .expect("connect");
+        let name = ServerName::try_from(host.to_string()).expect("name");
+        tls.connect(name, tcp).await.expect("TLS to the proxy")
     }
 
     /// A directory of the test's own, removed with the world.
