@@ -1,7 +1,6 @@
 //! Test support for AgenShield's end-to-end tests: a throwaway upstream PKI and
 //! realistic upstream servers on loopback, so tests never touch the internet.
 
-pub mod api;
 pub mod audit;
 pub mod aws;
 pub mod corp_proxy;
@@ -14,3 +13,4 @@ pub mod netlab;
 pub mod pki;
 pub mod prometheus;
 pub mod upstream;
+pub mod world;

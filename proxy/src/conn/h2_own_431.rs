@@ -15,7 +15,7 @@
 //!   which are that connection's (a thread polls one future at a time; one poll of another
 //!   connection, or of an upstream HTTP/2 client, is another poll).
 //!
-//! `tests/tests/records.rs` (`an_oversized_head_over_http2_…`) fails if an h2 release changes
+//! `tests/tests/e2e/records.rs` (`an_oversized_head_over_http2_…`) fails if an h2 release changes
 //! the event: the 431 would then go unrecorded.
 
 use std::cell::Cell;

@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::audit;
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::daemon::Daemon;
 use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, World};
 use rustls_pki_types::ServerName;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -38,13 +38,6 @@ hosts = ["api.test"]
 action = "allow"
 "#;
 
-struct World {
-    api: ApiUpstream,
-    daemon: Daemon,
-    /// What the upstream's own CA signs: a client trusting only this cannot be intercepted.
-    upstream_ca: String,
-}
-
 async fn world() -> World {
     let api = ApiUpstream::start(
         "passthrough upstream CA",
@@ -55,27 +48,22 @@ async fn world() -> World {
         },
     )
     .await;
-    let upstream_ca = std::fs::read_to_string(&api.ca_file).expect("upstream CA");
-    let daemon = Daemon::start(DaemonOptions {
-        hosts: vec![
-            ("api.test".into(), LOCAL),
-            ("pinned.test".into(), LOCAL),
-            // Outside `allow_private` (127.0.0.0/8): the guard refuses it.
-            ("guarded.test".into(), "::1".parse().expect("ip")),
-        ],
-        // The agent "meant" an address where nothing listens: a passthrough connection is
-        // dialed by its name, never there.
-        orig_dst: Some(SocketAddr::new(
-            "127.0.0.3".parse().expect("ip"),
-            api.up.addr.port(),
-        )),
-        ..api.daemon_options(POLICY)
-    });
-    World {
-        api,
-        daemon,
-        upstream_ca,
-    }
+    let mut opts = api.daemon_options(POLICY);
+    // Outside `allow_private` (127.0.0.0/8): the guard refuses it.
+    opts.hosts
+        .push(("guarded.test".into(), "::1".parse().expect("ip")));
+    // The agent "meant" an address where nothing listens: a passthrough connection is
+    // dialed by its name, never there.
+    opts.orig_dst = Some(SocketAddr::new(
+        "127.0.0.3".parse().expect("ip"),
+        api.up.addr.port(),
+    ));
+    api.world(opts)
+}
+
+/// What the upstream's own CA signs: a client trusting only this cannot be intercepted.
+fn upstream_ca(w: &World) -> String {
+    w.upstream_ca.cert_pem()
 }
 
 /// TLS to `addr` (or through `stream`) as `name`, trusting only `ca`.
@@ -129,7 +117,7 @@ async fn a_passthrough_rule_splices_tls_to_the_name_unopened_and_records_it() {
     let tcp = TcpStream::connect(w.daemon.transparent)
         .await
         .expect("connect");
-    let mut s = tls(tcp, "pinned.test", &w.upstream_ca)
+    let mut s = tls(tcp, "pinned.test", &upstream_ca(&w))
         .await
         .expect("the upstream's own certificate, not a minted leaf");
     assert_eq!(
@@ -138,7 +126,6 @@ async fn a_passthrough_rule_splices_tls_to_the_name_unopened_and_records_it() {
     );
     drop(s);
     assert!(w
-        .api
         .up
         .requests()
         .iter()
@@ -152,7 +139,7 @@ async fn a_passthrough_rule_splices_tls_to_the_name_unopened_and_records_it() {
     assert_eq!(decided["host"], "pinned.test", "{decided}");
     assert_eq!(
         decided["upstream"],
-        w.api.up.addr.to_string(),
+        w.up.addr.to_string(),
         "dialed by name, not the address the agent chose: {decided}"
     );
     let closed = wait_for(&w.daemon, |v| {
@@ -163,7 +150,7 @@ async fn a_passthrough_rule_splices_tls_to_the_name_unopened_and_records_it() {
     assert!(closed["bytes_down"].as_u64().unwrap_or(0) > 500, "{closed}");
 
     // Through CONNECT with the same name: spliced too.
-    let port = w.api.up.addr.port();
+    let port = w.up.addr.port();
     let mut tcp = TcpStream::connect(w.daemon.explicit)
         .await
         .expect("connect");
@@ -181,7 +168,7 @@ async fn a_passthrough_rule_splices_tls_to_the_name_unopened_and_records_it() {
         head.push_str(&line);
     }
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let mut s = tls(r, "pinned.test", &w.upstream_ca)
+    let mut s = tls(r, "pinned.test", &upstream_ca(&w))
         .await
         .expect("spliced through CONNECT");
     assert_eq!(
@@ -199,7 +186,7 @@ async fn anything_a_passthrough_rule_does_not_decide_is_intercepted() {
     let tcp = TcpStream::connect(w.daemon.transparent)
         .await
         .expect("connect");
-    let err = tls(tcp, "api.test", &w.upstream_ca)
+    let err = tls(tcp, "api.test", &upstream_ca(&w))
         .await
         .expect_err("intercepted: our leaf");
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
@@ -216,7 +203,7 @@ async fn anything_a_passthrough_rule_does_not_decide_is_intercepted() {
     let tcp = TcpStream::connect(w.daemon.transparent)
         .await
         .expect("connect");
-    let err = tls(tcp, "127.0.0.3", &w.upstream_ca)
+    let err = tls(tcp, "127.0.0.3", &upstream_ca(&w))
         .await
         .expect_err("no SNI");
     assert!(
@@ -225,7 +212,7 @@ async fn anything_a_passthrough_rule_does_not_decide_is_intercepted() {
     );
 
     // A CONNECT to one host whose ClientHello names the passthrough host: not spliced.
-    let port = w.api.up.addr.port();
+    let port = w.up.addr.port();
     let mut tcp = TcpStream::connect(w.daemon.explicit)
         .await
         .expect("connect");
@@ -243,7 +230,7 @@ async fn anything_a_passthrough_rule_does_not_decide_is_intercepted() {
         }
     }
     assert!(
-        tls(r, "pinned.test", &w.upstream_ca).await.is_err(),
+        tls(r, "pinned.test", &upstream_ca(&w)).await.is_err(),
         "fronted: not spliced"
     );
 
@@ -266,7 +253,7 @@ async fn a_passthrough_name_the_guard_forbids_is_refused_before_anything_is_dial
     let tcp = TcpStream::connect(w.daemon.transparent)
         .await
         .expect("connect");
-    assert!(tls(tcp, "guarded.test", &w.upstream_ca).await.is_err());
+    assert!(tls(tcp, "guarded.test", &upstream_ca(&w)).await.is_err());
     let refused = wait_for(&w.daemon, |v| {
         v["protocol"] == "tls-passthrough" && v["decision"] != "allow"
     })

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::api::LOCAL;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::pki::TestCa;
+use agenshield_e2e::world::LOCAL;
 
 const POLICY: &str =
     "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n";

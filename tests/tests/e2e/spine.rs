@@ -3,21 +3,19 @@
 //! (original destination fixed by the test, since there is no firewall here) and the
 //! explicit one (CONNECT and absolute-URI).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use agenshield_e2e::curl::{curl, CurlOut};
-use agenshield_e2e::daemon::{binary, Daemon, DaemonOptions};
+use agenshield_e2e::daemon::binary;
 use agenshield_e2e::pki::{client_config, TestCa};
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World, LOCAL};
 use futures_util::{SinkExt, StreamExt};
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 const POLICY: &str = r#"
 version = 1
@@ -41,115 +39,45 @@ hosts = ["denied.test"]
 action = "deny"
 "#;
 
-struct World {
-    up: Upstream,
-    upstream_ca: TestCa,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
-impl World {
-    async fn new(extra_policy: &str, limits: &[&str]) -> World {
-        let upstream_ca = TestCa::new("spine upstream CA");
-        let leaf = upstream_ca.leaf(&[
+/// The upstream for every name the policy knows, and a daemon in front of it under `POLICY`
+/// (and `extra_policy`, `limits`, when given).
+async fn world(extra_policy: &str, limits: &[&str]) -> World {
+    let api = ApiUpstream::start(
+        "spine upstream CA",
+        &[
             "allowed.test",
             "denied.test",
             "a.test",
             "b.test",
             "127.0.0.1",
-        ]);
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(leaf),
+        ],
+        UpstreamOptions {
             name: "main".into(),
             ..Default::default()
-        })
-        .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        upstream_ca.write_pem(&ca_file).expect("write CA");
-        let hosts = [
-            "allowed.test",
-            "denied.test",
-            "a.test",
-            "b.test",
-            "untrusted.test",
-            "wrongname.test",
-            "nobody.test",
-        ]
-        .iter()
-        .map(|n| (n.to_string(), LOCAL))
-        .collect();
-        let mut policies = vec![("main.toml".to_string(), POLICY.to_string())];
-        if !extra_policy.is_empty() {
-            policies.push(("extra.toml".to_string(), extra_policy.to_string()));
-        }
-        let daemon = Daemon::start(DaemonOptions {
-            policies,
-            extra_ca: vec![ca_file],
-            hosts,
-            orig_dst: Some(up.addr),
-            limits: limits.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        });
-        World {
-            up,
-            upstream_ca,
-            daemon,
-            _dir: dir,
-        }
+        },
+    )
+    .await;
+    let mut opts = api.daemon_options(POLICY);
+    // Resolved, with no leaf of the upstream's: the daemon must refuse them.
+    for n in ["untrusted.test", "wrongname.test", "nobody.test"] {
+        opts.hosts.push((n.to_string(), LOCAL));
     }
+    if !extra_policy.is_empty() {
+        opts.policies
+            .push(("extra.toml".to_string(), extra_policy.to_string()));
+    }
+    opts.limits = limits.iter().map(|s| s.to_string()).collect();
+    api.world(opts)
+}
 
-    fn port(&self) -> u16 {
-        self.up.addr.port()
-    }
-
-    fn url(&self, scheme: &str, host: &str, path: &str) -> String {
-        format!("{scheme}://{host}:{}{path}", self.port())
-    }
-
-    /// curl as the agent behind the transparent listener: the name resolves to the listener
-    /// (as the firewall would make it), and it trusts only our CA.
-    async fn transparent(&self, scheme: &str, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let connect_to = format!(
-            "{host}:{}:127.0.0.1:{}",
-            self.port(),
-            self.daemon.transparent.port()
-        );
-        let url = self.url(scheme, host, path);
-        let ca = self.daemon.ca_path.display().to_string();
-        let mut args = vec!["--cacert", &ca, "--connect-to", &connect_to];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
-
-    /// curl using the explicit proxy listener.
-    async fn explicit(&self, scheme: &str, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let url = self.url(scheme, host, path);
-        let ca = self.daemon.ca_path.display().to_string();
-        let mut args = vec!["--cacert", &ca, "--proxy", &proxy];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
-
-    async fn both(&self, scheme: &str, host: &str, path: &str, extra: &[&str]) -> [CurlOut; 2] {
-        [
-            self.transparent(scheme, host, path, extra).await,
-            self.explicit(scheme, host, path, extra).await,
-        ]
-    }
-
-    async fn assert_still_serving(&mut self) {
-        assert!(
-            self.daemon.is_alive(),
-            "daemon died; log:\n{}",
-            self.daemon.logs()
-        );
-        let out = self.transparent("https", "allowed.test", "/", &[]).await;
-        assert_eq!(out.status, 200, "{out:?}");
-    }
+async fn assert_still_serving(w: &mut World) {
+    assert!(
+        w.daemon.is_alive(),
+        "daemon died; log:\n{}",
+        w.daemon.logs()
+    );
+    let out = w.transparent("https", "allowed.test", "/", &[]).await;
+    assert_eq!(out.status, 200, "{out:?}");
 }
 
 fn assert_refused(out: &CurlOut, status: u16, code: &str, rule: Option<&str>) {
@@ -171,7 +99,7 @@ fn assert_refused(out: &CurlOut, status: u16, code: &str, rule: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_https_get_returns_upstream_body_through_both_listeners() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     for out in w.both("https", "allowed.test", "/", &[]).await {
         assert_eq!(out.exit, 0, "{out:?}");
         assert_eq!(out.status, 200);
@@ -187,7 +115,7 @@ async fn allowed_https_get_returns_upstream_body_through_both_listeners() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_host_gets_403_json_naming_the_rule() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     for out in w.both("https", "denied.test", "/", &[]).await {
         assert_refused(&out, 403, "policy_denied", Some("block-denied"));
     }
@@ -207,7 +135,7 @@ async fn denied_host_gets_403_json_naming_the_rule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_path_on_allowed_host_gets_403_and_path_tricks_do_not_dodge_it() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     for out in w.both("https", "allowed.test", "/admin/users", &[]).await {
         assert_refused(&out, 403, "policy_denied", Some("no-admin"));
     }
@@ -232,7 +160,7 @@ async fn denied_path_on_allowed_host_gets_403_and_path_tricks_do_not_dodge_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_is_negotiated_with_the_agent_and_reaches_the_upstream() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     for out in w.both("https", "allowed.test", "/echo", &["--http2"]).await {
         assert_eq!(out.status, 200, "{out:?}");
         assert_eq!(out.http_version, "2", "client side must be h2");
@@ -247,7 +175,7 @@ async fn http2_is_negotiated_with_the_agent_and_reaches_the_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_works_through_both_listeners_and_is_policy_checked() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     for out in w.both("http", "allowed.test", "/", &[]).await {
         assert_eq!(
             (out.status, out.text().as_str()),
@@ -264,7 +192,7 @@ async fn plain_http_works_through_both_listeners_and_is_policy_checked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_and_host_that_disagree_are_refused() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     let host = format!("Host: b.test:{}", w.port());
     for version in ["--http1.1", "--http2"] {
         for out in w
@@ -279,7 +207,7 @@ async fn sni_and_host_that_disagree_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untrusted_or_wrong_name_upstream_certificate_is_502_never_a_pass() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     let stranger = TestCa::new("nobody trusts me");
     let untrusted = Upstream::start(UpstreamOptions {
         tls: Some(stranger.leaf(&["untrusted.test"])),
@@ -305,7 +233,7 @@ async fn untrusted_or_wrong_name_upstream_certificate_is_502_never_a_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_echo_round_trips_through_both_listeners() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     let tls = tokio_rustls::TlsConnector::from(client_config(&[&w.daemon.ca_pem], &[b"http/1.1"]));
     let name = ServerName::try_from("allowed.test").expect("name");
     let url = w.url("wss", "allowed.test", "/ws");
@@ -356,7 +284,7 @@ async fn websocket_echo_round_trips_through_both_listeners() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_of_64_mib_streams_with_bounded_proxy_memory() {
-    let w = World::new("", &[]).await;
+    let w = world("", &[]).await;
     const SIZE: u64 = 64 * 1024 * 1024;
     let connect_to = format!(
         "allowed.test:{}:127.0.0.1:{}",
@@ -384,7 +312,7 @@ async fn download_of_64_mib_streams_with_bounded_proxy_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_client_bytes_are_closed_cleanly_and_the_daemon_keeps_serving() {
-    let mut w = World::new(
+    let mut w = world(
         "",
         &[
             "first_bytes_timeout = \"500ms\"",
@@ -419,12 +347,12 @@ async fn bad_client_bytes_are_closed_cleanly_and_the_daemon_keeps_serving() {
     assert_closed(&mut s).await;
     assert!(started.elapsed() < Duration::from_secs(5));
 
-    w.assert_still_serving().await;
+    assert_still_serving(&mut w).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_hello_without_sni_is_judged_by_its_destination() {
-    let mut w = World::new("", &[]).await;
+    let mut w = world("", &[]).await;
     // Without SNI the only name is the original destination's address: the leaf is minted
     // for that IP, and the request is decided on it (no rule allows 127.0.0.1 → default deny).
     let cfg = client_config(&[&w.daemon.ca_pem], &[b"http/1.1"]);
@@ -445,7 +373,7 @@ async fn client_hello_without_sni_is_judged_by_its_destination() {
     tls.read_to_string(&mut resp).await.ok();
     assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
     assert!(resp.contains("\"error_code\":\"policy_denied\""), "{resp}");
-    w.assert_still_serving().await;
+    assert_still_serving(&mut w).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,7 +393,7 @@ async fn opaque_tcp_is_decided_by_destination_alone() {
     let rule = format!(
         "version = 1\n[[rule]]\nid = \"raw-echo\"\nhosts = [\"127.0.0.1\"]\nschemes = [\"tcp\"]\nports = [{echo_port}]\naction = \"allow\"\n"
     );
-    let w = World::new(&rule, &[]).await;
+    let w = world(&rule, &[]).await;
     for (port, allowed) in [(echo_port, true), (w.port(), false)] {
         let mut s = TcpStream::connect(w.daemon.explicit)
             .await
@@ -494,7 +422,7 @@ async fn opaque_tcp_is_decided_by_destination_alone() {
 async fn a_silent_client_cannot_turn_an_https_allowance_into_a_raw_tunnel() {
     // allowed.test is allowed for HTTP(S) only: after CONNECT, a client that stays silent past
     // the classification timeout (and would then speak TLS to the real server) is refused.
-    let w = World::new("", &["first_bytes_timeout = \"300ms\""]).await;
+    let w = world("", &["first_bytes_timeout = \"300ms\""]).await;
     let mut s = TcpStream::connect(w.daemon.explicit)
         .await
         .expect("connect");

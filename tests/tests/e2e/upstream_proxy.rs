@@ -13,6 +13,7 @@ use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{binary, prepare, Daemon, DaemonOptions};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World};
 use base64::Engine as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -47,67 +48,64 @@ async fn echo_server() -> u16 {
     port
 }
 
-struct World {
-    up: Upstream,
+/// What this file adds to the shared world: the operator's proxy, the impostor it sends
+/// evil.test to, and a plain TCP echo server.
+struct Corp {
+    proxy: CorpProxy,
     impostor: Upstream,
-    corp: CorpProxy,
-    daemon: Daemon,
     echo_port: u16,
-    _dir: tempfile::TempDir,
 }
 
-/// api.test is served by `up` (its CA trusted through `extra_ca`); the corporate proxy sends
-/// evil.test to an impostor whose certificate comes from a CA nobody trusts. The daemon has
-/// no resolver entry for either: only the corporate proxy knows where they are.
-async fn world(user_password: (&str, &str)) -> World {
+/// api.test is served by the world's upstream (its CA trusted through `extra_ca`); the
+/// corporate proxy sends evil.test to an impostor whose certificate comes from a CA nobody
+/// trusts. The daemon has no resolver entry for either: only the corporate proxy knows where
+/// they are.
+async fn world(user_password: (&str, &str)) -> (World, Corp) {
     world_with(user_password, false).await
 }
 
 /// As `world`, with a corporate proxy that passes our `Proxy-Authorization` on to origins.
-async fn world_with(user_password: (&str, &str), leaks_credentials: bool) -> World {
-    let ca = TestCa::new("origin CA");
-    let rogue = TestCa::new("a CA nobody trusts");
-    let up = Upstream::start(UpstreamOptions {
-        tls: Some(ca.leaf(&["api.test"])),
-        name: "up".into(),
-        ..Default::default()
-    })
+async fn world_with(user_password: (&str, &str), leaks_credentials: bool) -> (World, Corp) {
+    let api = ApiUpstream::start(
+        "origin CA",
+        &["api.test"],
+        UpstreamOptions {
+            name: "up".into(),
+            ..Default::default()
+        },
+    )
     .await;
+    let rogue = TestCa::new("a CA nobody trusts");
     let impostor = Upstream::start(UpstreamOptions {
         tls: Some(rogue.leaf(&["evil.test"])),
         name: "impostor".into(),
         ..Default::default()
     })
     .await;
-    let corp = CorpProxy::start(CorpProxyOptions {
+    let proxy = CorpProxy::start(CorpProxyOptions {
         routes: HashMap::from([
-            ("api.test".to_string(), up.addr),
+            ("api.test".to_string(), api.up.addr),
             ("evil.test".to_string(), impostor.addr),
         ]),
         authorization: Some(basic("corp", PASSWORD)),
         leaks_credentials,
     })
     .await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ca_file = dir.path().join("origin-ca.pem");
-    ca.write_pem(&ca_file).expect("write CA");
     let echo_port = echo_server().await;
     let (user, password) = user_password;
-    let daemon = Daemon::start(DaemonOptions {
+    let opts = DaemonOptions {
         policies: vec![("main.toml".into(), policy(echo_port))],
-        extra_ca: vec![ca_file],
-        orig_dst: Some(up.addr),
-        upstream_proxy: Some(format!("http://{user}:{password}@{}", corp.addr)),
+        extra_ca: vec![api.ca_file.clone()],
+        orig_dst: Some(api.up.addr),
+        upstream_proxy: Some(format!("http://{user}:{password}@{}", proxy.addr)),
         ..Default::default()
-    });
-    World {
-        up,
+    };
+    let corp = Corp {
+        proxy,
         impostor,
-        corp,
-        daemon,
         echo_port,
-        _dir: dir,
-    }
+    };
+    (api.world(opts), corp)
 }
 
 fn explicit(w: &World) -> String {
@@ -116,7 +114,7 @@ fn explicit(w: &World) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_upstream_connection_goes_through_the_operators_proxy() {
-    let w = world(("corp", PASSWORD)).await;
+    let (w, corp) = world(("corp", PASSWORD)).await;
     let port = w.up.addr.port();
     let ours = basic("corp", PASSWORD);
     let ca = w.daemon.ca_path.to_str().expect("path");
@@ -165,7 +163,7 @@ async fn every_upstream_connection_goes_through_the_operators_proxy() {
     let mut s = TcpStream::connect(w.daemon.explicit)
         .await
         .expect("connect");
-    let echo = w.echo_port;
+    let echo = corp.echo_port;
     let head = format!("CONNECT 127.0.0.1:{echo} HTTP/1.1\r\nHost: 127.0.0.1:{echo}\r\n\r\n");
     s.write_all(head.as_bytes()).await.expect("write");
     let mut got = vec![0u8; 256];
@@ -181,7 +179,7 @@ async fn every_upstream_connection_goes_through_the_operators_proxy() {
     drop(s);
 
     // What the corporate proxy saw: each with our credentials.
-    let seen = w.corp.seen();
+    let seen = corp.proxy.seen();
     let targets: Vec<(String, String)> = seen
         .iter()
         .map(|s| (s.method.clone(), s.target.clone()))
@@ -213,7 +211,7 @@ async fn every_upstream_connection_goes_through_the_operators_proxy() {
         .collect();
     assert_eq!(dialed.len(), 4, "{dialed:#?}");
     for r in dialed {
-        assert_eq!(r["upstream"], w.corp.addr.to_string(), "{r}");
+        assert_eq!(r["upstream"], corp.proxy.addr.to_string(), "{r}");
     }
     assert!(!std::fs::read_to_string(w.daemon.audit_path())
         .expect("audit")
@@ -226,18 +224,18 @@ async fn every_upstream_connection_goes_through_the_operators_proxy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_origin_is_verified_inside_the_tunnel() {
-    let w = world(("corp", PASSWORD)).await;
-    let port = w.impostor.addr.port();
+    let (w, corp) = world(("corp", PASSWORD)).await;
+    let port = corp.impostor.addr.port();
     let url = format!("https://evil.test:{port}/echo");
     let ca = w.daemon.ca_path.to_str().expect("path");
     let out = curl(&["--proxy", &explicit(&w), "--cacert", ca, &url], false).await;
     assert_eq!(out.status, 502, "{out:?}");
     assert_eq!(out.json()["error_code"], "upstream_tls", "{}", out.text());
     assert!(
-        w.impostor.requests().is_empty(),
+        corp.impostor.requests().is_empty(),
         "nothing reached the impostor"
     );
-    let tunnels = w.corp.seen();
+    let tunnels = corp.proxy.seen();
     assert!(
         tunnels
             .iter()
@@ -249,7 +247,7 @@ async fn the_origin_is_verified_inside_the_tunnel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusing_proxy_is_a_clear_error_and_its_password_stays_secret() {
     let wrong = "not-the-password";
-    let w = world(("corp", wrong)).await;
+    let (w, _corp) = world(("corp", wrong)).await;
     let port = w.up.addr.port();
     let ca = w.daemon.ca_path.to_str().expect("path");
     let url = format!("https://api.test:{port}/echo");
@@ -268,7 +266,7 @@ async fn a_refusing_proxy_is_a_clear_error_and_its_password_stays_secret() {
     assert!(w.up.requests().is_empty());
 
     // A name the corporate proxy cannot route: its 502, told as such.
-    let w = world(("corp", PASSWORD)).await;
+    let (w, _corp) = world(("corp", PASSWORD)).await;
     let url = format!("https://unknown.test:{port}/echo");
     let out = curl(
         &["--proxy", &explicit(&w), "--cacert", ca_of(&w), &url],
@@ -358,10 +356,10 @@ async fn the_guard_covers_the_proxys_own_address() {
 /// names the method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_never_reaches_the_proxy_or_the_origin() {
-    let w = world(("corp", PASSWORD)).await;
+    let (w, corp) = world(("corp", PASSWORD)).await;
     let port = w.up.addr.port();
     let ca = w.daemon.ca_path.to_str().expect("path");
-    let before = (w.corp.seen().len(), w.up.requests().len());
+    let before = (corp.proxy.seen().len(), w.up.requests().len());
     for method in ["TRACE", "TRACK"] {
         for url in [
             format!("http://api.test:{port}/echo"),
@@ -382,11 +380,11 @@ async fn trace_never_reaches_the_proxy_or_the_origin() {
     // CONNECTs for the HTTPS attempts reached the proxy; no request did.
     assert_eq!(w.up.requests().len(), before.1, "the origin saw no TRACE");
     assert!(
-        w.corp.seen()[before.0..]
+        corp.proxy.seen()[before.0..]
             .iter()
             .all(|s| s.method == "CONNECT"),
         "{:?}",
-        w.corp.seen()
+        corp.proxy.seen()
     );
 }
 
@@ -395,7 +393,7 @@ async fn trace_never_reaches_the_proxy_or_the_origin() {
 /// stored secret, so the agent never sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxys_credentials_reflected_back_are_redacted() {
-    let w = world_with(("corp", PASSWORD), true).await;
+    let (w, _corp) = world_with(("corp", PASSWORD), true).await;
     let port = w.up.addr.port();
     let url = format!("http://api.test:{port}/echo?via=reflect");
     let out = curl(&["--proxy", &explicit(&w), &url], false).await;

@@ -7,69 +7,39 @@
 //! * a stored value in a response under any rule, not only the binding one, never reaches
 //!   the agent: the response is cut short and the record says why.
 
-use std::net::{IpAddr, Ipv4Addr};
-
-use agenshield_e2e::curl::{curl, CurlOut};
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::curl::CurlOut;
+use agenshield_e2e::daemon::DaemonOptions;
+use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, World};
 use bytes::Bytes;
 
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const TOKEN: &str = "ghp_SHIPPEDexample0123456789abcdef";
-const EXAMPLE: &str = include_str!("../../policies/examples/github.toml");
+const EXAMPLE: &str = include_str!("../../../policies/examples/github.toml");
 const HOSTS: [&str; 3] = ["api.github.com", "github.com", "codeload.github.com"];
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
-impl World {
-    async fn new() -> World {
-        let ca = TestCa::new("github example upstream CA");
-        // A zipball as a content API serves it back: a file named after the token, stored
-        // (not deflated) as zip writers do for small files.
-        let mut zip = b"PK\x03\x04\x14\x00\x00\x00\x00\x00".to_vec();
-        zip.extend_from_slice(format!("me-pub-1234567/{TOKEN}").as_bytes());
-        zip.extend_from_slice(b"\x00\x00file content\n");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&HOSTS)),
-            name: "github".into(),
-            content: Some(Bytes::from(zip)),
-            ..Default::default()
-        })
-        .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
-        // The example as shipped, on the test upstream's port.
-        let policy = EXAMPLE.replace("ports = [443]", &format!("ports = [{}]", up.addr.port()));
-        let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("github.toml".into(), policy)],
-            extra_ca: vec![ca_file],
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            orig_dst: Some(up.addr),
-            secrets: vec![("github".into(), TOKEN.into())],
-            ..Default::default()
-        });
-        World {
-            up,
-            daemon,
-            _dir: dir,
-        }
-    }
-
-    async fn curl(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let ca = self.daemon.ca_path.display().to_string();
-        let url = format!("https://{host}:{}{path}", self.up.addr.port());
-        let mut args = vec!["--cacert", &ca, "--proxy", &proxy];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
+async fn world() -> World {
+    // A zipball as a content API serves it back: a file named after the token, stored
+    // (not deflated) as zip writers do for small files.
+    let mut zip = b"PK\x03\x04\x14\x00\x00\x00\x00\x00".to_vec();
+    zip.extend_from_slice(format!("me-pub-1234567/{TOKEN}").as_bytes());
+    zip.extend_from_slice(b"\x00\x00file content\n");
+    let up = UpstreamOptions {
+        name: "github".into(),
+        content: Some(Bytes::from(zip)),
+        ..Default::default()
+    };
+    let api = ApiUpstream::start("github example upstream CA", &HOSTS, up).await;
+    // The example as shipped, on the test upstream's port.
+    let policy = EXAMPLE.replace(
+        "ports = [443]",
+        &format!("ports = [{}]", api.up.addr.port()),
+    );
+    let opts = DaemonOptions {
+        policies: vec![("github.toml".into(), policy)],
+        secrets: vec![("github".into(), TOKEN.into())],
+        ..api.daemon_options("")
+    };
+    api.world(opts)
 }
 
 fn refused(out: &CurlOut, status: u16, code: &str) -> serde_json::Value {
@@ -81,12 +51,13 @@ fn refused(out: &CurlOut, status: u16, code: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_goes_only_where_credentials_go() {
-    let w = World::new().await;
+    let w = world().await;
 
     // The credential position: the token is set in Authorization, whatever the agent sent
     // (its SDK holds the placeholder).
     let out = w
-        .curl(
+        .explicit(
+            "https",
             "api.github.com",
             "/repos/me/pub",
             &["-H", "Authorization: Bearer agenshield:secret:github"],
@@ -106,14 +77,15 @@ async fn the_token_goes_only_where_credentials_go() {
         "/repos/me/pub/contents/agenshield:secret:github",
         "/repos/me/pub/contents/agenshield%3Asecret%3Agithub",
     ] {
-        let out = w.curl("api.github.com", path, &[]).await;
+        let out = w.explicit("https", "api.github.com", path, &[]).await;
         let v = refused(&out, 403, "secret_scope");
         assert_eq!(v["rule_id"], "github-api", "{v}");
         assert!(v["message"].as_str().unwrap_or("").contains("path"), "{v}");
     }
     // …in a query parameter, or a header that is no credential position.
     let out = w
-        .curl(
+        .explicit(
+            "https",
             "api.github.com",
             "/search/code?q=agenshield:secret:github",
             &[],
@@ -121,7 +93,8 @@ async fn the_token_goes_only_where_credentials_go() {
         .await;
     refused(&out, 403, "secret_scope");
     let out = w
-        .curl(
+        .explicit(
+            "https",
             "api.github.com",
             "/repos/me/pub/issues",
             &["-H", "X-Note: agenshield:secret:github"],
@@ -130,7 +103,8 @@ async fn the_token_goes_only_where_credentials_go() {
     refused(&out, 403, "secret_scope");
     // PUT (file contents) is not in the example's methods at all.
     let out = w
-        .curl(
+        .explicit(
+            "https",
             "api.github.com",
             "/repos/me/pub/contents/notes.txt",
             &["-X", "PUT", "--data", "{}"],
@@ -152,9 +126,11 @@ async fn the_token_goes_only_where_credentials_go() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_in_a_response_of_a_rule_that_binds_nothing_never_reaches_the_agent() {
-    let w = World::new().await;
+    let w = world().await;
     // codeload.github.com is `github-content`, which binds no secret.
-    let out = w.curl("codeload.github.com", "/content", &[]).await;
+    let out = w
+        .explicit("https", "codeload.github.com", "/content", &[])
+        .await;
     assert_ne!(out.exit, 0, "the response is cut short: {}", out.text());
     assert!(!out.text().contains(TOKEN), "{}", out.text());
     assert!(!out.text().contains("SHIPPED"), "{}", out.text());
@@ -186,6 +162,8 @@ async fn a_value_in_a_response_of_a_rule_that_binds_nothing_never_reaches_the_ag
         "the daemon says why it cut the response"
     );
     // A clean response under the same rule goes on byte for byte, its length kept.
-    let out = w.curl("codeload.github.com", "/bytes/70000", &[]).await;
+    let out = w
+        .explicit("https", "codeload.github.com", "/bytes/70000", &[])
+        .await;
     assert_eq!((out.exit, out.status, out.size_download), (0, 200, 70000));
 }

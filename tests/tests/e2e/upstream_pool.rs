@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::daemon::Daemon;
 use agenshield_e2e::pki::client_config;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::World;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -22,13 +22,6 @@ use tokio::net::TcpStream;
 const POLICY: &str =
     "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"api\"\nhosts = [\"api.test\"]\naction = \"allow\"\n";
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-    _one_at_a_time: tokio::sync::MutexGuard<'static, ()>,
-}
-
 /// The tests of this file run one at a time. How many streams a closing upstream connection
 /// still takes depends on how soon the daemon reads its GOAWAY, i.e. on the machine's load:
 /// alone the busiest connection carries 112–113 requests here; beside the other tests' daemons it
@@ -36,9 +29,13 @@ struct World {
 /// median connection, not the busiest).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Held for the whole of a test of this file (taken before its world, dropped after it).
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
+}
+
 async fn world(goaway_every: Option<usize>) -> World {
-    let one_at_a_time = ONE_AT_A_TIME.lock().await;
-    let api = ApiUpstream::start(
+    World::start(
         "pool upstream CA",
         &["api.test"],
         UpstreamOptions {
@@ -46,15 +43,9 @@ async fn world(goaway_every: Option<usize>) -> World {
             goaway_every,
             ..Default::default()
         },
+        POLICY,
     )
-    .await;
-    let daemon = Daemon::start(api.daemon_options(POLICY));
-    World {
-        up: api.up,
-        daemon,
-        _dir: api.dir,
-        _one_at_a_time: one_at_a_time,
-    }
+    .await
 }
 
 /// A TLS session with the transparent listener as the agent would have, for api.test.
@@ -68,6 +59,7 @@ async fn agent_tls(d: &Daemon, alpn: &[u8]) -> tokio_rustls::client::TlsStream<T
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_stalled_downloads_do_not_slow_a_sixth_client() {
+    let _one_at_a_time = one_at_a_time().await;
     let w = world(None).await;
     let port = w.up.addr.port();
     // Five agents ask for 64 MiB each and stop reading after the first bytes.
@@ -120,6 +112,7 @@ async fn five_stalled_downloads_do_not_slow_a_sixth_client() {
 /// the agent, `first` arrives long before `second` exists, and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_response_reaches_the_agent_as_it_comes() {
+    let _one_at_a_time = one_at_a_time().await;
     let w = world(None).await;
     let port = w.up.addr.port();
     let gap = Duration::from_secs(3);
@@ -182,6 +175,7 @@ async fn a_streamed_response_reaches_the_agent_as_it_comes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_closing_every_hundred_requests_costs_the_agent_nothing() {
+    let _one_at_a_time = one_at_a_time().await;
     let w = world(Some(100)).await;
     let port = w.up.addr.port();
     // HTTP/2 from the agent, several streams at a time.

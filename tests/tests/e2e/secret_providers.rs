@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::daemon::Daemon;
 use agenshield_e2e::upstream::{OauthClient, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World};
 
 const BASE: &str = r#"
 version = 1
@@ -46,107 +46,85 @@ inject = [{ header = "Authorization", value = "Bearer ${secret:api}" }]
 const HOSTS: [&str; 4] = ["gh.test", "api.test", "auth.test", "other.test"];
 const CLIENT_SECRET: &str = "cs-good-client-secret-1";
 
-struct World {
-    api: ApiUpstream,
-    daemon: Daemon,
-    oauth: OauthClient,
-    /// Where the command secret's script keeps its runs, and the switch that makes it fail.
-    scratch: tempfile::TempDir,
+/// The shared world with an OAuth token endpoint on the upstream; its client (the test
+/// rotates its secret and counts the tokens it issued).
+async fn world() -> (World, OauthClient) {
+    let oauth = OauthClient {
+        id: "client-1".into(),
+        secret: Arc::new(Mutex::new(CLIENT_SECRET.into())),
+        // Used for half of that (the margin is a minute, more than the whole).
+        expires_in: 4,
+        issued: Arc::new(AtomicUsize::new(0)),
+    };
+    let api = ApiUpstream::start(
+        "providers upstream CA",
+        &HOSTS,
+        UpstreamOptions {
+            name: "up".into(),
+            oauth: Some(oauth.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let opts = api.daemon_options(BASE);
+    (api.world(opts), oauth)
 }
 
-impl World {
-    async fn new() -> World {
-        let oauth = OauthClient {
-            id: "client-1".into(),
-            secret: Arc::new(Mutex::new(CLIENT_SECRET.into())),
-            // Used for half of that (the margin is a minute, more than the whole).
-            expires_in: 4,
-            issued: Arc::new(AtomicUsize::new(0)),
-        };
-        let api = ApiUpstream::start(
-            "providers upstream CA",
-            &HOSTS,
-            UpstreamOptions {
-                name: "up".into(),
-                oauth: Some(oauth.clone()),
-                ..Default::default()
-            },
-        )
-        .await;
-        let daemon = Daemon::start(DaemonOptions {
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            ..api.daemon_options(BASE)
-        });
-        let scratch = tempfile::tempdir().expect("tempdir");
-        World {
-            api,
-            daemon,
-            oauth,
-            scratch,
-        }
-    }
+fn script(w: &World) -> String {
+    let dir = w.scratch();
+    let script = dir.join("token.sh");
+    // Each run is counted; the value names the run, so a new fetch is a new value.
+    let text = format!(
+        "#!/bin/sh\nid -u >> {d}/runs\n\
+         if [ -e {d}/fail ]; then echo 'token expired: run gh auth login' >&2; exit 1; fi\n\
+         printf 'tok_cmd_%04d\\n' \"$(wc -l < {d}/runs)\"\n",
+        d = dir.display()
+    );
+    std::fs::write(&script, text).expect("script");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    script.display().to_string()
+}
 
-    fn script(&self) -> String {
-        let dir = self.scratch.path();
-        let script = dir.join("token.sh");
-        // Each run is counted; the value names the run, so a new fetch is a new value.
-        let text = format!(
-            "#!/bin/sh\nid -u >> {d}/runs\n\
-             if [ -e {d}/fail ]; then echo 'token expired: run gh auth login' >&2; exit 1; fi\n\
-             printf 'tok_cmd_%04d\\n' \"$(wc -l < {d}/runs)\"\n",
-            d = dir.display()
-        );
-        std::fs::write(&script, text).expect("script");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        script.display().to_string()
-    }
+fn runs(w: &World) -> Vec<String> {
+    std::fs::read_to_string(w.scratch().join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
 
-    fn runs(&self) -> Vec<String> {
-        std::fs::read_to_string(self.scratch.path().join("runs"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
+async fn get(w: &World, host: &str) -> CurlOut {
+    let url = format!("https://{host}:{}/echo", w.up.addr.port());
+    let proxy = format!("http://{}", w.daemon.explicit);
+    let ca = w.daemon.ca_path.display().to_string();
+    curl(&["--cacert", &ca, "--proxy", &proxy, &url], false).await
+}
 
-    async fn get(&self, host: &str) -> CurlOut {
-        let url = format!("https://{host}:{}/echo", self.api.up.addr.port());
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let ca = self.daemon.ca_path.display().to_string();
-        curl(&["--cacert", &ca, "--proxy", &proxy, &url], false).await
-    }
+/// `n` requests to `host` at once; their outputs.
+async fn burst(w: &World, host: &str, n: usize) -> Vec<CurlOut> {
+    let all = (0..n).map(|_| get(w, host));
+    futures_util::future::join_all(all).await
+}
 
-    /// `n` requests to `host` at once; their outputs.
-    async fn burst(&self, host: &str, n: usize) -> Vec<CurlOut> {
-        let all = (0..n).map(|_| self.get(host));
-        futures_util::future::join_all(all).await
-    }
+/// The Authorization header the upstream saw on its last `/echo` request for `host`.
+fn last_auth(w: &World, host: &str) -> Option<String> {
+    w.up.requests()
+        .iter()
+        .rev()
+        .find(|r| r.path_and_query == "/echo" && r.sni.as_deref() == Some(host))
+        .and_then(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone())
+        })
+}
 
-    /// The Authorization header the upstream saw on its last `/echo` request for `host`.
-    fn last_auth(&self, host: &str) -> Option<String> {
-        self.api
-            .up
-            .requests()
-            .iter()
-            .rev()
-            .find(|r| r.path_and_query == "/echo" && r.sni.as_deref() == Some(host))
-            .and_then(|r| {
-                r.headers
-                    .iter()
-                    .find(|(k, _)| k == "authorization")
-                    .map(|(_, v)| v.clone())
-            })
-    }
-
-    fn bindings_in_force(&self) {
-        std::fs::write(
-            self.daemon.dir.path().join("policies/bindings.toml"),
-            BINDINGS,
-        )
+fn bindings_in_force(w: &World) {
+    std::fs::write(w.daemon.dir.path().join("policies/bindings.toml"), BINDINGS)
         .expect("write policy");
-        self.daemon.wait_for_policy(&["gh.test", "api.test"]);
-    }
+    w.daemon.wait_for_policy(&["gh.test", "api.test"]);
 }
 
 fn list(daemon: &Daemon) -> serde_json::Value {
@@ -165,12 +143,12 @@ fn entry(list: &serde_json::Value, name: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuses_clearly() {
-    let w = World::new().await;
+    let (w, oauth) = world().await;
     let mut agent_saw = String::new();
 
     // 1. A command secret: fetched once when set (its output checked), stored as how to
     //    fetch it, never its value.
-    let script = w.script();
+    let script = script(&w);
     let (code, out, err) = w.daemon.ctl(
         &[],
         &[
@@ -188,7 +166,7 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
         out.contains("command") && out.contains("fetched, good until"),
         "{out}"
     );
-    assert_eq!(w.runs().len(), 1);
+    assert_eq!(runs(&w).len(), 1);
     // A command that fails is refused, with why, and not stored.
     let (code, _, err) = w.daemon.ctl(
         &[],
@@ -240,7 +218,7 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
     );
 
     // 2. An OAuth2 client: the client secret from stdin; a token fetched at once.
-    let token_url = format!("https://auth.test:{}/oauth/token", w.api.up.addr.port());
+    let token_url = format!("https://auth.test:{}/oauth/token", w.up.addr.port());
     let (code, out, err) = w.daemon.ctl_stdin(
         &[
             "secrets",
@@ -255,51 +233,51 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("oauth2"), "{out}");
-    assert_eq!(w.oauth.issued.load(Ordering::SeqCst), 1);
-    w.bindings_in_force();
+    assert_eq!(oauth.issued.load(Ordering::SeqCst), 1);
+    bindings_in_force(&w);
 
     // 3. Under load, within the time to live: every request carries the value fetched, and
     //    nothing is fetched again.
-    let runs_before = w.runs().len();
-    for out in w.burst("gh.test", 16).await {
+    let runs_before = runs(&w).len();
+    for out in burst(&w, "gh.test", 16).await {
         assert_eq!(out.status, 200, "{}", out.text());
         agent_saw.push_str(&out.text());
     }
     assert_eq!(
-        w.last_auth("gh.test").as_deref(),
+        last_auth(&w, "gh.test").as_deref(),
         Some("token tok_cmd_0001")
     );
-    for out in w.burst("api.test", 16).await {
+    for out in burst(&w, "api.test", 16).await {
         assert_eq!(out.status, 200, "{}", out.text());
         agent_saw.push_str(&out.text());
     }
     let want = "Bearer access-token-0001";
-    assert_eq!(w.last_auth("api.test").as_deref(), Some(want));
-    assert_eq!(w.oauth.issued.load(Ordering::SeqCst), 1, "one token");
-    assert_eq!(w.runs().len(), runs_before, "no command run within the TTL");
+    assert_eq!(last_auth(&w, "api.test").as_deref(), Some(want));
+    assert_eq!(oauth.issued.load(Ordering::SeqCst), 1, "one token");
+    assert_eq!(runs(&w).len(), runs_before, "no command run within the TTL");
 
     // 4. Past the TTL, 16 requests at once: one run of the command, all get the new value.
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    for out in w.burst("gh.test", 16).await {
+    for out in burst(&w, "gh.test", 16).await {
         assert_eq!(out.status, 200, "{}", out.text());
         agent_saw.push_str(&out.text());
     }
-    assert_eq!(w.runs().len(), runs_before + 1, "fetched once per expiry");
+    assert_eq!(runs(&w).len(), runs_before + 1, "fetched once per expiry");
     assert_eq!(
-        w.last_auth("gh.test").as_deref(),
+        last_auth(&w, "gh.test").as_deref(),
         Some("token tok_cmd_0002")
     );
-    for out in w.burst("api.test", 16).await {
+    for out in burst(&w, "api.test", 16).await {
         assert_eq!(out.status, 200, "{}", out.text());
         agent_saw.push_str(&out.text());
     }
     assert_eq!(
-        w.oauth.issued.load(Ordering::SeqCst),
+        oauth.issued.load(Ordering::SeqCst),
         2,
         "one token per expiry"
     );
     let want = "Bearer access-token-0002";
-    assert_eq!(w.last_auth("api.test").as_deref(), Some(want));
+    assert_eq!(last_auth(&w, "api.test").as_deref(), Some(want));
     // The command ran as the daemon's own user.
     let daemon_uid = std::fs::read_to_string(format!("/proc/{}/status", w.daemon.pid()))
         .expect("status")
@@ -309,13 +287,13 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
                 .map(|u| u.split_whitespace().next().unwrap_or("").to_string())
         })
         .expect("uid");
-    assert!(w.runs().iter().all(|u| *u == daemon_uid), "{:?}", w.runs());
+    assert!(runs(&w).iter().all(|u| *u == daemon_uid), "{:?}", runs(&w));
 
     // 5. The source fails: the bound request gets a 503 naming the secret and which source,
     //    the record says so, and ctl secrets list says why.
-    std::fs::write(w.scratch.path().join("fail"), "").expect("fail switch");
+    std::fs::write(w.scratch().join("fail"), "").expect("fail switch");
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    let out = w.get("gh.test").await;
+    let out = get(&w, "gh.test").await;
     assert_eq!(out.status, 503, "{}", out.text());
     let v = out.json();
     assert_eq!(v["error_code"], "secret_unavailable", "{v}");
@@ -341,9 +319,9 @@ async fn fetched_secrets_are_fetched_once_per_expiry_and_a_failing_source_refuse
     // 6. The provider revokes the client secret: once the token expires, the next fetch is
     //    refused by the endpoint and the bound requests get a clear refusal; setting a
     //    secret with it is refused, with the endpoint's answer.
-    *w.oauth.secret.lock().expect("lock") = "rotated-by-the-provider".into();
+    *oauth.secret.lock().expect("lock") = "rotated-by-the-provider".into();
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    let out = w.get("api.test").await;
+    let out = get(&w, "api.test").await;
     assert_eq!(out.status, 503, "{}", out.text());
     let msg = out.json()["message"].as_str().unwrap_or("").to_string();
     assert!(

@@ -3,10 +3,8 @@
 //! enforcing: exactly the traffic that was seen is allowed, and what was not seen is refused.
 //! The real daemon, curl through its explicit listener, a loopback TLS upstream.
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
-use agenshield_e2e::curl::curl;
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::World;
 
 const HOSTS: [&str; 3] = ["api.test", "files.test", "other.test"];
 
@@ -24,24 +22,12 @@ action = "allow"
     )
 }
 
-struct World {
-    api: ApiUpstream,
-    daemon: Daemon,
-}
-
-impl World {
-    /// `method url-path` on `host`: the status the agent got.
-    async fn status(&self, method: &str, host: &str, path: &str) -> u16 {
-        let url = format!("https://{host}:{}{path}", self.api.up.addr.port());
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let ca = self.daemon.ca_path.display().to_string();
-        curl(
-            &["--cacert", &ca, "--proxy", &proxy, "-X", method, &url],
-            true,
-        )
+/// `method url-path` on `host`: the status the agent got.
+async fn status(w: &World, method: &str, host: &str, path: &str) -> u16 {
+    let url = w.url("https", host, path);
+    w.curl(w.via_explicit(), &["-X", method], &url, true)
         .await
         .status
-    }
 }
 
 /// What the agent does all "day".
@@ -55,17 +41,18 @@ const SEEN: [(&str, &str, &str); 5] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_mode_then_suggest_then_enforce_allows_exactly_what_was_seen() {
-    let api = ApiUpstream::start("suggest upstream CA", &HOSTS, UpstreamOptions::default()).await;
-    let daemon = Daemon::start(DaemonOptions {
-        hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-        ..api.daemon_options(&policy("report"))
-    });
-    let w = World { api, daemon };
+    let w = World::start(
+        "suggest upstream CA",
+        &HOSTS,
+        UpstreamOptions::default(),
+        &policy("report"),
+    )
+    .await;
 
     // 1. Report mode: everything goes through; what enforcing would refuse is marked.
     for (method, host, path) in SEEN {
         assert_eq!(
-            w.status(method, host, path).await,
+            status(&w, method, host, path).await,
             200,
             "{method} {host}{path}"
         );
@@ -91,7 +78,7 @@ async fn report_mode_then_suggest_then_enforce_allows_exactly_what_was_seen() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(err.contains("wrote 2 rule(s)"), "{err}");
     let text = std::fs::read_to_string(&draft).expect("draft");
-    let port = w.api.up.addr.port();
+    let port = w.up.addr.port();
     for want in [
         "hosts = [\"api.test\"]".to_string(),
         format!("ports = [{port}]"),
@@ -120,7 +107,7 @@ async fn report_mode_then_suggest_then_enforce_allows_exactly_what_was_seen() {
     assert_eq!(code, 0, "{out}{err}");
     for (method, host, path) in SEEN {
         assert_eq!(
-            w.status(method, host, path).await,
+            status(&w, method, host, path).await,
             200,
             "{method} {host}{path}"
         );
@@ -132,7 +119,7 @@ async fn report_mode_then_suggest_then_enforce_allows_exactly_what_was_seen() {
         ("GET", "files.test", "/private"),
     ] {
         assert_eq!(
-            w.status(method, host, path).await,
+            status(&w, method, host, path).await,
             403,
             "{method} {host}{path}"
         );

@@ -2,14 +2,10 @@
 //! agent holds placeholders; the upstream gets the key; nothing the agent sees, and nothing
 //! the daemon writes (logs, ctl output, refusals), ever holds a secret value.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use agenshield_e2e::curl::{curl, CurlOut};
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::TestCa;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
-
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+use agenshield_e2e::daemon::DaemonOptions;
+use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, World};
 
 const OPENAI: &str = "sk-test-OPENAI-0123456789abcdef";
 const GITHUB: &str = "ghp_GITHUBtoken0123456789abcdef";
@@ -56,97 +52,47 @@ const HOSTS: [&str; 5] = [
     "late.test",
 ];
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
+async fn world() -> World {
+    let up = UpstreamOptions {
+        name: "up".into(),
+        ..Default::default()
+    };
+    let api = ApiUpstream::start("secrets upstream CA", &HOSTS, up).await;
+    let opts = DaemonOptions {
+        secrets: vec![
+            ("openai".into(), OPENAI.into()),
+            ("github".into(), GITHUB.into()),
+            ("maps".into(), MAPS.into()),
+        ],
+        scan_body_bytes: Some(256 * 1024),
+        ..api.daemon_options(POLICY)
+    };
+    api.world(opts)
 }
 
-impl World {
-    async fn new() -> World {
-        let ca = TestCa::new("secrets upstream CA");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&HOSTS)),
-            name: "up".into(),
-            ..Default::default()
-        })
-        .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
-        let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
-            extra_ca: vec![ca_file],
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            orig_dst: Some(up.addr),
-            secrets: vec![
-                ("openai".into(), OPENAI.into()),
-                ("github".into(), GITHUB.into()),
-                ("maps".into(), MAPS.into()),
-            ],
-            scan_body_bytes: Some(256 * 1024),
-            ..Default::default()
-        });
-        World {
-            up,
-            daemon,
-            _dir: dir,
-        }
-    }
+/// What curl sent, on its stderr.
+const TRACE: [&str; 2] = ["--trace-ascii", "/dev/stderr"];
 
-    fn url(&self, host: &str, path: &str) -> String {
-        format!("https://{host}:{}{path}", self.up.addr.port())
-    }
+/// curl through the explicit listener, with a trace of what it sent on stderr.
+async fn explicit(w: &World, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+    let extra = [&TRACE[..], extra].concat();
+    w.explicit("https", host, path, &extra).await
+}
 
-    /// curl through the explicit listener, with a trace of what it sent on stderr.
-    async fn explicit(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let ca = self.daemon.ca_path.display().to_string();
-        let url = self.url(host, path);
-        let mut args = vec![
-            "--cacert",
-            &ca,
-            "--proxy",
-            &proxy,
-            "--trace-ascii",
-            "/dev/stderr",
-        ];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
+/// curl through the transparent listener (the original destination is fixed), with a trace.
+async fn transparent(w: &World, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+    let extra = [&TRACE[..], extra].concat();
+    w.transparent("https", host, path, &extra).await
+}
 
-    /// curl through the transparent listener (the original destination is fixed).
-    async fn transparent(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let connect_to = format!(
-            "{host}:{}:127.0.0.1:{}",
-            self.up.addr.port(),
-            self.daemon.transparent.port()
-        );
-        let ca = self.daemon.ca_path.display().to_string();
-        let url = self.url(host, path);
-        let mut args = vec![
-            "--cacert",
-            &ca,
-            "--connect-to",
-            &connect_to,
-            "--trace-ascii",
-            "/dev/stderr",
-        ];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
-
-    /// The header `name` of the last request the upstream received.
-    fn last_header(&self, name: &str) -> Option<String> {
-        let reqs = self.up.requests();
-        let last = reqs.last()?;
-        last.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    }
+/// The header `name` of the last request the upstream received.
+fn last_header(w: &World, name: &str) -> Option<String> {
+    let reqs = w.requests();
+    let last = reqs.last()?;
+    last.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
 }
 
 /// Everything the agent saw: its request as sent (curl's trace), the response, curl's errors.
@@ -198,19 +144,19 @@ fn assert_refused(out: &CurlOut, status: u16, code: &str, rule: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote_holds_a_value() {
-    let w = World::new().await;
+    let w = world().await;
     let mut agent_saw = String::new();
     let bearer = "Authorization: Bearer agenshield:secret:openai";
 
     // 1. A placeholder to the host its rule binds: the upstream gets the key, on both
     //    listeners; the echo of it comes back to the agent as the placeholder.
     for out in [
-        w.explicit("api.test", "/echo", &["-H", bearer]).await,
-        w.transparent("api.test", "/echo", &["-H", bearer]).await,
+        explicit(&w, "api.test", "/echo", &["-H", bearer]).await,
+        transparent(&w, "api.test", "/echo", &["-H", bearer]).await,
     ] {
         assert_eq!(out.status, 200, "{}", agent_view(&out));
         assert_eq!(
-            w.last_header("authorization").as_deref(),
+            last_header(&w, "authorization").as_deref(),
             Some(format!("Bearer {OPENAI}").as_str())
         );
         let echoed = out.json();
@@ -226,10 +172,10 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     }
 
     // 2. Injection by the rule: a header the agent never sent, and a query parameter.
-    let out = w.explicit("gh.test", "/echo", &[]).await;
+    let out = explicit(&w, "gh.test", "/echo", &[]).await;
     assert_eq!(out.status, 200, "{}", out.text());
     assert_eq!(
-        w.last_header("authorization").as_deref(),
+        last_header(&w, "authorization").as_deref(),
         Some(format!("token {GITHUB}").as_str())
     );
     assert_eq!(
@@ -237,7 +183,7 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
         "token agenshield:secret:github"
     );
     agent_saw.push_str(&agent_view(&out));
-    let out = w.transparent("maps.test", "/echo?q=1", &[]).await;
+    let out = transparent(&w, "maps.test", "/echo?q=1", &[]).await;
     assert_eq!(out.status, 200, "{}", out.text());
     let seen = w.up.requests().last().map(|r| r.path_and_query.clone());
     assert_eq!(
@@ -248,9 +194,13 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     agent_saw.push_str(&agent_view(&out));
 
     // 3. An upstream that echoes the key in a header and in a body split into 3-byte chunks.
-    let out = w
-        .explicit("api.test", "/split", &["-H", bearer, "-D", "/dev/stderr"])
-        .await;
+    let out = explicit(
+        &w,
+        "api.test",
+        "/split",
+        &["-H", bearer, "-D", "/dev/stderr"],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", out.text());
     assert_eq!(
         out.text(),
@@ -268,7 +218,7 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     // 4. Out of scope: the placeholder to another host; the real value in a header, the URL
     //    or the body to another host. None of them reaches the upstream.
     let before = w.up.requests().len();
-    let out = w.explicit("other.test", "/echo", &["-H", bearer]).await;
+    let out = explicit(&w, "other.test", "/echo", &["-H", bearer]).await;
     assert_refused(&out, 403, "secret_scope", Some("other"));
     agent_saw.push_str(&out.text());
     let leaks: [(&str, Vec<String>); 4] = [
@@ -282,28 +232,26 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     ];
     for (path, extra) in &leaks {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let out = w.explicit("other.test", path, &extra).await;
+        let out = explicit(&w, "other.test", path, &extra).await;
         assert_refused(&out, 403, "secret_leak", Some("other"));
         agent_saw.push_str(&out.text());
     }
     // The value deep in a large streamed body (past the first chunks): refused mid-stream,
     // before the secret's bytes are sent; the upstream never sees a complete request.
     let big = format!("{}{GITHUB}{}", "a".repeat(150_000), "b".repeat(1000));
-    let body_file = w._dir.path().join("big.txt");
+    let body_file = w.scratch().join("big.txt");
     std::fs::write(&body_file, &big).expect("write body");
     let at = format!("@{}", body_file.display());
-    let out = w
-        .explicit("other.test", "/echo", &["--data-binary", &at])
-        .await;
+    let out = explicit(&w, "other.test", "/echo", &["--data-binary", &at]).await;
     assert_refused(&out, 403, "secret_leak", Some("other"));
     // A placeholder in a body to an unbound host.
-    let out = w
-        .explicit(
-            "other.test",
-            "/echo",
-            &["--data-binary", "k=agenshield:secret:maps"],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        "other.test",
+        "/echo",
+        &["--data-binary", "k=agenshield:secret:maps"],
+    )
+    .await;
     assert_refused(&out, 403, "secret_scope", Some("other"));
     // Small bodies are checked before anything is sent; the large one was cut off before
     // the secret: the upstream saw one head and the bytes before the value, nothing more.
@@ -349,7 +297,7 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
         (&format!("/echo/{own_encoding}")[..], vec![], "secret_leak"),
         ("/echo", vec!["-H", &disguised], "secret_scope"),
     ] {
-        let out = w.explicit("other.test", path, &extra).await;
+        let out = explicit(&w, "other.test", path, &extra).await;
         assert_refused(&out, 403, code, Some("other"));
         assert!(!out.text().contains(GITHUB), "{}", out.text());
         agent_saw.push_str(&out.text());
@@ -370,21 +318,21 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
     //     A WebSocket under a rule that binds secrets goes on (its messages are guarded one
     //     by one: secret_positions.rs), without the compression it offered, which would hide
     //     them.
-    let out = w
-        .explicit(
-            "api.test",
-            "/echo",
-            &[
-                "--http1.1",
-                "-H",
-                "Connection: Upgrade",
-                "-H",
-                "Upgrade: websocket",
-                "-H",
-                "Sec-WebSocket-Extensions: permessage-deflate",
-            ],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        "api.test",
+        "/echo",
+        &[
+            "--http1.1",
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Extensions: permessage-deflate",
+        ],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", out.text());
     let seen =
         w.up.requests()
@@ -403,9 +351,9 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
 
     // 5. The per-secret rate limit (3 per hour; 1 used above): the 2nd and 3rd pass, the 4th is 429.
     for _ in 0..2 {
-        assert_eq!(w.explicit("gh.test", "/", &[]).await.status, 200);
+        assert_eq!(explicit(&w, "gh.test", "/", &[]).await.status, 200);
     }
-    let out = w.explicit("gh.test", "/", &[]).await;
+    let out = explicit(&w, "gh.test", "/", &[]).await;
     assert_eq!(out.status, 429, "{}", out.text());
     assert_eq!(out.json()["error_code"], "rate_limited");
     assert!(out.json()["message"]
@@ -424,9 +372,9 @@ async fn agent_uses_placeholders_secrets_never_leak_and_nothing_the_daemon_wrote
         .expect("write policy");
     let (code, out, err) = w.daemon.ctl(&[], &["reload"]);
     assert_eq!(code, 0, "{out}{err}");
-    let out = w.explicit("late.test", "/echo", &[]).await;
+    let out = explicit(&w, "late.test", "/echo", &[]).await;
     assert_eq!(out.status, 200, "{}", out.text());
-    assert_eq!(w.last_header("x-key").as_deref(), Some(LATE));
+    assert_eq!(last_header(&w, "x-key").as_deref(), Some(LATE));
     assert_eq!(out.json()["headers"]["x-key"], "agenshield:secret:late");
     agent_saw.push_str(&agent_view(&out));
 

@@ -178,7 +178,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     }
     assert_eq!(
         std::fs::read_to_string(UNIT).expect("unit"),
-        include_str!("../../systemd/agenshield-proxy.service")
+        include_str!("../../../systemd/agenshield-proxy.service")
     );
     for f in [".profile", ".bashrc"] {
         let text = std::fs::read_to_string(Path::new(HOME).join(f)).expect("start-up file");

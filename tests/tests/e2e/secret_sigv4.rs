@@ -10,12 +10,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::audit;
 use agenshield_e2e::aws::AwsAccount;
 use agenshield_e2e::curl::curl;
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, World};
 
 const KEY_ID: &str = "AKIAAGENSHIELDE2E001";
 const SECRET_KEY: &str = "aWsSeCrEt/e2e+Key0123456789abcdefGHIJklmn";
@@ -52,13 +51,6 @@ sigv4 = { access_key_id = "aws_key", secret_access_key = "aws_secret", services 
 
 const HOSTS: [&str; 4] = ["s3.test", "sts.test", "other.test", "mint.test"];
 
-struct World {
-    api: ApiUpstream,
-    daemon: Daemon,
-    account: AwsAccount,
-    scratch: tempfile::TempDir,
-}
-
 /// The AWS CLI to run: `AGENSHIELD_AWS_CLI` (to try another version), else Debian's
 /// (`.ci/run` installs it), else any on PATH.
 fn aws_cli() -> Option<PathBuf> {
@@ -75,150 +67,141 @@ fn aws_cli() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-impl World {
-    async fn new() -> World {
-        let account = AwsAccount {
-            access_key_id: KEY_ID.into(),
-            secret_access_key: SECRET_KEY.into(),
+/// The shared world with an AWS account behind the upstream (the test reads what it saw),
+/// the keys stored, the bindings in force, and an AWS config for the CLI in its directory.
+async fn world() -> (World, AwsAccount) {
+    let account = AwsAccount {
+        access_key_id: KEY_ID.into(),
+        secret_access_key: SECRET_KEY.into(),
+        ..Default::default()
+    };
+    let api = ApiUpstream::start(
+        "aws upstream CA",
+        &HOSTS,
+        UpstreamOptions {
+            name: "aws".into(),
+            aws: Some(account.clone()),
             ..Default::default()
-        };
-        let api = ApiUpstream::start(
-            "aws upstream CA",
-            &HOSTS,
-            UpstreamOptions {
-                name: "aws".into(),
-                aws: Some(account.clone()),
-                ..Default::default()
-            },
-        )
-        .await;
-        let daemon = Daemon::start(DaemonOptions {
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            ..api.daemon_options(BASE)
-        });
-        for (name, value) in [("aws_key", KEY_ID), ("aws_secret", SECRET_KEY)] {
-            let (code, _, err) = daemon.ctl_stdin(&["secrets", "set", name], value.as_bytes());
-            assert_eq!(code, 0, "secrets set {name}: {err}");
-        }
-        std::fs::write(daemon.dir.path().join("policies/aws.toml"), BINDINGS).expect("policy");
-        daemon.wait_for_policy(&["s3.test"]);
-        let scratch = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            scratch.path().join("config"),
-            "[default]\nregion = us-east-1\ns3 =\n    addressing_style = path\n",
-        )
-        .expect("aws config");
-        World {
-            api,
-            daemon,
-            account,
-            scratch,
-        }
+        },
+    )
+    .await;
+    let opts = api.daemon_options(BASE);
+    let w = api.world(opts);
+    let daemon = &w.daemon;
+    for (name, value) in [("aws_key", KEY_ID), ("aws_secret", SECRET_KEY)] {
+        let (code, _, err) = daemon.ctl_stdin(&["secrets", "set", name], value.as_bytes());
+        assert_eq!(code, 0, "secrets set {name}: {err}");
     }
+    std::fs::write(daemon.dir.path().join("policies/aws.toml"), BINDINGS).expect("policy");
+    daemon.wait_for_policy(&["s3.test"]);
+    std::fs::write(
+        w.scratch().join("config"),
+        "[default]\nregion = us-east-1\ns3 =\n    addressing_style = path\n",
+    )
+    .expect("aws config");
+    (w, account)
+}
 
-    fn endpoint(&self, host: &str) -> String {
-        format!("https://{host}:{}", self.api.up.addr.port())
-    }
+fn endpoint(w: &World, host: &str) -> String {
+    format!("https://{host}:{}", w.up.addr.port())
+}
 
-    /// The AWS CLI as an agent runs it: placeholder keys, the proxy from the environment,
-    /// the daemon's CA, nothing else (no instance metadata, no real config).
-    fn aws(&self, cli: &Path, host: &str, args: &[&str]) -> (i32, String, String) {
-        let home = self.scratch.path();
-        let out = Command::new(cli)
-            .args(args)
-            .args(["--endpoint-url", &self.endpoint(host)])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home)
-            .env("AWS_CONFIG_FILE", home.join("config"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
-            .env("AWS_ACCESS_KEY_ID", PLACEHOLDER_ID)
-            .env("AWS_SECRET_ACCESS_KEY", AGENT_SECRET)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_PAGER", "")
-            .env("AWS_CA_BUNDLE", &self.daemon.ca_path)
-            .env("HTTPS_PROXY", format!("http://{}", self.daemon.explicit))
-            .output()
-            .expect("run aws");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
+/// The AWS CLI as an agent runs it: placeholder keys, the proxy from the environment,
+/// the daemon's CA, nothing else (no instance metadata, no real config).
+fn aws(w: &World, cli: &Path, host: &str, args: &[&str]) -> (i32, String, String) {
+    let home = w.scratch();
+    let out = Command::new(cli)
+        .args(args)
+        .args(["--endpoint-url", &endpoint(w, host)])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("AWS_CONFIG_FILE", home.join("config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
+        .env("AWS_ACCESS_KEY_ID", PLACEHOLDER_ID)
+        .env("AWS_SECRET_ACCESS_KEY", AGENT_SECRET)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_PAGER", "")
+        .env("AWS_CA_BUNDLE", &w.daemon.ca_path)
+        .env("HTTPS_PROXY", format!("http://{}", w.daemon.explicit))
+        .output()
+        .expect("run aws");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 
-    /// PUTs `object` signed chunk by chunk with the placeholder key id (signatures that no
-    /// real key made), through the explicit proxy with curl; the status.
-    async fn put_signed_chunks(&self, key: &str, object: &[u8], trailer: bool) -> (u16, String) {
-        let (mode, trailer_header) = if trailer {
-            ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER", true)
-        } else {
-            ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", false)
-        };
-        let bogus = "0".repeat(64);
-        let mut body = Vec::new();
-        for chunk in object.chunks(64 * 1024).chain([&[][..]]) {
-            body.extend_from_slice(
-                format!("{:x};chunk-signature={bogus}\r\n", chunk.len()).as_bytes(),
-            );
-            body.extend_from_slice(chunk);
-            if !(chunk.is_empty() && trailer) {
-                body.extend_from_slice(b"\r\n");
-            }
+/// PUTs `object` signed chunk by chunk with the placeholder key id (signatures that no
+/// real key made), through the explicit proxy with curl; the status.
+async fn put_signed_chunks(w: &World, key: &str, object: &[u8], trailer: bool) -> (u16, String) {
+    let (mode, trailer_header) = if trailer {
+        ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER", true)
+    } else {
+        ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", false)
+    };
+    let bogus = "0".repeat(64);
+    let mut body = Vec::new();
+    for chunk in object.chunks(64 * 1024).chain([&[][..]]) {
+        body.extend_from_slice(format!("{:x};chunk-signature={bogus}\r\n", chunk.len()).as_bytes());
+        body.extend_from_slice(chunk);
+        if !(chunk.is_empty() && trailer) {
+            body.extend_from_slice(b"\r\n");
         }
-        if trailer {
-            body.extend_from_slice(b"x-amz-checksum-crc32:AAAAAA==\r\n");
-            body.extend_from_slice(format!("x-amz-trailer-signature:{bogus}\r\n\r\n").as_bytes());
-        }
-        let file = self.scratch.path().join(format!("{key}.chunked"));
-        std::fs::write(&file, &body).expect("body");
-        let now = time_now();
-        let date = &now[..8];
-        let mut signed =
-            "content-encoding;host;x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length"
-                .to_string();
-        if trailer_header {
-            signed.push_str(";x-amz-trailer");
-        }
-        let auth = format!(
-            "Authorization: AWS4-HMAC-SHA256 Credential={PLACEHOLDER_ID}/{date}/us-east-1/s3/aws4_request, SignedHeaders={signed}, Signature={bogus}"
-        );
-        let url = format!("{}/agent-bucket/{key}", self.endpoint("s3.test"));
-        let proxy = format!("http://{}", self.daemon.explicit);
-        let ca = self.daemon.ca_path.display().to_string();
-        let decoded = format!("x-amz-decoded-content-length: {}", object.len());
-        let data = format!("@{}", file.display());
-        let mode_h = format!("x-amz-content-sha256: {mode}");
-        let date_h = format!("x-amz-date: {now}");
-        let mut args = vec![
-            "--cacert",
-            &ca,
-            "--proxy",
-            &proxy,
-            "-X",
-            "PUT",
-            "--data-binary",
-            &data,
-            "-H",
-            &auth,
-            "-H",
-            &mode_h,
-            "-H",
-            &date_h,
-            "-H",
-            "Content-Encoding: aws-chunked",
-            "-H",
-            &decoded,
-            "-H",
-            "Content-Type: application/octet-stream",
-        ];
-        if trailer_header {
-            args.extend(["-H", "x-amz-trailer: x-amz-checksum-crc32"]);
-        }
-        args.push(&url);
-        let out = curl(&args, false).await;
-        (out.status, out.text())
     }
+    if trailer {
+        body.extend_from_slice(b"x-amz-checksum-crc32:AAAAAA==\r\n");
+        body.extend_from_slice(format!("x-amz-trailer-signature:{bogus}\r\n\r\n").as_bytes());
+    }
+    let file = w.scratch().join(format!("{key}.chunked"));
+    std::fs::write(&file, &body).expect("body");
+    let now = time_now();
+    let date = &now[..8];
+    let mut signed =
+        "content-encoding;host;x-amz-content-sha256;x-amz-date;x-amz-decoded-content-length"
+            .to_string();
+    if trailer_header {
+        signed.push_str(";x-amz-trailer");
+    }
+    let auth = format!(
+        "Authorization: AWS4-HMAC-SHA256 Credential={PLACEHOLDER_ID}/{date}/us-east-1/s3/aws4_request, SignedHeaders={signed}, Signature={bogus}"
+    );
+    let url = format!("{}/agent-bucket/{key}", endpoint(w, "s3.test"));
+    let proxy = format!("http://{}", w.daemon.explicit);
+    let ca = w.daemon.ca_path.display().to_string();
+    let decoded = format!("x-amz-decoded-content-length: {}", object.len());
+    let data = format!("@{}", file.display());
+    let mode_h = format!("x-amz-content-sha256: {mode}");
+    let date_h = format!("x-amz-date: {now}");
+    let mut args = vec![
+        "--cacert",
+        &ca,
+        "--proxy",
+        &proxy,
+        "-X",
+        "PUT",
+        "--data-binary",
+        &data,
+        "-H",
+        &auth,
+        "-H",
+        &mode_h,
+        "-H",
+        &date_h,
+        "-H",
+        "Content-Encoding: aws-chunked",
+        "-H",
+        &decoded,
+        "-H",
+        "Content-Type: application/octet-stream",
+    ];
+    if trailer_header {
+        args.extend(["-H", "x-amz-trailer: x-amz-checksum-crc32"]);
+    }
+    args.push(&url);
+    let out = curl(&args, false).await;
+    (out.status, out.text())
 }
 
 /// Now as `20261124T101500Z`.
@@ -257,11 +240,12 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
         );
         return eprintln!("skipped: {why}");
     };
-    let w = World::new().await;
+    let (w, account) = world().await;
     let mut agent_saw = String::new();
 
     // 1. STS: a form body with no x-amz-content-sha256, so its hash is in the signature.
-    let (code, out, err) = w.aws(
+    let (code, out, err) = aws(
+        &w,
         &cli,
         "sts.test",
         &["sts", "get-caller-identity", "--output", "json"],
@@ -270,7 +254,7 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
         code,
         0,
         "sts get-caller-identity: {err}\nupstream refused: {:?}",
-        w.account.refused.lock().expect("lock")
+        account.refused.lock().expect("lock")
     );
     let id: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(id["Account"], "123456789012", "{out}");
@@ -281,9 +265,10 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
 
     // 2. S3 PutObject and GetObject, path-style, a 300 KiB object.
     let object: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 251) as u8).collect();
-    let src = w.scratch.path().join("object.bin");
+    let src = w.scratch().join("object.bin");
     std::fs::write(&src, &object).expect("object");
-    let (code, out, err) = w.aws(
+    let (code, out, err) = aws(
+        &w,
         &cli,
         "s3.test",
         &[
@@ -301,12 +286,13 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
         code,
         0,
         "put-object: {err}\nupstream refused: {:?}",
-        w.account.refused.lock().expect("lock")
+        account.refused.lock().expect("lock")
     );
     agent_saw.push_str(&out);
     agent_saw.push_str(&err);
-    let dst = w.scratch.path().join("fetched.bin");
-    let (code, out, err) = w.aws(
+    let dst = w.scratch().join("fetched.bin");
+    let (code, out, err) = aws(
+        &w,
         &cli,
         "s3.test",
         &[
@@ -330,20 +316,20 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
     // 3. Signed chunks, with and without trailers: each chunk signed again.
     let big: Vec<u8> = (0..200 * 1024u32).map(|i| (i % 199) as u8).collect();
     for (key, trailer) in [("chunked.bin", false), ("trailer.bin", true)] {
-        let (status, text) = w.put_signed_chunks(key, &big, trailer).await;
+        let (status, text) = put_signed_chunks(&w, key, &big, trailer).await;
         assert_eq!(
             status,
             200,
             "{key}: {text}\nupstream refused: {:?}",
-            w.account.refused.lock().expect("lock")
+            account.refused.lock().expect("lock")
         );
-        let objects = w.account.objects.lock().expect("lock");
+        let objects = account.objects.lock().expect("lock");
         assert!(
             objects.get(&format!("/agent-bucket/{key}")) == Some(&big),
             "{key} stored whole"
         );
     }
-    let verified = w.account.verified.lock().expect("lock").clone();
+    let verified = account.verified.lock().expect("lock").clone();
     for want in [
         "POST / hashed",
         "GET /agent-bucket/notes/object.bin",
@@ -362,21 +348,21 @@ async fn the_aws_cli_with_placeholder_keys_is_signed_again_with_the_real_ones() 
         "{verified:?}"
     );
     assert!(
-        w.account.refused.lock().expect("lock").is_empty(),
+        account.refused.lock().expect("lock").is_empty(),
         "every signature verified"
     );
     eprintln!("verified by the upstream: {verified:#?}");
 
     // 4. The same placeholder to a host the rule does not cover: refused, nothing sent.
-    let before = w.api.up.requests().len();
-    let (code, out, err) = w.aws(&cli, "other.test", &["sts", "get-caller-identity"]);
+    let before = w.up.requests().len();
+    let (code, out, err) = aws(&w, &cli, "other.test", &["sts", "get-caller-identity"]);
     assert_ne!(code, 0, "refused: {out}");
     assert!(
         err.contains("403") || err.contains("Forbidden") || err.contains("secret"),
         "{err}"
     );
     assert_eq!(
-        w.api.up.requests().len(),
+        w.up.requests().len(),
         before,
         "nothing reached the upstream"
     );
@@ -420,14 +406,15 @@ async fn the_real_keys_sign_only_what_the_rule_says() {
         );
         return eprintln!("skipped: {why}");
     };
-    let w = World::new().await;
+    let (w, account) = world().await;
     {
-        let mut objects = w.account.objects.lock().expect("lock");
+        let mut objects = account.objects.lock().expect("lock");
         objects.insert("/agent-bucket/a.txt".into(), b"mine".to_vec());
         objects.insert("/other-bucket/secret.txt".into(), b"not yours".to_vec());
     }
     let copy = |source: &str, key: &str| {
-        w.aws(
+        aws(
+            &w,
             &cli,
             "s3.test",
             &[
@@ -446,31 +433,32 @@ async fn the_real_keys_sign_only_what_the_rule_says() {
     let (code, _, err) = copy("agent-bucket/a.txt", "b.txt");
     assert_eq!(code, 0, "{err}");
     // From another bucket the keys can read: refused before anything is sent.
-    let before = w.api.up.requests().len();
+    let before = w.up.requests().len();
     let (code, _, err) = copy("other-bucket/secret.txt", "stolen.txt");
     assert_ne!(code, 0, "refused");
     assert!(err.contains("403") || err.contains("Forbidden"), "{err}");
-    assert_eq!(w.api.up.requests().len(), before, "nothing reached S3");
-    assert!(!w
-        .account
+    assert_eq!(w.up.requests().len(), before, "nothing reached S3");
+    assert!(!account
         .objects
         .lock()
         .expect("lock")
         .contains_key("/agent-bucket/stolen.txt"));
 
     // Another region than the rule's: refused.
-    let (code, _, err) = w.aws(
+    let (code, _, err) = aws(
+        &w,
         &cli,
         "sts.test",
         &["sts", "get-caller-identity", "--region", "eu-west-1"],
     );
     assert_ne!(code, 0, "{err}");
     // STS handing out fresh keys, under the rule that does not name the action: refused.
-    let (code, out, _) = w.aws(&cli, "sts.test", &["sts", "get-session-token"]);
+    let (code, out, _) = aws(&w, &cli, "sts.test", &["sts", "get-session-token"]);
     assert_ne!(code, 0, "{out}");
-    assert_eq!(w.api.up.requests().len(), before, "nothing reached STS");
+    assert_eq!(w.up.requests().len(), before, "nothing reached STS");
     // Under the rule that names it exactly: signed, and the fresh keys are redacted.
-    let (code, out, err) = w.aws(
+    let (code, out, err) = aws(
+        &w,
         &cli,
         "mint.test",
         &["sts", "get-session-token", "--output", "json"],
@@ -479,7 +467,7 @@ async fn the_real_keys_sign_only_what_the_rule_says() {
         code,
         0,
         "{err}\nupstream refused: {:?}",
-        w.account.refused.lock().expect("lock")
+        account.refused.lock().expect("lock")
     );
     let creds: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(

@@ -9,22 +9,18 @@
 //!   `hf`, tokens `hf_…`, behind the percent-encoded placeholder).
 
 use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::{client_config, TestCa};
-use agenshield_e2e::upstream::{SeenRequest, Upstream, UpstreamOptions};
+use agenshield_e2e::daemon::DaemonOptions;
+use agenshield_e2e::upstream::{SeenRequest, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const OPENAI: &str = "sk-test-123456";
 const HF: &str = "hf_TOKEN1234567890";
 
@@ -46,73 +42,41 @@ secrets = ["hf"]
 swap = ["headers"]
 "#;
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
 type Body = BoxBody<Bytes, Infallible>;
 
-impl World {
-    async fn new() -> World {
-        let ca = TestCa::new("secret streams upstream CA");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&["api.test", "hub.test"])),
-            name: "up".into(),
-            ..Default::default()
-        })
-        .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
-        let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
-            extra_ca: vec![ca_file],
-            hosts: vec![("api.test".into(), LOCAL), ("hub.test".into(), LOCAL)],
-            orig_dst: Some(up.addr),
-            secrets: vec![("openai".into(), OPENAI.into()), ("hf".into(), HF.into())],
-            ..Default::default()
-        });
-        World {
-            up,
-            daemon,
-            _dir: dir,
-        }
-    }
+async fn world() -> World {
+    let up = UpstreamOptions {
+        name: "up".into(),
+        ..Default::default()
+    };
+    let api = ApiUpstream::start("secret streams upstream CA", &["api.test", "hub.test"], up).await;
+    let opts = DaemonOptions {
+        secrets: vec![("openai".into(), OPENAI.into()), ("hf".into(), HF.into())],
+        ..api.daemon_options(POLICY)
+    };
+    api.world(opts)
+}
 
-    /// TLS to the transparent listener as `host`.
-    async fn tls(&self, host: &str, alpn: &[&[u8]]) -> tokio_rustls::client::TlsStream<TcpStream> {
-        let tls = tokio_rustls::TlsConnector::from(client_config(&[&self.daemon.ca_pem], alpn));
-        let tcp = TcpStream::connect(self.daemon.transparent)
-            .await
-            .expect("connect");
-        let name = ServerName::try_from(host.to_string()).expect("name");
-        tls.connect(name, tcp).await.expect("TLS to the proxy")
-    }
+async fn http1(w: &World, host: &str) -> hyper::client::conn::http1::SendRequest<Body> {
+    let io = TokioIo::new(w.tls(host, &[b"http/1.1"]).await);
+    let (sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    sender
+}
 
-    async fn http1(&self, host: &str) -> hyper::client::conn::http1::SendRequest<Body> {
-        let io = TokioIo::new(self.tls(host, &[b"http/1.1"]).await);
-        let (sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        sender
-    }
-
-    fn seen(&self, path: &str) -> Option<SeenRequest> {
-        self.up
-            .requests()
-            .into_iter()
-            .rev()
-            .find(|r| r.path_and_query.starts_with(path))
-    }
+fn seen(w: &World, path: &str) -> Option<SeenRequest> {
+    w.requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.path_and_query.starts_with(path))
 }
 
 /// The request body the upstream has received `wait` after the agent sent `first` and
 /// paused (the body then ends).
 async fn upstream_got_after_a_pause(w: &World, first: &str, wait: Duration) -> Vec<u8> {
-    let mut sender = w.http1("api.test").await;
+    let mut sender = http1(w, "api.test").await;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
     let body = BodyExt::boxed(StreamBody::new(tokio_stream_of(rx)));
     let path = format!("/echo/{first}");
@@ -127,12 +91,11 @@ async fn upstream_got_after_a_pause(w: &World, first: &str, wait: Duration) -> V
         .expect("send");
     // Wait for the request to reach the upstream, then for `wait` more.
     let started = Instant::now();
-    while w.seen(&path).is_none() && started.elapsed() < Duration::from_secs(5) {
+    while seen(w, &path).is_none() && started.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(wait).await;
-    let got = w
-        .seen(&path)
+    let got = seen(w, &path)
         .map(|r| r.body.lock().expect("body").clone())
         .unwrap_or_default();
     tx.send(Ok(Frame::data(Bytes::from_static(b"\n"))))
@@ -155,7 +118,7 @@ fn tokio_stream_of<T: Send + 'static>(
 /// held `sk-te` until more came, and let `zz-zz` through at once: a guess per byte.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_pausing_in_the_start_of_a_secret_goes_on_like_any_other() {
-    let w = World::new().await;
+    let w = world().await;
     for first in ["xxxxsk-te", "xxxxzz-zz", "xxxxs", "xxxxz"] {
         let got = upstream_got_after_a_pause(&w, first, Duration::from_millis(600)).await;
         assert_eq!(
@@ -170,9 +133,9 @@ async fn a_request_body_pausing_in_the_start_of_a_secret_goes_on_like_any_other(
 /// the agent reads the same bytes before the pause ends either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_pausing_in_the_start_of_a_secret_reaches_the_agent_like_any_other() {
-    let w = World::new().await;
+    let w = world().await;
     for first in ["xxxxsk-te", "xxxxzz-zz"] {
-        let mut sender = w.http1("api.test").await;
+        let mut sender = http1(&w, "api.test").await;
         let req = http::Request::get(format!("https://api.test/pause?first={first}&gap=2000"))
             .header("host", "api.test")
             .body(Empty::new().boxed())
@@ -199,7 +162,7 @@ async fn a_response_pausing_in_the_start_of_a_secret_reaches_the_agent_like_any_
 /// ends in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_messages_go_on_whole_whatever_they_end_in() {
-    let w = World::new().await;
+    let w = world().await;
     let stream = w.tls("api.test", &[b"http/1.1"]).await;
     let url = format!("wss://api.test:{}/ws", w.up.addr.port());
     let (mut ws, resp) = tokio_tungstenite::client_async(url.as_str(), stream)
@@ -215,7 +178,7 @@ async fn websocket_messages_go_on_whole_whatever_they_end_in() {
             .expect("no error");
         assert_eq!(echo, Message::text(first));
     }
-    let got = w.seen("/ws").expect("upstream saw the socket").body;
+    let got = seen(&w, "/ws").expect("upstream saw the socket").body;
     assert_eq!(
         String::from_utf8_lossy(&got.lock().expect("body")),
         "xxxxsk-te\nxxxxzz-zz\n"
@@ -226,8 +189,8 @@ async fn websocket_messages_go_on_whole_whatever_they_end_in() {
 /// swap put in; the upstream echoes it, and the agent gets the placeholder, never `hf_…`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlapping_placeholder_never_hides_a_value_from_redaction() {
-    let w = World::new().await;
-    let mut sender = w.http1("hub.test").await;
+    let w = world().await;
+    let mut sender = http1(&w, "hub.test").await;
     let req = http::Request::get("https://hub.test/echo")
         .header("host", "hub.test")
         .header("x-echo", "agenshield%3Asecret%3Aagenshield:secret:hf")
@@ -239,7 +202,7 @@ async fn an_overlapping_placeholder_never_hides_a_value_from_redaction() {
     let body = body.collect().await.expect("body").to_bytes();
     let text = String::from_utf8_lossy(&body);
     // The upstream did get the value (the rule swaps in headers)…
-    let seen = w.seen("/echo").expect("seen");
+    let seen = seen(&w, "/echo").expect("seen");
     let echo = seen
         .headers
         .iter()
@@ -265,8 +228,8 @@ async fn an_overlapping_placeholder_never_hides_a_value_from_redaction() {
 /// lower case, is replaced).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reason_phrases_and_header_names_never_carry_a_value() {
-    let w = World::new().await;
-    let mut sender = w.http1("api.test").await;
+    let w = world().await;
+    let mut sender = http1(&w, "api.test").await;
     let req = http::Request::get(format!(
         "https://api.test/reason?text=leak+{OPENAI}&header=x-{OPENAI}"
     ))

@@ -2,11 +2,11 @@
 //! path tricks with segment parameters, escapes that are data, a crafted audit log. Each
 //! refusal is a JSON body and a record; nothing refused reaches the upstream.
 
-use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::upstream::{echo_server, Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::{echo_server, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World};
 use serde_json::Value;
 
 const POLICY: &str = r#"
@@ -34,66 +34,40 @@ fn up_options() -> UpstreamOptions {
     }
 }
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
+/// The suite's world, with `[limits]` lines of its own.
+async fn world(limits: &[&str]) -> World {
+    let api = ApiUpstream::start(
+        "hardening upstream CA",
+        &["api.test", "127.0.0.1"],
+        up_options(),
+    )
+    .await;
+    let mut options = api.daemon_options(POLICY);
+    options.limits.extend(limits.iter().map(|l| l.to_string()));
+    api.world(options)
 }
 
-impl World {
-    async fn new() -> World {
-        World::with_limits(&[]).await
-    }
+/// curl to `https://api.test:PORT{path}` through the transparent listener, the path as
+/// given (no dot-segment clean-up by curl).
+async fn get(w: &World, path: &str, extra: &[&str]) -> CurlOut {
+    let extra = [&["--path-as-is"][..], extra].concat();
+    w.transparent("https", "api.test", path, &extra).await
+}
 
-    /// With `[limits]` lines of its own.
-    async fn with_limits(limits: &[&str]) -> World {
-        let api = ApiUpstream::start(
-            "hardening upstream CA",
-            &["api.test", "127.0.0.1"],
-            up_options(),
-        )
-        .await;
-        let mut options = api.daemon_options(POLICY);
-        options.limits.extend(limits.iter().map(|l| l.to_string()));
-        let daemon = Daemon::start(options);
-        World {
-            up: api.up,
-            daemon,
-            _dir: api.dir,
-        }
-    }
+fn seen(w: &World, path: &str) -> bool {
+    w.requests().iter().any(|r| r.path_and_query == path)
+}
 
-    /// curl to `https://api.test:PORT{path}` through the transparent listener, the path as
-    /// given (no dot-segment clean-up by curl).
-    async fn get(&self, path: &str, extra: &[&str]) -> CurlOut {
-        let port = self.up.addr.port();
-        let connect_to = format!(
-            "api.test:{port}:127.0.0.1:{}",
-            self.daemon.transparent.port()
-        );
-        let url = format!("https://api.test:{port}{path}");
-        let ca = self.daemon.ca_path.display().to_string();
-        let mut args = vec!["--cacert", &ca, "--connect-to", &connect_to, "--path-as-is"];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, false).await
-    }
-
-    fn seen(&self, path: &str) -> bool {
-        self.up.requests().iter().any(|r| r.path_and_query == path)
-    }
-
-    fn records(&self) -> Vec<Value> {
-        audit::lines(&self.daemon.audit_path())
-            .into_iter()
-            .filter(|v| v["kind"] == "request")
-            .collect()
-    }
+fn records(w: &World) -> Vec<Value> {
+    audit::lines(&w.daemon.audit_path())
+        .into_iter()
+        .filter(|v| v["kind"] == "request")
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_websocket_may_be_switched_to() {
-    let w = World::new().await;
+    let w = world(&[]).await;
     let h2c = [
         "--http1.1",
         "-H",
@@ -103,7 +77,7 @@ async fn only_websocket_may_be_switched_to() {
         "-H",
         "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
     ];
-    let out = w.get("/echo/h2c", &h2c).await;
+    let out = get(&w, "/echo/h2c", &h2c).await;
     assert_eq!(out.status, 403, "{out:?}");
     assert_eq!(out.json()["error_code"], "upgrade_refused");
     // A list with one protocol not allowed is refused whole: the upstream picks.
@@ -114,14 +88,13 @@ async fn only_websocket_may_be_switched_to() {
         "-H",
         "Upgrade: websocket, h2c",
     ];
-    let out = w.get("/echo/mixed", &mixed).await;
+    let out = get(&w, "/echo/mixed", &mixed).await;
     assert_eq!(out.status, 403, "{out:?}");
     assert!(
-        !w.seen("/echo/h2c") && !w.seen("/echo/mixed"),
+        !seen(&w, "/echo/h2c") && !seen(&w, "/echo/mixed"),
         "nothing reached the upstream"
     );
-    let refused: Vec<Value> = w
-        .records()
+    let refused: Vec<Value> = records(&w)
         .into_iter()
         .filter(|v| v["error_code"] == "upgrade_refused")
         .collect();
@@ -132,7 +105,7 @@ async fn only_websocket_may_be_switched_to() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_parameters_cannot_reach_a_denied_path() {
-    let w = World::new().await;
+    let w = world(&[]).await;
     for path in [
         "/private/x",
         "/private;jsessionid=1/x",
@@ -140,13 +113,13 @@ async fn segment_parameters_cannot_reach_a_denied_path() {
         "/private%3Bx/y",
         "/PRIVATE/../private;/x",
     ] {
-        let out = w.get(path, &[]).await;
+        let out = get(&w, path, &[]).await;
         assert_eq!(out.status, 403, "{path}: {out:?}");
         assert_eq!(out.json()["rule_id"], "no-private", "{path}");
     }
     // `..;` is `..` to some servers and a name to others: refused whatever it hides.
     for path in ["/public/..;/private/x", "/x/..%3B/private"] {
-        let out = w.get(path, &[]).await;
+        let out = get(&w, path, &[]).await;
         assert_eq!(out.status, 400, "{path}: {out:?}");
         assert_eq!(out.json()["error_code"], "bad_request", "{path}");
     }
@@ -158,17 +131,17 @@ async fn segment_parameters_cannot_reach_a_denied_path() {
         w.up.requests()
     );
     // A parameter on an allowed path is not a refusal.
-    let out = w.get("/echo;v=1", &[]).await;
+    let out = get(&w, "/echo;v=1", &[]).await;
     assert_eq!(out.status, 200, "{out:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_escaped_question_mark_is_data_not_a_refusal() {
-    let w = World::new().await;
-    let out = w.get("/echo/a%3Fb", &[]).await;
+    let w = world(&[]).await;
+    let out = get(&w, "/echo/a%3Fb", &[]).await;
     assert_eq!(out.status, 200, "{out:?}");
     assert_eq!(out.json()["path"], "/echo/a%3Fb", "forwarded as sent");
-    let out = w.get("/echo/c%23d", &[]).await;
+    let out = get(&w, "/echo/c%23d", &[]).await;
     assert_eq!(out.status, 200, "{out:?}");
 }
 
@@ -250,22 +223,19 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
     ]);
     let _mounted = Mounted(dir.clone());
     let api = ApiUpstream::start("disk-full upstream CA", &["api.test"], up_options()).await;
-    let daemon = Daemon::start(DaemonOptions {
+    let options = DaemonOptions {
         audit_path: Some(dir.join("audit.jsonl")),
         ..api.daemon_options(POLICY)
-    });
-    let w = World {
-        up: api.up,
-        daemon,
-        _dir: api.dir,
     };
+    let w = api.world(options);
     let body = state_body();
     let post = |path: &'static str| {
         let w = &w;
         let body = body.clone();
         async move {
             let data = format!("@{}", body.display());
-            w.get(
+            get(
+                w,
                 path,
                 &[
                     "--data-binary",
@@ -290,7 +260,7 @@ async fn with_the_audit_logs_disk_full_a_post_never_reaches_the_upstream() {
     assert_eq!(out.status, 503, "{out:?}");
     assert_eq!(out.json()["error_code"], "audit_unavailable");
     assert!(
-        !w.seen("/echo/while-full"),
+        !seen(&w, "/echo/while-full"),
         "the POST never reached the upstream"
     );
     let (code, status, _) = w.daemon.ctl(&[], &["status", "--json"]);
@@ -365,7 +335,7 @@ fn policy_named(id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_watcher_follows_a_directory_that_is_replaced() {
-    let w = World::new().await;
+    let w = world(&[]).await;
     let d = &w.daemon;
     let policies = d.dir.path().join("policies");
     let second = std::time::Duration::from_secs(5);
@@ -417,7 +387,7 @@ async fn a_reload_that_denies_a_host_closes_its_open_tunnels() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_tungstenite::tungstenite::Message;
     let echo = echo_server().await;
-    let w = World::new().await;
+    let w = world(&[]).await;
     let d = &w.daemon;
     let both = format!(
         "{POLICY}\n[[rule]]\nid = \"raw\"\nhosts = [\"127.0.0.1\"]\nports = [{}]\nschemes = [\"tcp\"]\naction = \"allow\"\n",
@@ -536,7 +506,7 @@ async fn one_agent_holding_thousands_of_idle_connections_cannot_lock_out_another
     let hog = AgentUser::create(91);
     // The held connections never send a request: they must not be cut (and their seats given
     // to more of the hog's) by the first-request timeout while the hog is still opening.
-    let w = World::with_limits(&["first_request_timeout = \"120s\""]).await;
+    let w = world(&["first_request_timeout = \"120s\""]).await;
     let d = &w.daemon;
     // The agent may read our CA (a copy in a directory it can enter).
     let share = tempfile::tempdir().expect("tempdir");
@@ -572,7 +542,7 @@ async fn one_agent_holding_thousands_of_idle_connections_cannot_lock_out_another
 
     // Another uid (this test's) is served at once.
     let started = std::time::Instant::now();
-    let out = w.get("/echo/other-uid", &["--max-time", "5"]).await;
+    let out = get(&w, "/echo/other-uid", &["--max-time", "5"]).await;
     let took = started.elapsed();
     let _ = holder.kill();
     let _ = holder.wait();
@@ -716,7 +686,7 @@ async fn answer<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: std::time::D
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listeners_queue_a_burst_of_connections() {
-    let w = World::new().await;
+    let w = world(&[]).await;
     let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .expect("somaxconn")
         .trim()

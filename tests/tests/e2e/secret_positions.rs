@@ -8,11 +8,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use agenshield_e2e::api::{ApiUpstream, LOCAL};
 use agenshield_e2e::curl::{curl, CurlOut};
-use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::daemon::DaemonOptions;
 use agenshield_e2e::pki::client_config;
 use agenshield_e2e::upstream::{SeenRequest, UpstreamOptions};
+use agenshield_e2e::world::{ApiUpstream, World};
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -78,126 +78,107 @@ const HOSTS: [&str; 5] = [
     "other.test",
 ];
 
-struct World {
-    api: ApiUpstream,
-    daemon: Daemon,
+async fn world() -> World {
+    let api = ApiUpstream::start(
+        "positions upstream CA",
+        &HOSTS,
+        UpstreamOptions {
+            name: "up".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let opts = DaemonOptions {
+        secrets: vec![("bot".into(), BOT.into()), ("client".into(), CLIENT.into())],
+        ..api.daemon_options(POLICY)
+    };
+    api.world(opts)
 }
 
-impl World {
-    async fn new() -> World {
-        let api = ApiUpstream::start(
-            "positions upstream CA",
-            &HOSTS,
-            UpstreamOptions {
-                name: "up".into(),
-                ..Default::default()
-            },
-        )
-        .await;
-        let daemon = Daemon::start(DaemonOptions {
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            secrets: vec![("bot".into(), BOT.into()), ("client".into(), CLIENT.into())],
-            ..api.daemon_options(POLICY)
-        });
-        World { api, daemon }
-    }
+/// A WebSocket to `host`'s `/ws` through the transparent listener, as the agent opens
+/// one (TLS to the daemon's leaf, then the upgrade).
+async fn websocket(w: &World, host: &str) -> WebSocketStream<TlsStream<TcpStream>> {
+    let tls = tokio_rustls::TlsConnector::from(client_config(&[&w.daemon.ca_pem], &[b"http/1.1"]));
+    let tcp = TcpStream::connect(w.daemon.transparent)
+        .await
+        .expect("connect");
+    let name = ServerName::try_from(host.to_string()).expect("name");
+    let stream = tls.connect(name, tcp).await.expect("TLS");
+    let url = format!("wss://{host}:{}/ws", w.port());
+    let (ws, resp) = tokio_tungstenite::client_async(url.as_str(), stream)
+        .await
+        .expect("websocket handshake");
+    assert_eq!(resp.status(), 101);
+    ws
+}
 
-    /// A WebSocket to `host`'s `/ws` through the transparent listener, as the agent opens
-    /// one (TLS to the daemon's leaf, then the upgrade).
-    async fn websocket(&self, host: &str) -> WebSocketStream<TlsStream<TcpStream>> {
-        let tls =
-            tokio_rustls::TlsConnector::from(client_config(&[&self.daemon.ca_pem], &[b"http/1.1"]));
-        let tcp = TcpStream::connect(self.daemon.transparent)
-            .await
-            .expect("connect");
-        let name = ServerName::try_from(host.to_string()).expect("name");
-        let stream = tls.connect(name, tcp).await.expect("TLS");
-        let url = format!("wss://{host}:{}/ws", self.api.up.addr.port());
-        let (ws, resp) = tokio_tungstenite::client_async(url.as_str(), stream)
-            .await
-            .expect("websocket handshake");
-        assert_eq!(resp.status(), 101);
-        ws
-    }
+/// The explicit listener, with a trace of what curl sent on stderr.
+fn base_args(w: &World) -> Vec<String> {
+    let mut args = w.via_explicit();
+    args.extend(["--trace-ascii".into(), "/dev/stderr".into()]);
+    args
+}
 
-    fn url(&self, host: &str, path: &str) -> String {
-        format!("https://{host}:{}{path}", self.api.up.addr.port())
-    }
+/// curl through the explicit listener, with a trace of what it sent on stderr.
+async fn explicit(w: &World, url: &str, extra: &[&str]) -> CurlOut {
+    let mut args = base_args(w);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push(url.to_string());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    curl(&refs, false).await
+}
 
-    fn base_args(&self) -> Vec<String> {
-        vec![
-            "--cacert".into(),
-            self.daemon.ca_path.display().to_string(),
-            "--proxy".into(),
-            format!("http://{}", self.daemon.explicit),
-            "--trace-ascii".into(),
-            "/dev/stderr".into(),
-        ]
-    }
-
-    /// curl through the explicit listener, with a trace of what it sent on stderr.
-    async fn curl(&self, url: &str, extra: &[&str]) -> CurlOut {
-        let mut args = self.base_args();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push(url.to_string());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        curl(&refs, false).await
-    }
-
-    /// curl uploading `parts` from its stdin as they come (`-T -`: chunked on HTTP/1.1, DATA
-    /// frames on HTTP/2), `gap` apart, so each reaches the proxy as its own read.
-    async fn upload(&self, url: &str, extra: &[&str], parts: &[&[u8]], gap: Duration) -> CurlOut {
-        let mut cmd = tokio::process::Command::new("curl");
-        cmd.args([
-            "-sS",
-            "--max-time",
-            "30",
-            "-o",
-            "-",
-            "-w",
-            "\n@@ %{http_code} %{http_version}",
-        ])
-        .args(self.base_args())
-        .args(["-X", "POST", "-T", "-"])
-        .args(extra)
-        .arg(url)
-        .env_remove("https_proxy")
-        .env_remove("HTTPS_PROXY")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("curl runs");
-        let mut stdin = child.stdin.take().expect("stdin");
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                tokio::time::sleep(gap).await;
-            }
-            stdin.write_all(p).await.expect("write part");
-            stdin.flush().await.expect("flush");
+/// curl uploading `parts` from its stdin as they come (`-T -`: chunked on HTTP/1.1, DATA
+/// frames on HTTP/2), `gap` apart, so each reaches the proxy as its own read.
+async fn upload(w: &World, url: &str, extra: &[&str], parts: &[&[u8]], gap: Duration) -> CurlOut {
+    let mut cmd = tokio::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "30",
+        "-o",
+        "-",
+        "-w",
+        "\n@@ %{http_code} %{http_version}",
+    ])
+    .args(base_args(w))
+    .args(["-X", "POST", "-T", "-"])
+    .args(extra)
+    .arg(url)
+    .env_remove("https_proxy")
+    .env_remove("HTTPS_PROXY")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("curl runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(gap).await;
         }
-        drop(stdin);
-        let out = child.wait_with_output().await.expect("curl ends");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, tail) = stdout.rsplit_once("\n@@ ").expect("curl's -w line");
-        let mut tail = tail.split_whitespace();
-        CurlOut {
-            exit: out.status.code().unwrap_or(-1),
-            status: tail.next().and_then(|s| s.parse().ok()).unwrap_or(0),
-            http_version: tail.next().unwrap_or("").to_string(),
-            size_download: body.len() as u64,
-            body: body.as_bytes().to_vec(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        stdin.write_all(p).await.expect("write part");
+        stdin.flush().await.expect("flush");
     }
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("curl ends");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, tail) = stdout.rsplit_once("\n@@ ").expect("curl's -w line");
+    let mut tail = tail.split_whitespace();
+    CurlOut {
+        exit: out.status.code().unwrap_or(-1),
+        status: tail.next().and_then(|s| s.parse().ok()).unwrap_or(0),
+        http_version: tail.next().unwrap_or("").to_string(),
+        size_download: body.len() as u64,
+        body: body.as_bytes().to_vec(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
 
-    fn last(&self) -> SeenRequest {
-        self.api
-            .up
-            .requests()
-            .last()
-            .cloned()
-            .expect("the upstream saw a request")
-    }
+fn last(w: &World) -> SeenRequest {
+    w.requests()
+        .last()
+        .cloned()
+        .expect("the upstream saw a request")
 }
 
 fn header(r: &SeenRequest, name: &str) -> Option<String> {
@@ -278,19 +259,23 @@ fn assert_refused(out: &CurlOut, code: &str, rule: &str, says: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wrote_holds_one() {
-    let w = World::new().await;
+    let w = world().await;
     let mut agent_saw = String::new();
 
     // 1. Path: a bot token in the path (as Telegram's API wants it).
-    let out = w
-        .curl(
-            &w.url("bot.test", "/echo/botagenshield:secret:bot/sendMessage"),
-            &[],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        &w.url(
+            "https",
+            "bot.test",
+            "/echo/botagenshield:secret:bot/sendMessage",
+        ),
+        &[],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", agent_view(&out));
     assert_eq!(
-        w.last().path_and_query,
+        last(&w).path_and_query,
         format!("/echo/bot{BOT}/sendMessage")
     );
     assert_eq!(
@@ -302,38 +287,41 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
 
     // 2. Query: as written, and with its colons percent-encoded (as a URL encoder writes it).
     for q in ["agenshield:secret:bot", "agenshield%3Asecret%3Abot"] {
-        let out = w
-            .curl(&w.url("bot.test", &format!("/echo/q?token={q}&n=1")), &[])
-            .await;
+        let out = explicit(
+            &w,
+            &w.url("https", "bot.test", &format!("/echo/q?token={q}&n=1")),
+            &[],
+        )
+        .await;
         assert_eq!(out.status, 200, "{}", agent_view(&out));
-        assert_eq!(w.last().path_and_query, format!("/echo/q?token={BOT}&n=1"));
+        assert_eq!(last(&w).path_and_query, format!("/echo/q?token={BOT}&n=1"));
         agent_saw.push_str(&agent_view(&out));
     }
 
     // 3. Userinfo in the URL (curl sends it as Basic credentials), and -u: Basic.
     let userinfo = format!(
         "https://x-access-token:agenshield:secret:bot@bot.test:{}/echo/userinfo",
-        w.api.up.addr.port()
+        w.up.addr.port()
     );
-    let out = w.curl(&userinfo, &[]).await;
+    let out = explicit(&w, &userinfo, &[]).await;
     assert_eq!(out.status, 200, "{}", agent_view(&out));
     let basic = |user: &str| {
         let b64 = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{BOT}"));
         format!("Basic {b64}")
     };
     assert_eq!(
-        header(&w.last(), "authorization"),
+        header(&last(&w), "authorization"),
         Some(basic("x-access-token"))
     );
     agent_saw.push_str(&agent_view(&out));
-    let out = w
-        .curl(
-            &w.url("bot.test", "/echo/basic"),
-            &["-u", "me:agenshield:secret:bot"],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        &w.url("https", "bot.test", "/echo/basic"),
+        &["-u", "me:agenshield:secret:bot"],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", agent_view(&out));
-    assert_eq!(header(&w.last(), "authorization"), Some(basic("me")));
+    assert_eq!(header(&last(&w), "authorization"), Some(basic("me")));
     agent_saw.push_str(&agent_view(&out));
 
     // 4. A JSON body split inside the placeholder, 300 ms apart, over HTTP/1.1 (chunked)
@@ -342,18 +330,18 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         br#"{"grant_type":"client_credentials","client_secret":"agenshield:secret:client","n":1}"#;
     let cut = json.windows(6).position(|w| w == b"secret").expect("cut") + 3;
     for version in ["--http1.1", "--http2"] {
-        let out = w
-            .upload(
-                &w.url("auth.test", "/echo/token/up"),
-                &[version, "-H", "Content-Type: application/json"],
-                &[&json[..cut], &json[cut..]],
-                Duration::from_millis(300),
-            )
-            .await;
+        let out = upload(
+            &w,
+            &w.url("https", "auth.test", "/echo/token/up"),
+            &[version, "-H", "Content-Type: application/json"],
+            &[&json[..cut], &json[cut..]],
+            Duration::from_millis(300),
+        )
+        .await;
         assert_eq!(out.status, 200, "{version}: {}", agent_view(&out));
         let want_version = if version == "--http2" { "2" } else { "1.1" };
         assert_eq!(out.http_version, want_version, "the agent spoke {version}");
-        let seen = w.last();
+        let seen = last(&w);
         let v: serde_json::Value = serde_json::from_str(&body(&seen)).unwrap_or_else(|e| {
             panic!("{version}: the upstream got no JSON ({e}): {}", body(&seen))
         });
@@ -369,19 +357,19 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
 
     // 5. A form body (curl percent-encodes the placeholder's colons): the value goes in
     //    form-encoded, and Content-Length states the new length.
-    let out = w
-        .curl(
-            &w.url("auth.test", "/echo/token/up"),
-            &[
-                "--data-urlencode",
-                "client_secret=agenshield:secret:client",
-                "--data-urlencode",
-                "grant_type=client_credentials",
-            ],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        &w.url("https", "auth.test", "/echo/token/up"),
+        &[
+            "--data-urlencode",
+            "client_secret=agenshield:secret:client",
+            "--data-urlencode",
+            "grant_type=client_credentials",
+        ],
+    )
+    .await;
     assert_eq!(out.status, 200, "{}", agent_view(&out));
-    let seen = w.last();
+    let seen = last(&w);
     let sent = body(&seen);
     let fields: std::collections::HashMap<String, String> = form_urlencoded::parse(sent.as_bytes())
         .into_owned()
@@ -396,9 +384,9 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
 
     // 6. Where the placeholder may not become the value, it is refused, naming why; the
     //    upstream sees none of them.
-    let before = w.api.up.requests().len();
+    let before = w.up.requests().len();
     let form = ["--data-binary", "k=agenshield:secret:client"];
-    let out = w.curl(&w.url("notes.test", "/echo"), &form).await;
+    let out = explicit(&w, &w.url("https", "notes.test", "/echo"), &form).await;
     assert_refused(
         &out,
         "secret_scope",
@@ -412,7 +400,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         "-H",
         "Content-Encoding: gzip",
     ];
-    let out = w.curl(&w.url("auth.test", "/echo/token/x"), &gz).await;
+    let out = explicit(&w, &w.url("https", "auth.test", "/echo/token/x"), &gz).await;
     assert_refused(&out, "secret_scope", "oauth", "gzip-encoded body");
     let bin = [
         "--data-binary",
@@ -420,33 +408,40 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         "-H",
         "Content-Type: application/octet-stream",
     ];
-    let out = w.curl(&w.url("auth.test", "/echo/token/x"), &bin).await;
+    let out = explicit(&w, &w.url("https", "auth.test", "/echo/token/x"), &bin).await;
     assert_refused(&out, "secret_scope", "oauth", "application/octet-stream");
     // Over plain HTTP the value would travel in clear: refused, not swapped.
-    let plain = format!("http://auth.test:{}/echo/token/x", w.api.up.addr.port());
+    let plain = format!("http://auth.test:{}/echo/token/x", w.up.addr.port());
     let json = ["-H", "Content-Type: application/json", "--data-binary"];
-    let out = w
-        .curl(
-            &plain,
-            &[&json[..], &[r#"{"s":"agenshield:secret:client"}"#]].concat(),
-        )
-        .await;
+    let out = explicit(
+        &w,
+        &plain,
+        &[&json[..], &[r#"{"s":"agenshield:secret:client"}"#]].concat(),
+    )
+    .await;
     assert_refused(&out, "secret_scope", "oauth", "body sent over plain HTTP");
     // The path binds: a GET to the token URL is not the rule's, so nothing is swapped.
-    let out = w
-        .curl(
-            &w.url("auth.test", "/echo/token/x?s=agenshield:secret:client"),
-            &[],
-        )
-        .await;
+    let out = explicit(
+        &w,
+        &w.url(
+            "https",
+            "auth.test",
+            "/echo/token/x?s=agenshield:secret:client",
+        ),
+        &[],
+    )
+    .await;
     assert_eq!(out.status, 403, "{}", out.text());
     // Out of scope, as ever: the placeholder to a host whose rule binds nothing.
-    let out = w
-        .curl(&w.url("other.test", "/echo/agenshield:secret:bot"), &[])
-        .await;
+    let out = explicit(
+        &w,
+        &w.url("https", "other.test", "/echo/agenshield:secret:bot"),
+        &[],
+    )
+    .await;
     assert_refused(&out, "secret_scope", "other", "does not");
     assert_eq!(
-        w.api.up.requests().len(),
+        w.up.requests().len(),
         before,
         "none of them reached the upstream"
     );
@@ -454,7 +449,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
 
     // 7. WebSocket: a text message split inside the placeholder across two fragments goes
     //    up holding the value; the upstream's echo comes back with the placeholder.
-    let mut ws = w.websocket("chat.test").await;
+    let mut ws = websocket(&w, "chat.test").await;
     let msg = r#"{"auth":"agenshield:secret:bot","op":"hello"}"#;
     let cut = msg.find("secret").expect("cut") + 2;
     for (i, part) in [&msg[..cut], &msg[cut..]].into_iter().enumerate() {
@@ -468,7 +463,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         Message::text(msg),
         "the echo comes back as the placeholder"
     );
-    let seen = w.last();
+    let seen = last(&w);
     assert_eq!(seen.path_and_query, "/ws");
     assert_eq!(
         body(&seen),
@@ -479,7 +474,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
     while ws.next().await.is_some() {}
     //    Under a rule that does not swap in WebSocket messages, the placeholder closes the
     //    connection (1008) and the upstream never sees the message.
-    let mut ws = w.websocket("notes.test").await;
+    let mut ws = websocket(&w, "notes.test").await;
     ws.send(Message::text("k=agenshield:secret:client"))
         .await
         .expect("send");
@@ -488,7 +483,7 @@ async fn placeholders_become_values_in_every_position_and_nothing_the_daemon_wro
         matches!(&close, Message::Close(Some(f)) if f.code == CloseCode::Policy),
         "{close:?}"
     );
-    assert_eq!(body(&w.last()), "", "the upstream saw nothing of it");
+    assert_eq!(body(&last(&w)), "", "the upstream saw nothing of it");
     agent_saw.push_str(&format!("{close:?}"));
 
     assert_no_secret("the agent's view", &agent_saw);

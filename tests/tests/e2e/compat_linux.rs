@@ -22,7 +22,6 @@ use agenshield_e2e::netlab::{root_or_skip, sh, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::UpstreamOptions;
 
-#[path = "compat_linux/doctor.rs"]
 mod doctor;
 
 /// Tools the suite runs, beyond the root lab's: (command, Debian package).

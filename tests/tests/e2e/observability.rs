@@ -4,22 +4,21 @@
 //! verifies, and `ctl audit verify` names a line the test edits; after kill -9, every request
 //! that completed is in the log.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agenshield_e2e::curl::{curl, CurlOut};
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::pki::{client_config, TestCa};
+use agenshield_e2e::pki::client_config;
 use agenshield_e2e::prometheus;
-use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::{ApiUpstream, World};
 use futures_util::{SinkExt, StreamExt};
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
-const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const KEY: &str = "sk-observability-0123456789";
 
 const POLICY: &str = r#"
@@ -58,55 +57,25 @@ const HOSTS: [&str; 6] = [
     "other.test",
 ];
 
-struct World {
-    up: Upstream,
-    daemon: Daemon,
-    _dir: tempfile::TempDir,
+async fn world() -> World {
+    let mut names: Vec<&str> = HOSTS.to_vec();
+    names.push("127.0.0.1");
+    let up = UpstreamOptions {
+        name: "up".into(),
+        ..Default::default()
+    };
+    let api = ApiUpstream::start("observability upstream CA", &names, up).await;
+    let opts = DaemonOptions {
+        secrets: vec![("key".into(), KEY.into())],
+        ..api.daemon_options(POLICY)
+    };
+    api.world(opts)
 }
 
-impl World {
-    async fn new() -> World {
-        let ca = TestCa::new("observability upstream CA");
-        let mut names: Vec<&str> = HOSTS.to_vec();
-        names.push("127.0.0.1");
-        let up = Upstream::start(UpstreamOptions {
-            tls: Some(ca.leaf(&names)),
-            name: "up".into(),
-            ..Default::default()
-        })
-        .await;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_file = dir.path().join("upstream-ca.pem");
-        ca.write_pem(&ca_file).expect("write CA");
-        let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
-            extra_ca: vec![ca_file],
-            hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
-            orig_dst: Some(up.addr),
-            secrets: vec![("key".into(), KEY.into())],
-            ..Default::default()
-        });
-        World {
-            up,
-            daemon,
-            _dir: dir,
-        }
-    }
-
-    /// curl to `host` through the transparent listener.
-    async fn get(&self, host: &str, path: &str, extra: &[&str]) -> CurlOut {
-        let connect_to = format!(
-            "{host}:{}:127.0.0.1:{}",
-            self.up.addr.port(),
-            self.daemon.transparent.port()
-        );
-        let url = format!("https://{host}:{}{path}", self.up.addr.port());
-        let ca = self.daemon.ca_path.display().to_string();
-        let mut args = vec!["--cacert", &ca, "--connect-to", &connect_to];
-        args.extend_from_slice(extra);
-        args.push(&url);
-        curl(&args, true).await
-    }
+/// curl to `host` through the transparent listener.
+async fn get(w: &World, host: &str, path: &str, extra: &[&str]) -> CurlOut {
+    let url = w.url("https", host, path);
+    w.curl(w.via_transparent(host), extra, &url, true).await
 }
 
 fn audit_requests(path: &Path) -> Vec<serde_json::Value> {
@@ -122,26 +91,26 @@ fn audit_requests(path: &Path) -> Vec<serde_json::Value> {
 async fn traffic(w: &World) -> usize {
     let mut n = 0;
     for extra in [&["--http1.1"][..], &["--http2"]] {
-        let out = w.get("api.test", "/echo?token=abc", extra).await;
+        let out = get(w, "api.test", "/echo?token=abc", extra).await;
         assert_eq!(out.status, 200, "{out:?}");
         n += 1;
     }
-    let out = w.get("blocked.test", "/", &[]).await;
+    let out = get(w, "blocked.test", "/", &[]).await;
     assert_eq!(out.status, 403);
     n += 1;
-    let out = w.get("other.test", "/", &[]).await;
+    let out = get(w, "other.test", "/", &[]).await;
     assert_eq!(out.status, 403, "default deny");
     n += 1;
     for want in [200, 429] {
-        let out = w.get("limited.test", "/", &[]).await;
+        let out = get(w, "limited.test", "/", &[]).await;
         assert_eq!(out.status, want);
         n += 1;
     }
-    let out = w.get("keyed.test", "/echo", &[]).await;
+    let out = get(w, "keyed.test", "/echo", &[]).await;
     assert_eq!(out.status, 200);
     n += 1;
     let leak = format!("X-Key: {KEY}");
-    let out = w.get("api.test", "/echo", &["-H", &leak]).await;
+    let out = get(w, "api.test", "/echo", &["-H", &leak]).await;
     assert_eq!(out.status, 403, "leak refused");
     n += 1;
     // An allowed host whose upstream refuses connections (the discard port is closed).
@@ -200,7 +169,7 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
         eprintln!("{why}");
         return;
     }
-    let w = World::new().await;
+    let w = world().await;
     let prom = prometheus::start(w.daemon.metrics, &[]);
     let n = traffic(&w).await;
 
@@ -358,7 +327,7 @@ async fn every_dashboard_query_returns_data_and_the_audit_log_verifies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_every_completed_request_is_in_the_audit_log() {
-    let mut w = World::new().await;
+    let mut w = world().await;
     let connect_to = format!(
         "api.test:{}:127.0.0.1:{}",
         w.up.addr.port(),

@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agenshield_e2e::api::ApiUpstream;
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{binary, Daemon, DaemonOptions};
 use agenshield_e2e::netlab::{root_or_skip, sh, AgentUser, FirewallCleanup, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::UpstreamOptions;
+use agenshield_e2e::world::ApiUpstream;
 use serde_json::Value;
 
 const DENY_ALL: &str = "version = 1\ndefault = \"deny\"\n";

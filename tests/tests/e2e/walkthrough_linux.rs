@@ -33,7 +33,7 @@ use agenshield_e2e::netlab::{root_or_skip, Internet};
 use agenshield_e2e::pki::TestCa;
 use agenshield_e2e::upstream::UpstreamOptions;
 
-const README: &str = include_str!("../../README.md");
+const README: &str = include_str!("../../../README.md");
 
 /// One shell command of the walkthrough: its text (with a here-document's lines, if any) and
 /// the comment after it.
