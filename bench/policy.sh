@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extra=()
 [ "${1:-}" = "--quick" ] && extra=(-- --warm-up-time 1 --measurement-time 3)
-cargo bench -p agenshield-proxy --bench decide "${extra[@]}"
+cargo bench -p agenshield-daemon --bench decide "${extra[@]}"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Fails when the top-level modules of `proxy/src` import each other in a circle.
+"""Fails when the top-level modules of `daemon/src` (the daemon library) import each other in a circle.
 
 Why: the crate is layered (docs/architecture.md, issue 35): `record/` at the bottom, the
 engines above it, the data path, `control/` and `daemon/` on top. Every import must point
 down; a cycle between top-level modules means one of them points up.
 
 What it reads: every `.rs` file of the library, found by walking `mod` declarations from
-`proxy/src/lib.rs` (so `#[path = "x_tests.rs"]` files and inline `mod tests { }` get their
+`daemon/src/lib.rs` (so `#[path = "x_tests.rs"]` files and inline `mod tests { }` get their
 true module path). In each, outside comments and string literals, every path that starts
 with `crate::` (or `$crate::`), or with enough `super::` to climb to the crate root, names a
 top-level module: its first segment after the root (`use crate::{a, b::C}` names `a` and
@@ -298,7 +298,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--edges", action="store_true", help="print every edge")
     ap.add_argument("--allow", default=os.path.join(ROOT, "tools", "module-cycles.allow"))
-    ap.add_argument("--src", default=os.path.join(ROOT, "proxy", "src"))
+    ap.add_argument("--src", default=os.path.join(ROOT, "daemon", "src"))
     args = ap.parse_args()
 
     nodes, edges = build_graph(args.src)

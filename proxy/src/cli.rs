@@ -25,11 +25,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use agenshield_proxy::logging::LogFormat;
 
 #[derive(Debug, Subcommand)]
 pub enum Top {

@@ -32,7 +32,7 @@ fn reexec_with_allocator_settings() {
     eprintln!("agenshield: restarting with the allocator's settings failed ({err}); going on");
 }
 
-use agenshield_proxy::cli::{Cli, ProxyCommand, Top};
+use agenshield_cli::cli::{Cli, ProxyCommand, Top};
 use agenshield_proxy::config::{
     default_state_dir, installed_config_unreadable, Config, DEFAULT_CONFIG_PATH,
 };
@@ -48,41 +48,41 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Top::Proxy(ProxyCommand::Firewall(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::firewall::command(
+            Ok(cfg) => ExitCode::from(agenshield_cli::cmd::firewall::command(
                 &cfg,
                 args.action,
                 args.json,
             )),
-            Err(e) => ExitCode::from(agenshield_proxy::cmd::firewall::config_error(
+            Err(e) => ExitCode::from(agenshield_cli::cmd::firewall::config_error(
                 &e.to_string(),
                 args.json,
             )),
         },
         Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_proxy::cmd::ctl::run(args, &cfg)),
+            Ok(cfg) => ExitCode::from(agenshield_cli::cmd::ctl::run(args, &cfg)),
             Err(e) => {
                 eprintln!("agenshield: {e}");
                 ExitCode::from(2)
             }
         },
         Top::Proxy(ProxyCommand::Install(args)) => {
-            ExitCode::from(agenshield_proxy::cmd::install::command(&args, false))
+            ExitCode::from(agenshield_cli::cmd::install::command(&args, false))
         }
         Top::Proxy(ProxyCommand::Uninstall(args)) => {
-            ExitCode::from(agenshield_proxy::cmd::install::command(&args.into(), true))
+            ExitCode::from(agenshield_cli::cmd::install::command(&args.into(), true))
         }
         Top::Proxy(ProxyCommand::Exec(args)) => match agent_config(args.config.as_deref()) {
-            Some(cfg) => ExitCode::from(agenshield_proxy::cmd::exec::command(&cfg, args.command)),
+            Some(cfg) => ExitCode::from(agenshield_cli::cmd::exec::command(&cfg, args.command)),
             None => ExitCode::from(2),
         },
         Top::Proxy(ProxyCommand::Completions { shell }) => {
-            ExitCode::from(agenshield_proxy::cmd::docs::completions(shell))
+            ExitCode::from(agenshield_cli::cmd::docs::completions(shell))
         }
         Top::Proxy(ProxyCommand::Man { dir }) => {
-            ExitCode::from(agenshield_proxy::cmd::docs::man(dir.as_deref()))
+            ExitCode::from(agenshield_cli::cmd::docs::man(dir.as_deref()))
         }
         Top::Proxy(ProxyCommand::Doctor(args)) => match agent_config(args.config.as_deref()) {
-            Some(cfg) => ExitCode::from(agenshield_proxy::cmd::doctor::command(&cfg, &args)),
+            Some(cfg) => ExitCode::from(agenshield_cli::cmd::doctor::command(&cfg, &args)),
             None => ExitCode::from(2),
         },
         Top::Proxy(ProxyCommand::Run(args)) => {
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
                     cfg
                 }
                 Err(e) if args.check => {
-                    return ExitCode::from(agenshield_proxy::cmd::check::config_failed(
+                    return ExitCode::from(agenshield_cli::cmd::check::config_failed(
                         args.config.as_deref(),
                         &e.to_string(),
                         args.json,
@@ -107,7 +107,7 @@ fn main() -> ExitCode {
                 }
             };
             if args.check {
-                return ExitCode::from(agenshield_proxy::cmd::check::command(&cfg, args.json));
+                return ExitCode::from(agenshield_cli::cmd::check::command(&cfg, args.json));
             }
             let who = match privsep::worker_user(&cfg) {
                 Ok(who) => who,
@@ -179,7 +179,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Box<dyn std::er
                 format!(
                     "{e}: the installed config is for root and {} (pass --config FILE to use \
                      another)",
-                    agenshield_proxy::cmd::install::layout::ADMIN_GROUP
+                    agenshield_cli::cmd::install::layout::ADMIN_GROUP
                 )
                 .into()
             } else {

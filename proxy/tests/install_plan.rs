@@ -4,17 +4,17 @@
 
 use std::path::{Path, PathBuf};
 
-use agenshield_proxy::cmd::install::layout::{
+use agenshield_cli::cmd::install::layout::{
     Layout, Platform, BIN_PATH, LAUNCHD_PLIST, LAUNCHD_PLIST_PATH, SYSTEMD_UNIT, SYSTEMD_UNIT_PATH,
 };
-use agenshield_proxy::cmd::install::manifest::{Created, Manifest};
-use agenshield_proxy::cmd::install::observe::{
+use agenshield_cli::cmd::install::manifest::{Created, Manifest};
+use agenshield_cli::cmd::install::observe::{
     FirewallSeen, Observed, PathLink, PathState, TreeSize,
 };
-use agenshield_proxy::cmd::install::plan::{
+use agenshield_cli::cmd::install::plan::{
     plan_install, plan_uninstall, Action, Content, InstallInput, Plan, State,
 };
-use agenshield_proxy::cmd::install::{config_from_text, default_config_text, DEFAULT_POLICY};
+use agenshield_cli::cmd::install::{config_from_text, default_config_text, DEFAULT_POLICY};
 
 const EXE: &str = "/usr/local/bin/agenshield";
 
@@ -58,7 +58,7 @@ fn clean(systemd: bool) -> Observed {
 }
 
 fn sha(text: &str) -> String {
-    agenshield_proxy::cmd::install::observe::sha256_hex(text.as_bytes())
+    agenshield_cli::cmd::install::observe::sha256_hex(text.as_bytes())
 }
 
 /// The machine after `plan` ran: what each step would leave behind.
@@ -182,7 +182,7 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
         *g = 5202;
     }
     o.binary_current = true;
-    let manifest_file = PathBuf::from(agenshield_proxy::cmd::install::layout::MANIFEST_PATH);
+    let manifest_file = PathBuf::from(agenshield_cli::cmd::install::layout::MANIFEST_PATH);
     o.paths.insert(
         manifest_file,
         state(false, 0o600, "root", l.root_group, None),
@@ -199,7 +199,7 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
         },
     );
     o.sizes.insert(
-        PathBuf::from(agenshield_proxy::cmd::install::layout::LOG_DIR),
+        PathBuf::from(agenshield_cli::cmd::install::layout::LOG_DIR),
         TreeSize {
             files: 2,
             bytes: 3 << 20,
@@ -524,8 +524,8 @@ fn a_config_pointing_into_a_shared_system_directory_is_refused_not_taken_over() 
 /// unit tests and the compat suite instead).
 #[test]
 fn the_trust_files_install_writes_are_the_golden_ones() {
-    use agenshield_proxy::cmd::install::layout::{BlockKind, LAUNCHD_ENV_LABEL};
-    use agenshield_proxy::cmd::trust::files;
+    use agenshield_cli::cmd::install::layout::{BlockKind, LAUNCHD_ENV_LABEL};
+    use agenshield_cli::cmd::trust::files;
     let linux = layout(Platform::Linux);
     golden("trust-linux-profile.sh", &linux.block(BlockKind::Shell));
     golden(
@@ -576,7 +576,7 @@ fn the_trust_files_install_writes_are_the_golden_ones() {
 /// and a machine without pam-auth-update is told the PAM lines instead.
 #[test]
 fn the_system_store_and_pam_variants_of_the_plan() {
-    use agenshield_proxy::cmd::trust::system_store::SystemStore;
+    use agenshield_cli::cmd::trust::system_store::SystemStore;
     let mut with_store = input();
     with_store.trust_system_store = true;
     for (platform, store, name) in [
@@ -627,7 +627,7 @@ fn the_system_store_and_pam_variants_of_the_plan() {
 /// each resolver service gets.
 #[test]
 fn the_resolver_files_install_writes_are_the_golden_ones() {
-    use agenshield_proxy::cmd::install::resolvers::{dbus_policy, dropin, DBUS_POLICY_PATH};
+    use agenshield_cli::cmd::install::resolvers::{dbus_policy, dropin, DBUS_POLICY_PATH};
     let l = layout(Platform::Linux);
     golden(
         "install-dbus-resolver.conf",

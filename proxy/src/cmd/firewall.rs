@@ -4,8 +4,8 @@
 
 use crate::cli::FirewallAction;
 use crate::cmd::ctl::output::{self, ErrorCode};
-use crate::config::Config;
-use crate::daemon::firewall::{report, spec};
+use agenshield_proxy::config::Config;
+use agenshield_proxy::daemon::firewall::{report, spec};
 
 /// The config did not load: said on stderr and, with `--json`, as JSON on stdout (exit 2).
 pub fn config_error(message: &str, json: bool) -> u8 {
@@ -90,11 +90,12 @@ pub const NOT_INSTALLED: u8 = 3;
 /// Why this machine has no redirect to report on, if it has none: the agent user the config
 /// names does not exist and none of our rules are in place.
 fn not_installed(cfg: &Config, backend: &dyn agenshield_pf::Redirector) -> Option<String> {
-    let missing = match crate::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
-        Err(crate::daemon::firewall::FirewallError::NoSuchUser(name)) => name,
+    let missing = match agenshield_proxy::daemon::firewall::resolve_uids(&cfg.redirect.agent_users)
+    {
+        Err(agenshield_proxy::daemon::firewall::FirewallError::NoSuchUser(name)) => name,
         _ => return None,
     };
-    let probe = crate::daemon::firewall::presence_probe();
+    let probe = agenshield_proxy::daemon::firewall::presence_probe();
     match backend.status(&probe) {
         Ok(st) if st.state == agenshield_pf::FirewallState::Absent => Some(format!(
             "no agent user {missing} and no {} in place",
@@ -122,7 +123,7 @@ fn finish(outcome: Result<String, agenshield_pf::RedirectError>, json: bool) -> 
 /// be set.
 fn resolvers(cfg: &Config, open: bool, sockets: Vec<std::path::PathBuf>, json: bool) -> u8 {
     use crate::cmd::install::resolvers::{apply, socket_paths, Outcome};
-    let uids = match crate::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
+    let uids = match agenshield_proxy::daemon::firewall::resolve_uids(&cfg.redirect.agent_users) {
         Ok(u) => u,
         Err(e) => return output::error(ErrorCode::BadInput, &format!("firewall resolvers: {e}")),
     };

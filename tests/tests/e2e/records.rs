@@ -56,7 +56,7 @@ fn verify(d: &Daemon) {
 #[test]
 fn the_golden_audit_records_match_the_schema() {
     let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../proxy/tests/golden/audit-records.jsonl");
+        .join("../daemon/tests/golden/audit-records.jsonl");
     let lines = audit::lines(&golden);
     assert!(
         lines.len() >= 8,

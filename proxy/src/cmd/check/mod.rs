@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 /// One part's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -117,7 +117,7 @@ pub fn check(cfg: &Config) -> Report {
             (None, None) => "built-in defaults".into(),
         },
     )];
-    let worker = crate::daemon::privsep::worker_user(cfg);
+    let worker = agenshield_proxy::daemon::privsep::worker_user(cfg);
     parts.push(match &worker {
         Ok(Some(who)) => part(
             "worker",
@@ -132,7 +132,7 @@ pub fn check(cfg: &Config) -> Report {
         Err(e) => part("worker", Verdict::Failed, e.to_string()),
     });
     // What the one who starts does (a split daemon's supervisor): seed, bind, redirect.
-    let seeds = crate::daemon::seeds_default_policy(cfg);
+    let seeds = agenshield_proxy::daemon::seeds_default_policy(cfg);
     let runtime = match check_runtime() {
         Ok(rt) => rt,
         Err(failed) => {
@@ -178,7 +178,7 @@ pub fn check(cfg: &Config) -> Report {
     ));
     parts.push(worker::ca(&cfg.certs));
     parts.push(runtime.block_on(worker::upstream(cfg, &bound)));
-    parts.push(match crate::daemon::build::identities(cfg) {
+    parts.push(match agenshield_proxy::daemon::build::identities(cfg) {
         Ok(ids) => part(
             "access",
             Verdict::Ok,

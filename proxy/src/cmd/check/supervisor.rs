@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::{creatable, part, Part, Verdict};
-use crate::config::Config;
-use crate::daemon::listeners::{self, Role};
+use agenshield_proxy::config::Config;
+use agenshield_proxy::daemon::listeners::{self, Role};
 
 /// The daemon serving the admin socket now, and the addresses it listens on.
 pub(super) struct Running {
@@ -16,7 +16,7 @@ pub(super) struct Running {
 }
 
 pub(super) async fn running_daemon(socket: &Path) -> Option<Running> {
-    if !crate::control::admin::served(socket).await {
+    if !agenshield_proxy::control::admin::served(socket).await {
         return None;
     }
     let client = crate::cmd::ctl::client::Client::new(socket);
@@ -128,10 +128,12 @@ pub(super) fn redirect(cfg: &Config, bound: &BoundAddrs) -> Part {
             .map(|(_, a)| *a)
             .collect()
     };
-    let spec = match crate::daemon::firewall::spec(cfg, &of(Role::Transparent), &of(Role::Dns)) {
-        Ok(s) => s,
-        Err(e) => return part("redirect", Verdict::Failed, format!("firewall: {e}")),
-    };
+    let spec =
+        match agenshield_proxy::daemon::firewall::spec(cfg, &of(Role::Transparent), &of(Role::Dns))
+        {
+            Ok(s) => s,
+            Err(e) => return part("redirect", Verdict::Failed, format!("firewall: {e}")),
+        };
     let backend = agenshield_pf::platform_redirector();
     match backend.status(&spec) {
         Ok(st) => part(

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::supervisor::BoundAddrs;
 use super::{creatable, part, Part, Verdict};
-use crate::config::Config;
-use crate::daemon::build;
-use crate::policy::Policy;
+use agenshield_proxy::config::Config;
+use agenshield_proxy::daemon::build;
+use agenshield_proxy::policy::Policy;
 
 pub(super) fn audit(cfg: &Config) -> Part {
     let Some(path) = &cfg.audit_path else {
@@ -27,7 +27,7 @@ pub(super) fn audit(cfg: &Config) -> Part {
             format!("opening the audit log {}: {e}", path.display()),
         )
     };
-    match crate::audit::preflight(path) {
+    match agenshield_proxy::audit::preflight(path) {
         Ok(Some(bytes)) => part(
             "audit",
             Verdict::Ok,
@@ -47,17 +47,18 @@ pub(super) fn audit(cfg: &Config) -> Part {
 
 /// The secrets the store holds: `Ok(None)` when a file vault does not exist yet (created,
 /// empty, at start).
-pub(super) type VaultState = Result<Option<Arc<crate::secrets::Vault>>, String>;
+pub(super) type VaultState = Result<Option<Arc<agenshield_proxy::secrets::Vault>>, String>;
 
 pub(super) async fn vault(cfg: &Config) -> VaultState {
-    let store = crate::secrets::open_store(cfg, false).map_err(|e| format!("secrets: {e}"))?;
+    let store =
+        agenshield_proxy::secrets::open_store(cfg, false).map_err(|e| format!("secrets: {e}"))?;
     let Some(store) = store else {
         return match creatable(&cfg.vault) {
             Ok(()) => Ok(None),
             Err(e) => Err(format!("secrets: {}: {e}", cfg.vault.display())),
         };
     };
-    crate::secrets::Vault::open_with(store, build::reserved_values(cfg))
+    agenshield_proxy::secrets::Vault::open_with(store, build::reserved_values(cfg))
         .await
         .map(|v| Some(Arc::new(v)))
         .map_err(|e| format!("secrets: {e}"))
@@ -81,7 +82,7 @@ pub(super) fn policy(cfg: &Config, seeds: bool) -> Result<Loaded, String> {
     // What `run` writes there first, loaded as `run` loads it.
     let scratch = tempfile::tempdir().map_err(|e| format!("a scratch directory: {e}"))?;
     let dir = scratch.path().join("policies");
-    crate::daemon::seed_default_policy(&dir).map_err(|e| format!("{e:#}"))?;
+    agenshield_proxy::daemon::seed_default_policy(&dir).map_err(|e| format!("{e:#}"))?;
     let p = Policy::load_dir(&dir).map_err(|e| e.to_string())?;
     creatable(&cfg.policies).map_err(|e| format!("{}: {e}", cfg.policies.display()))?;
     let line = format!(
@@ -172,26 +173,29 @@ pub(super) fn ca(dir: &Path) -> Part {
         Err(e) => part(
             "CA",
             Verdict::Failed,
-            format!("CA: {}", crate::error_chain::chain(&e)),
+            format!("CA: {}", agenshield_proxy::error_chain::chain(&e)),
         ),
     }
 }
 
 pub(super) async fn upstream(cfg: &Config, bound: &BoundAddrs) -> Part {
-    let trust = match crate::upstream::trust::UpstreamTrust::load(&cfg.upstream.extra_ca) {
+    let trust = match agenshield_proxy::upstream::trust::UpstreamTrust::load(&cfg.upstream.extra_ca)
+    {
         Ok(t) => t,
         Err(e) => return part("upstream", Verdict::Failed, e.to_string()),
     };
     if let Err(e) = trust.client_config() {
         return part("upstream", Verdict::Failed, format!("{e:#}"));
     }
-    if let Err(e) = crate::upstream::resolve::Resolver::new(&cfg.resolver) {
+    if let Err(e) = agenshield_proxy::upstream::resolve::Resolver::new(&cfg.resolver) {
         return part("upstream", Verdict::Failed, format!("resolver: {e:#}"));
     }
     if let Some(proxy) = &cfg.upstream.proxy {
         let own = bound.iter().map(|(_, a)| *a).collect();
-        let guard =
-            crate::upstream::guard::AddressGuard::new(cfg.upstream.allow_private.clone(), own);
+        let guard = agenshield_proxy::upstream::guard::AddressGuard::new(
+            cfg.upstream.allow_private.clone(),
+            own,
+        );
         if let Err(e) = build::check_proxy(proxy, &guard) {
             return part("upstream", Verdict::Failed, e.to_string());
         }

@@ -17,8 +17,8 @@ use http::Method;
 pub use client::{Client, CtlError};
 
 use crate::cli::{AuditCommand, CtlArgs, CtlCommand, PendingCommand, PolicyCommand};
-use crate::config::Config;
-use crate::policy::Policy;
+use agenshield_proxy::config::Config;
+use agenshield_proxy::policy::Policy;
 
 pub const OK: u8 = 0;
 pub const FAILED: u8 = 1;
@@ -52,7 +52,11 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             agent,
             exit_code,
         }) => {
-            let agent = match agent.as_deref().map(crate::policy::agent_uid).transpose() {
+            let agent = match agent
+                .as_deref()
+                .map(agenshield_proxy::policy::agent_uid)
+                .transpose()
+            {
                 Ok(a) => a,
                 Err(e) => return output::bad_input(e),
             };
@@ -64,7 +68,11 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             agent,
             write,
         }) => {
-            let agent = match agent.as_deref().map(crate::policy::agent_uid).transpose() {
+            let agent = match agent
+                .as_deref()
+                .map(agenshield_proxy::policy::agent_uid)
+                .transpose()
+            {
                 Ok(a) => a,
                 Err(e) => return output::bad_input(e),
             };
@@ -204,7 +212,7 @@ async fn policy_check(
     let offline = |path: &Path| -> Result<serde_json::Value, u8> {
         let p = load_policy(path).map_err(|e| policy_error(&e))?;
         let denied = cfg.dns_answers.denied;
-        let r = crate::control::policy_check::check(&p, method, url, agent, denied)
+        let r = agenshield_proxy::control::policy_check::check(&p, method, url, agent, denied)
             .map_err(output::bad_input)?;
         Ok(serde_json::to_value(&r).unwrap_or_default())
     };
@@ -242,16 +250,16 @@ async fn policy_check(
 }
 
 /// A policy directory, or a single policy file.
-fn load_policy(path: &Path) -> Result<Policy, crate::policy::PolicyError> {
+fn load_policy(path: &Path) -> Result<Policy, agenshield_proxy::policy::PolicyError> {
     if path.is_dir() {
         Policy::load_dir(path)
     } else {
-        crate::policy::load_files(&[path.to_path_buf()])
+        agenshield_proxy::policy::load_files(&[path.to_path_buf()])
     }
 }
 
 fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
-    use crate::audit::verify::{rotation_set, verify};
+    use agenshield_proxy::audit::verify::{rotation_set, verify};
     let files = if files.is_empty() {
         match &cfg.audit_path {
             Some(live) => rotation_set(live, cfg.audit.keep),
@@ -321,7 +329,7 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
     } else if let [dir] = files {
         load_policy(dir).map(|p| (dir.display().to_string(), p))
     } else {
-        crate::policy::load_files(files).map(|p| (format!("{} file(s)", files.len()), p))
+        agenshield_proxy::policy::load_files(files).map(|p| (format!("{} file(s)", files.len()), p))
     };
     // Secret references are checked against the vault when it can be read from here.
     let result = result.and_then(|(what, p)| {
@@ -363,7 +371,7 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
 
 /// A policy that does not load: its message as the linter prints it, and under `--json` the
 /// file, line and column it points at.
-fn policy_error(e: &crate::policy::PolicyError) -> u8 {
+fn policy_error(e: &agenshield_proxy::policy::PolicyError) -> u8 {
     let at = e.location().map(|l| output::Place {
         file: Some(l.file.clone()),
         line: l.position.map(|p| p.0),
@@ -379,9 +387,11 @@ fn policy_error(e: &crate::policy::PolicyError) -> u8 {
 /// The secrets the configured store holds, if this process can see them.
 pub(crate) fn secret_names(cfg: &Config) -> Result<Vec<String>, String> {
     match cfg.secrets.store {
-        crate::config::SecretStoreKind::File => crate::secrets::FileStore::names_in(&cfg.vault)
-            .map_err(|e| format!("cannot read the vault {}: {e}", cfg.vault.display())),
-        crate::config::SecretStoreKind::Keychain => {
+        agenshield_proxy::config::SecretStoreKind::File => {
+            agenshield_proxy::secrets::FileStore::names_in(&cfg.vault)
+                .map_err(|e| format!("cannot read the vault {}: {e}", cfg.vault.display()))
+        }
+        agenshield_proxy::config::SecretStoreKind::Keychain => {
             Err("the keychain is only read by the daemon (see `ctl secrets list`)".into())
         }
     }

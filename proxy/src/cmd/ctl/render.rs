@@ -235,7 +235,9 @@ pub(super) fn check(v: &Value) -> String {
             format!("answer        {answered}"),
             format!(
                 "rule          {}",
-                v["rule_id"].as_str().unwrap_or(crate::record::NO_RULE)
+                v["rule_id"]
+                    .as_str()
+                    .unwrap_or(agenshield_proxy::record::NO_RULE)
             ),
             format!("explanation   {}{hint}", s(&v["explanation"])),
             format!("policy        {}", s(&v["policy_hash"])),
@@ -262,7 +264,9 @@ pub(super) fn check(v: &Value) -> String {
         ),
         format!(
             "rule          {}",
-            v["rule_id"].as_str().unwrap_or(crate::record::NO_RULE)
+            v["rule_id"]
+                .as_str()
+                .unwrap_or(agenshield_proxy::record::NO_RULE)
         ),
         format!("explanation   {}{hint}", s(&v["explanation"])),
     ];
@@ -394,7 +398,9 @@ pub(super) fn event(v: &Value) -> String {
         Some(h) => format!("{h}:{}", v["port"]),
         None => "-".into(),
     };
-    let rule = v["rule"].as_str().unwrap_or(crate::record::NO_RULE);
+    let rule = v["rule"]
+        .as_str()
+        .unwrap_or(agenshield_proxy::record::NO_RULE);
     let error = v["error_code"]
         .as_str()
         .map(|c| format!(" error={c}"))

@@ -10,9 +10,9 @@ use zeroize::Zeroizing;
 use super::client::{read_json, Client, CtlError};
 use super::{fail, output, print, FAILED};
 use crate::cli::{ClientAuthArg, SecretsCommand};
-use crate::secrets::fetch::provider::{ClientAuth, ProviderSpec};
-use crate::secrets::store::value::MAX_VALUE_LEN;
-use crate::secrets::{SecretName, SecretValue};
+use agenshield_proxy::secrets::fetch::provider::{ClientAuth, ProviderSpec};
+use agenshield_proxy::secrets::store::value::MAX_VALUE_LEN;
+use agenshield_proxy::secrets::{SecretName, SecretValue};
 
 pub(super) async fn run(client: &Client, cmd: SecretsCommand, json: bool) -> u8 {
     match cmd {
@@ -239,8 +239,8 @@ fn read_value(name: &SecretName, what: &str) -> Result<Zeroizing<Vec<u8>>, Strin
         .map_err(|e| format!("reading the value from stdin: {e}"))?;
     if buf.len() == cap {
         // Too long to keep: say how long it is, not how much was read.
-        let len = crate::secrets::store::value::full_len(&buf, &mut stdin);
-        return Err(crate::secrets::store::value::too_long(len));
+        let len = agenshield_proxy::secrets::store::value::full_len(&buf, &mut stdin);
+        return Err(agenshield_proxy::secrets::store::value::too_long(len));
     }
     if buf.last() == Some(&b'\n') {
         buf.pop();

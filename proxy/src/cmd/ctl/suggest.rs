@@ -53,7 +53,7 @@ pub(super) fn run(cfg: &Config, ask: Ask) -> u8 {
             return output::bad_input(why);
         }
     }
-    let files = crate::audit::verify::rotation_set(live, cfg.audit.keep);
+    let files = agenshield_proxy::audit::verify::rotation_set(live, cfg.audit.keep);
     let cutoff = ask.since.map(|d| OffsetDateTime::now_utc() - d);
     let mut records = Vec::new();
     for f in &files {
@@ -82,10 +82,11 @@ pub(super) fn run(cfg: &Config, ask: Ask) -> u8 {
         .collect();
     let text = draft(&picked, &ask, cutoff);
     // The draft must load as it is (and lint clean) before anyone sees it.
-    let check = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
-        name: "suggested.toml".into(),
-        text: text.clone(),
-    }]);
+    let check =
+        agenshield_proxy::policy::Policy::from_sources(&[agenshield_proxy::policy::PolicySource {
+            name: "suggested.toml".into(),
+            text: text.clone(),
+        }]);
     if let Err(e) = check {
         return output::failed(format!("the draft does not load, which is a bug: {e}"));
     }
@@ -130,9 +131,10 @@ fn learnable(r: &serde_json::Value) -> bool {
 /// The explicit deny rule that refused `r` (not the policy's default): an allow rule drafted
 /// for it would work against that rule, so it is named instead.
 fn denied_by_rule(r: &serde_json::Value) -> Option<&str> {
-    r["rule"]
-        .as_str()
-        .filter(|rule| *rule != crate::policy::DEFAULT_RULE && *rule != crate::record::NO_RULE)
+    r["rule"].as_str().filter(|rule| {
+        *rule != agenshield_proxy::policy::DEFAULT_RULE
+            && *rule != agenshield_proxy::record::NO_RULE
+    })
 }
 
 /// Not a file the daemon would load: not in the policy directory, not already there.
@@ -259,7 +261,7 @@ fn draft(picked: &[&serde_json::Value], ask: &Ask, cutoff: Option<OffsetDateTime
                     '-'
                 }
             })
-            .take(crate::policy::MAX_RULE_ID_LEN)
+            .take(agenshield_proxy::policy::MAX_RULE_ID_LEN)
             .collect();
         while !ids.insert(id.clone()) {
             id.push('-');
@@ -377,10 +379,12 @@ mod tests {
         let text = draft(&picked, &ask, None);
         assert!(text.contains("hosts = [\"api.test\"]\nschemes = [\"https\"]\nports = [443]\nmethods = [\"GET\", \"POST\"]   # GET 2, POST 1\npaths = [\"/repos/**\", \"/user\"]   # /repos/** 2, /user 1\nagents = [1001]\naction = \"allow\""), "{text}");
         assert!(text.contains("id = \"suggested:tcp:db.test\"\nhosts = [\"db.test\"]\nschemes = [\"tcp\"]\nports = [5432]"), "{text}");
-        let p = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
-            name: "s.toml".into(),
-            text,
-        }]);
+        let p = agenshield_proxy::policy::Policy::from_sources(&[
+            agenshield_proxy::policy::PolicySource {
+                name: "s.toml".into(),
+                text,
+            },
+        ]);
         assert!(p.is_ok(), "{p:?}");
     }
 
@@ -440,10 +444,12 @@ mod tests {
             text.contains("#   paste.test denied by rule no-paste (2 decision(s))"),
             "{text}"
         );
-        let p = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
-            name: "s.toml".into(),
-            text,
-        }]);
+        let p = agenshield_proxy::policy::Policy::from_sources(&[
+            agenshield_proxy::policy::PolicySource {
+                name: "s.toml".into(),
+                text,
+            },
+        ]);
         assert!(p.is_ok(), "{p:?}");
     }
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::cli::DoctorArgs;
 use crate::cmd::install::layout::{AGENT_ENV_FILE, BUNDLE_FILE, TRUSTSTORE_FILE};
-use crate::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
 use agent::Agent;
 use agent_access::Access;
 use contexts::{Context, ContextKind};
@@ -99,7 +99,8 @@ fn not_installed(cfg: &Config) -> Option<String> {
 fn diagnose(cfg: &Config, since: Duration) -> Report {
     // The agent may not read the installed config: it runs on the installed defaults, which
     // say nothing of the redirect.
-    let unreadable = cfg.source.is_none() && crate::config::installed_config_unreadable();
+    let unreadable =
+        cfg.source.is_none() && agenshield_proxy::config::installed_config_unreadable();
     let mut out = vec![Finding::ok(
         Area::Config,
         "config",
@@ -181,7 +182,7 @@ fn diagnose(cfg: &Config, since: Duration) -> Report {
 
     let scan = match &cfg.audit_path {
         Some(live) => rejected::scan(
-            &crate::audit::verify::rotation_set(live, cfg.audit.keep),
+            &agenshield_proxy::audit::verify::rotation_set(live, cfg.audit.keep),
             since,
             SystemTime::now(),
         ),

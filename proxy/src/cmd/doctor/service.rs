@@ -8,8 +8,8 @@ use crate::cmd::ctl::client::{Client, CtlError};
 use crate::cmd::install::layout::{
     Platform, LAUNCHD_LABEL, SYSTEMD_RUNNING_MARKER, SYSTEMD_UNIT_NAME,
 };
-use crate::config::Config;
-use crate::daemon::firewall::{report, spec};
+use agenshield_proxy::config::Config;
+use agenshield_proxy::daemon::firewall::{report, spec};
 
 /// The daemon's `/v1/status`, or why there is none.
 pub type DaemonStatus = Result<serde_json::Value, CtlError>;

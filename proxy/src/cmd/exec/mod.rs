@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cmd::trust::{self, AgentTrust};
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 /// The proxy variables set for the command.
 pub const PROXY_VARS: [&str; 6] = [

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use super::ExecError;
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 pub(super) struct Sandbox(agenshield_pf::sandbox::landlock::ProxyOnly);
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use super::{protected_paths, ExecError};
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 pub(super) struct Sandbox(String);
 

@@ -12,7 +12,7 @@ use super::layout::MANIFEST_PATH;
 use super::manifest::{Created, Manifest};
 use super::observe::sha256_hex;
 use super::plan::{Action, Content, Meta, Plan, State};
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -221,7 +221,7 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
         }
         Action::FirewallUp { config } => {
             let cfg = Config::load(config).map_err(|e| ApplyError::Failed(e.to_string()))?;
-            let spec = crate::daemon::firewall::spec(&cfg, &cfg.transparent, &cfg.dns)
+            let spec = agenshield_proxy::daemon::firewall::spec(&cfg, &cfg.transparent, &cfg.dns)
                 .map_err(|e| ApplyError::Failed(e.to_string()))?;
             agenshield_pf::platform_redirector()
                 .apply(&spec)

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::config::{AgentUser, Config, DEFAULT_CONFIG_PATH};
 
 /// The operating system an installation is planned for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub const AGENT_PROFILE_PATH: &str = "/opt/agenshield/agent.sb";
 pub const AGENT_UID: u32 = 5200;
 pub const BROKER_USER: &str = "ash_default_broker";
 pub const BROKER_UID: u32 = 5201;
-pub const ADMIN_GROUP: &str = crate::control::admin::ADMIN_GROUP;
+pub const ADMIN_GROUP: &str = agenshield_proxy::control::admin::ADMIN_GROUP;
 pub const ADMIN_GID: u32 = 5202;
 
 pub const SYSTEMD_UNIT_NAME: &str = "agenshield-proxy.service";

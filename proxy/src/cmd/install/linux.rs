@@ -2,7 +2,7 @@
 //! argument vectors here, so the plan renders and tests anywhere.
 
 use super::layout::{Account, BIN_PATH, SYSTEMD_UNIT_NAME};
-use crate::config::DEFAULT_CONFIG_PATH;
+use agenshield_proxy::config::DEFAULT_CONFIG_PATH;
 
 fn argv(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()

@@ -38,7 +38,7 @@ impl From<UninstallArgs> for InstallArgs {
         }
     }
 }
-use crate::config::{Config, DEFAULT_CONFIG_PATH};
+use agenshield_proxy::config::{Config, DEFAULT_CONFIG_PATH};
 use layout::{Layout, Platform, MANIFEST_PATH};
 use manifest::Manifest;
 use plan::InstallInput;
@@ -313,12 +313,17 @@ mod tests {
         );
         assert_eq!(
             cfg.worker_user,
-            Some(crate::config::AgentUser::Name("ash_default_broker".into())),
+            Some(agenshield_proxy::config::AgentUser::Name(
+                "ash_default_broker".into()
+            )),
             "the example's worker_user line was not found"
         );
         assert_eq!(cfg.policies, Path::new("/opt/agenshield/policies"));
         assert_eq!(cfg.certs, Path::new("/opt/agenshield/certs"));
-        assert_eq!(cfg.admin, Path::new(crate::config::DEFAULT_ADMIN_SOCKET));
+        assert_eq!(
+            cfg.admin,
+            Path::new(agenshield_proxy::config::DEFAULT_ADMIN_SOCKET)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use super::layout::{Layout, Platform, ADMIN_GID, ADMIN_GROUP, BIN_PATH, SYSTEMD_RUNNING_MARKER};
 use super::manifest::Manifest;
-use crate::config::Config;
+use agenshield_proxy::config::Config;
 
 /// A file or directory as found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,9 +376,9 @@ fn path_link(p: &Path) -> PathLink {
 
 fn firewall_seen(cfg: &Config, agent_exists: bool) -> FirewallSeen {
     let backend = agenshield_pf::platform_redirector();
-    let probe = crate::daemon::firewall::presence_probe();
+    let probe = agenshield_proxy::daemon::firewall::presence_probe();
     let spec = if agent_exists {
-        crate::daemon::firewall::spec(cfg, &cfg.transparent, &cfg.dns).ok()
+        agenshield_proxy::daemon::firewall::spec(cfg, &cfg.transparent, &cfg.dns).ok()
     } else {
         None
     };

@@ -1,0 +1,265 @@
+//! Building the data path's shared state from the config: audit log, secrets, policy, CA and
+//! leaf cache, upstream trust, resolver, guard, dialer and pooled clients.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use agenshield_certs::{Ca, CaOrigin, LeafCache, LeafConfig};
+use anyhow::Context;
+
+use super::BadInput;
+use crate::admission::Identities;
+use crate::approvals::Approvals;
+use crate::audit::Audit;
+use crate::config::{Config, NameOrId};
+use crate::control::admin::{self, AdminAuth};
+use crate::daemon::firewall;
+use crate::metrics::Metrics;
+use crate::policy::PolicyStore;
+use crate::proxy::{Proxy, ProxyParts};
+use crate::secrets::Vault;
+use crate::upstream::client::Forwarder;
+use crate::upstream::dial::Dialer;
+use crate::upstream::guard::AddressGuard;
+use crate::upstream::guard::Forbidden;
+use crate::upstream::resolve::Resolver;
+use crate::upstream::trust::UpstreamTrust;
+
+/// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
+pub(super) async fn build_proxy(
+    cfg: &Config,
+    own: Vec<SocketAddr>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Proxy> {
+    let audit = match &cfg.audit_path {
+        Some(path) => Some(
+            Audit::open(path, &cfg.audit, metrics.audit.clone())
+                .with_context(|| format!("opening the audit log {}", path.display()))?,
+        ),
+        None => {
+            tracing::warn!("audit log is off (audit.enabled = false)");
+            None
+        }
+    };
+    let store = crate::secrets::open_store(cfg, true)
+        .map_err(|e| BadInput(format!("secrets: {e}")))?
+        .context("the secret store was not created")?;
+    let vault = Arc::new(
+        Vault::open_with(store, reserved_values(cfg))
+            .await
+            .map_err(|e| BadInput(format!("secrets: {e}")))?,
+    );
+    tracing::info!(
+        store = vault.describe().as_str(),
+        secrets = vault.current().len(),
+        "secrets loaded"
+    );
+    let known = vault.clone();
+    let policies = PolicyStore::load(&cfg.policies, Arc::new(move |n: &str| known.contains(n)))
+        .map_err(|e| BadInput(format!("policy: {e}")))?;
+    let policy = policies.current();
+    tracing::info!(
+        dir = ?cfg.policies,
+        hash = policy.hash(),
+        rules = policy.rule_count(),
+        "policy loaded"
+    );
+    let (ca, origin) = Ca::load_or_create(&cfg.certs)
+        .map_err(|e| BadInput(format!("CA: {}", crate::error_chain::chain(&e))))?;
+    let verb = match origin {
+        CaOrigin::Created => "created",
+        CaOrigin::Loaded => "loaded",
+    };
+    println!(
+        "agenshield: CA {verb}: {} (SHA-256 {})",
+        cfg.certs.join("ca.pem").display(),
+        ca.fingerprint_sha256()
+    );
+    let leaves = LeafCache::new(
+        Arc::new(ca),
+        LeafConfig {
+            validity: cfg.tls.leaf_validity,
+            cache_capacity: cfg.tls.leaf_cache_capacity,
+            cache_ttl: cfg.tls.leaf_cache_ttl,
+        },
+    );
+    let trust = UpstreamTrust::load(&cfg.upstream.extra_ca).map_err(|e| BadInput(e.to_string()))?;
+    tracing::info!(
+        system = trust.system_roots,
+        extra = trust.extra_roots,
+        "upstream trust roots loaded"
+    );
+    let resolver = Resolver::new(&cfg.resolver)?;
+    let guard = AddressGuard::new(cfg.upstream.allow_private.clone(), own);
+    if let Some(proxy) = &cfg.upstream.proxy {
+        check_proxy(proxy, &guard)?;
+        tracing::info!(%proxy, "upstream connections go through the operator's proxy");
+    }
+    let dialer = Arc::new(Dialer::new(
+        resolver,
+        guard,
+        cfg.limits.upstream_connect_timeout,
+        metrics.upstream.connect.clone(),
+        cfg.upstream.proxy.clone(),
+    ));
+    let forwarder = Forwarder::new(
+        dialer.clone(),
+        trust.client_config()?,
+        &cfg.limits,
+        metrics.upstream.retries.clone(),
+    );
+    vault.set_token_client(Arc::new(forwarder.clone()));
+    let dns_metrics =
+        crate::dns_state::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
+    Ok(Proxy::new(ProxyParts {
+        vault,
+        dns_metrics,
+        metrics,
+        audit,
+        audit_query_values: cfg.audit.query_values == crate::config::QueryValues::Keep,
+        scan_body_bytes: cfg.secrets.scan_body_bytes,
+        policies,
+        leaves,
+        dialer,
+        forwarder,
+        limits: cfg.limits.clone(),
+        approvals: Approvals::new(cfg.approvals.timeout),
+        upgrades: cfg.upstream.upgrades.clone(),
+        identities: identities(cfg)?,
+        denied_names: cfg.dns_answers.denied,
+    }))
+}
+
+/// Who may use which listener (see `conn::identity`): agent users, the explicit listener's
+/// extra users and groups, resolved now. An agent user that does not exist is no agent (said
+/// at start); an extra user or group that does not exist stops the start, with its name.
+pub fn identities(cfg: &Config) -> anyhow::Result<Identities> {
+    let mut agents = Vec::new();
+    for u in &cfg.redirect.agent_users {
+        match firewall::resolve_uids(std::slice::from_ref(u)) {
+            Ok(uids) => agents.extend(uids),
+            Err(e) => tracing::warn!("redirect.agent_users: {u} is not admitted as an agent: {e}"),
+        }
+    }
+    agents.sort_unstable();
+    agents.dedup();
+    if cfg.testing.every_uid_is_agent {
+        tracing::warn!("TESTING: every local uid counts as an agent user's");
+    }
+    let user = |u: &NameOrId| match u {
+        NameOrId::Id(uid) => Ok(*uid),
+        NameOrId::Name(name) => match nix::unistd::User::from_name(name) {
+            Ok(Some(user)) => Ok(user.uid.as_raw()),
+            Ok(None) => Err(BadInput(format!("listen.explicit_users: no user {name:?}"))),
+            Err(e) => Err(BadInput(format!(
+                "listen.explicit_users: looking up {name:?}: {e}"
+            ))),
+        },
+    };
+    let group = |g: &NameOrId| match g {
+        NameOrId::Id(gid) => Ok(*gid),
+        NameOrId::Name(name) => match nix::unistd::Group::from_name(name) {
+            Ok(Some(group)) => Ok(group.gid.as_raw()),
+            Ok(None) => Err(BadInput(format!(
+                "listen.explicit_groups: no group {name:?}"
+            ))),
+            Err(e) => Err(BadInput(format!(
+                "listen.explicit_groups: looking up {name:?}: {e}"
+            ))),
+        },
+    };
+    Ok(Identities {
+        agents,
+        every_uid_is_agent: cfg.testing.every_uid_is_agent,
+        own_uid: nix::unistd::geteuid().as_raw(),
+        admin_gid: nix::unistd::Group::from_name(admin::ADMIN_GROUP)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+        explicit_uids: cfg
+            .explicit_users
+            .iter()
+            .map(user)
+            .collect::<Result<_, _>>()?,
+        explicit_gids: cfg
+            .explicit_groups
+            .iter()
+            .map(group)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Who may use the admin socket: root, our own uid, the admin group; never an agent.
+pub(super) fn admin_auth(cfg: &Config) -> AdminAuth {
+    let agent_uids = cfg
+        .redirect
+        .agent_users
+        .iter()
+        .filter_map(|u| match firewall::resolve_uids(std::slice::from_ref(u)) {
+            Ok(uids) => uids.first().copied(),
+            Err(e) => {
+                tracing::debug!("admin socket: agent user {u} not refused by uid: {e}");
+                None
+            }
+        })
+        .collect();
+    AdminAuth {
+        own_uid: nix::unistd::geteuid().as_raw(),
+        admin_gid: nix::unistd::Group::from_name(admin::ADMIN_GROUP)
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw()),
+        agent_uids,
+    }
+}
+
+/// Text the daemon holds that must never reach the agent or a log, redacted like the
+/// store's secrets: the upstream proxy's `user:password` and password (a corporate proxy
+/// that reflects our `Proxy-Authorization`, in a TRACE or an error page, would otherwise hand
+/// it to the agent). A part too short to be told from ordinary text (under 8 bytes) or not
+/// printable ASCII is left out, with a warning.
+pub fn reserved_values(
+    cfg: &Config,
+) -> Vec<(crate::secrets::SecretName, Arc<crate::secrets::SecretValue>)> {
+    let Some(proxy) = &cfg.upstream.proxy else {
+        return Vec::new();
+    };
+    let names = ["upstream.proxy", "upstream.proxy.password"];
+    let mut out = Vec::new();
+    for (name, text) in names.into_iter().zip(proxy.credential_texts()) {
+        match crate::secrets::SecretValue::new(text.into_bytes()) {
+            Ok(v) => out.push((crate::secrets::SecretName::reserved(name), Arc::new(v))),
+            Err(_) => tracing::warn!(
+                part = name,
+                "the upstream proxy's credential is too short or not printable ASCII to be \
+                 redacted on its own"
+            ),
+        }
+    }
+    out
+}
+
+/// An upstream proxy given as an address the guard forbids is refused at start, with the fix;
+/// one given by name is guarded each time it is dialed.
+pub fn check_proxy(
+    proxy: &crate::config::UpstreamProxy,
+    guard: &AddressGuard,
+) -> anyhow::Result<()> {
+    let Ok(ip) = proxy.host.parse::<std::net::IpAddr>() else {
+        return Ok(());
+    };
+    let addr = std::net::SocketAddr::new(ip, proxy.port);
+    match guard.check(addr) {
+        Ok(()) => Ok(()),
+        Err(reason @ Forbidden::OwnListener) => Err(BadInput(format!(
+            "upstream.proxy: {addr} is {reason}: traffic would loop"
+        ))
+        .into()),
+        Err(reason) => Err(BadInput(format!(
+            "upstream.proxy: {addr} is a {reason}, which the private-address guard refuses; \
+             allow it with upstream.allow_private = [\"{ip}/{}\"]",
+            if ip.is_ipv4() { 32 } else { 128 }
+        ))
+        .into()),
+    }
+}
