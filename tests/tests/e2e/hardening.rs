@@ -3,7 +3,9 @@
 //! refusal is a JSON body and a record; nothing refused reaches the upstream.
 
 use agenshield_e2e::audit;
-use agenshield_e2e::curl::{curl, CurlOut};
+#[cfg(target_os = "linux")]
+use agenshield_e2e::curl::curl;
+use agenshield_e2e::curl::CurlOut;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
 use agenshield_e2e::upstream::{echo_server, UpstreamOptions};
 use agenshield_e2e::world::{ApiUpstream, World};
