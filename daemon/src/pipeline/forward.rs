@@ -90,7 +90,7 @@ pub(super) fn respond(
             let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
             if guard.is_some() {
                 crate::secrets::rewrite::websocket::check_accepted(resp.headers())
-                    .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?;
+                    .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?;
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
             ctx.on_recorded = Some(tx);
@@ -108,7 +108,7 @@ pub(super) fn respond(
     let resp = match &ctx.secrets {
         Some(phase) => phase
             .response(resp, ctx.method == http::Method::HEAD)
-            .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why))?,
+            .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?,
         None => resp,
     };
     Ok(match ctx.permit.take() {

@@ -18,7 +18,7 @@ use crate::body::counted::CountedBody;
 use crate::body::ProxyBody;
 use crate::policy::{Scheme, SecretBindings};
 use crate::record::ErrorCode;
-use crate::secrets::guard::redact::{self, Mode};
+use crate::secrets::guard::redact::{self, EncodedResponse, Mode};
 use crate::secrets::guard::scan::inspect_head;
 use crate::secrets::guard::scan_body::ScannedBody;
 use crate::secrets::rewrite::inject::{self, Url};
@@ -334,7 +334,7 @@ impl SecretPhase {
         &self,
         resp: Response<ProxyBody>,
         head_only: bool,
-    ) -> Result<Response<ProxyBody>, String> {
+    ) -> Result<Response<ProxyBody>, EncodedResponse> {
         let mode = if self.binds() {
             Mode::Replace
         } else {
@@ -342,7 +342,7 @@ impl SecretPhase {
         };
         // Under a `sigv4` rule, credentials an AWS API hands out never reach the agent.
         let aws_fields = self.bindings.as_ref().is_some_and(|b| b.sigv4.is_some());
-        redact::response(&self.set, mode, aws_fields, resp, head_only).map_err(|e| e.to_string())
+        redact::response(&self.set, mode, aws_fields, resp, head_only)
     }
 
     /// Why the body guard refused the request body, if it did.

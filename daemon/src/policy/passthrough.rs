@@ -44,14 +44,13 @@ impl Policy {
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::{Policy, PolicySource};
+    use crate::policy::{Policy, PolicyError, PolicySource};
 
-    fn policy(text: &str) -> Result<Policy, String> {
+    fn policy(text: &str) -> Result<Policy, PolicyError> {
         Policy::from_sources(&[PolicySource {
             name: "t.toml".into(),
             text: format!("version = 1\n{text}"),
         }])
-        .map_err(|e| e.to_string())
     }
 
     const PINNED: &str = r#"
@@ -132,15 +131,19 @@ action = "allow"
                 "schemes may only be [\"https\"]",
             ),
         ] {
-            let e = rule(extra).expect_err(extra);
+            let e = rule(extra).expect_err(extra).to_string();
             assert!(e.contains(want), "{extra}: {e}");
         }
         let e = policy("[[rule]]\nid = \"d\"\nhosts = [\"d.test\"]\naction = \"deny\"\ntls = \"passthrough\"\n")
-            .expect_err("deny");
+            .expect_err("deny")
+            .to_string();
         assert!(e.contains("only to \"allow\" rules"), "{e}");
         let e = rule("").and_then(|_| {
             policy("[[rule]]\nid = \"x\"\nhosts = [\"x.test\"]\naction = \"allow\"\ntls = \"splice\"\n")
         });
-        assert!(e.expect_err("unknown").contains("unknown tls \"splice\""));
+        assert!(e
+            .expect_err("unknown")
+            .to_string()
+            .contains("unknown tls \"splice\""));
     }
 }

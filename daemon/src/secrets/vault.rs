@@ -17,7 +17,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::secrets::fetch::oauth::TokenClient;
-use crate::secrets::fetch::provider::{ProviderSpec, SecretKind};
+use crate::secrets::fetch::provider::{ProviderSpec, SecretKind, SpecError};
+use crate::secrets::fetch::FetchError;
 use crate::secrets::set::{Secret, SecretSet};
 use crate::secrets::store::{SecretStore, StoreError};
 use crate::secrets::{Place, SecretRefusal, Violation};
@@ -148,7 +149,7 @@ impl Vault {
                     Err(why) => {
                         return Err(StoreError::BadValue {
                             name: s.name.to_string(),
-                            why,
+                            why: why.to_string(),
                         })
                     }
                     Ok(None) => v,
@@ -363,7 +364,7 @@ impl Vault {
                     tracing::info!(secret = %name, kind = p.spec.kind().as_str(), "secret fetched");
                 }
                 Err(e) => {
-                    let e = self.current().redact(&e).into_owned();
+                    let e = self.current().redact(&e.to_string()).into_owned();
                     let wait = p.failed();
                     tracing::error!(secret = %name, kind = p.spec.kind().as_str(), "fetching the secret failed (not tried again for {}): {e}", humantime::format_duration(wait));
                     return Err(unavailable(name, p));
@@ -374,22 +375,24 @@ impl Vault {
     }
 
     /// Fetches a value and how long it is good for; the failure is noted on the provider.
-    async fn fetch(&self, p: &Provider) -> Result<(SecretValue, std::time::Duration), String> {
+    async fn fetch(&self, p: &Provider) -> Result<(SecretValue, std::time::Duration), FetchError> {
         let got = match &p.spec {
             ProviderSpec::Command { command, .. } => {
                 crate::secrets::fetch::command::run(command, p.spec.timeout())
                     .await
                     .map(|v| (v, p.spec.ttl()))
-                    .map_err(|e| e.to_string())
+                    .map_err(FetchError::Command)
             }
             ProviderSpec::Oauth2 { .. } => match self.token_client.get() {
-                Some(client) => crate::secrets::fetch::oauth::fetch(&p.spec, client.as_ref()).await,
-                None => Err("no upstream client to fetch the token with".into()),
+                Some(client) => crate::secrets::fetch::oauth::fetch(&p.spec, client.as_ref())
+                    .await
+                    .map_err(FetchError::Token),
+                None => Err(FetchError::NoTokenClient),
             },
         };
         if let Ok(mut st) = p.state.lock() {
             st.fetches += 1;
-            st.error = got.as_ref().err().cloned();
+            st.error = got.as_ref().err().map(ToString::to_string);
         }
         got
     }
@@ -408,9 +411,9 @@ impl Vault {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProviderError {
     #[error("{0}")]
-    Invalid(String),
+    Invalid(SpecError),
     #[error("fetching it failed: {0}")]
-    Fetch(String),
+    Fetch(FetchError),
     #[error("{0}")]
     Store(StoreError),
 }

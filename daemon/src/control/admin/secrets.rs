@@ -154,7 +154,7 @@ async fn set_provider(
             return error(StatusCode::BAD_REQUEST, format!("secret {name}: {e}"))
         }
         Err(ProviderError::Fetch(e)) => {
-            let e = vault.current().redact(&e).into_owned();
+            let e = vault.current().redact(&e.to_string()).into_owned();
             tracing::warn!(uid, secret = %name, "a fetched secret was refused: its first fetch failed: {e}");
             return error(
                 StatusCode::BAD_GATEWAY,

@@ -112,7 +112,7 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<SecretValue,
             out.pop();
         }
     }
-    SecretValue::new(out.to_vec()).map_err(CommandFailure::BadOutput)
+    SecretValue::new(out.to_vec()).map_err(|e| CommandFailure::BadOutput(e.to_string()))
 }
 
 /// Up to `cap` bytes (the rest is read and dropped, so the writer never blocks), and how

@@ -9,4 +9,16 @@
 pub(crate) mod command;
 pub(crate) mod oauth;
 pub mod provider;
-mod token_client;
+pub(crate) mod token_client;
+
+/// Why a fetched secret's value could not be had. The text may hold what the command wrote
+/// to its standard error or what the token endpoint said: redact it before it is shown.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    #[error("{0}")]
+    Command(#[from] command::CommandFailure),
+    #[error("{0}")]
+    Token(#[from] oauth::TokenError),
+    #[error("no upstream client to fetch the token with")]
+    NoTokenClient,
+}

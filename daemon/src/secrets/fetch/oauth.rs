@@ -11,7 +11,8 @@ use http::HeaderValue;
 use zeroize::Zeroizing;
 
 use crate::secrets::fetch::provider::{ClientAuth, ProviderSpec};
-use crate::secrets::store::value::SecretValue;
+use crate::secrets::fetch::token_client::TokenRequestError;
+use crate::secrets::store::value::{InvalidSecretValue, SecretValue};
 
 /// How much before the endpoint's expiry a token is fetched again.
 const MARGIN: Duration = Duration::from_secs(60);
@@ -27,7 +28,37 @@ pub(crate) trait TokenClient: Send + Sync {
         authorization: Option<HeaderValue>,
         form: Zeroizing<String>,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<(http::StatusCode, Bytes), String>>;
+    ) -> BoxFuture<'a, Result<(http::StatusCode, Bytes), TokenRequestError>>;
+}
+
+/// Why no access token was had. Carries the endpoint's status and its OAuth `error` and
+/// `error_description` (at most 200 characters), never the client secret or a token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenError {
+    #[error("not an OAuth2 secret")]
+    NotOauth2,
+    #[error("the client credentials do not fit a header")]
+    CredentialsUnfit,
+    #[error("{0}")]
+    Request(#[from] TokenRequestError),
+    #[error("the token endpoint answered {status}: {error}{}", described(.description))]
+    Refused {
+        status: http::StatusCode,
+        error: String,
+        description: String,
+    },
+    #[error("the token endpoint answered {status} without an access_token")]
+    NoAccessToken { status: http::StatusCode },
+    #[error("the access token is not a usable value: {0}")]
+    BadToken(InvalidSecretValue),
+}
+
+fn described(description: &str) -> String {
+    if description.is_empty() {
+        String::new()
+    } else {
+        format!(" ({description})")
+    }
 }
 
 /// Fetches a token; the value and how long to use it. The failure says what the endpoint
@@ -35,7 +66,7 @@ pub(crate) trait TokenClient: Send + Sync {
 pub(crate) async fn fetch(
     spec: &ProviderSpec,
     client: &dyn TokenClient,
-) -> Result<(SecretValue, Duration), String> {
+) -> Result<(SecretValue, Duration), TokenError> {
     let ProviderSpec::Oauth2 {
         token_url,
         client_id,
@@ -45,7 +76,7 @@ pub(crate) async fn fetch(
         ..
     } = spec
     else {
-        return Err("not an OAuth2 secret".into());
+        return Err(TokenError::NotOauth2);
     };
     let (form, authorization) = {
         let mut form = form_urlencoded::Serializer::new(String::new());
@@ -75,22 +106,16 @@ pub(crate) async fn fetch(
             .chars()
             .take(200)
             .collect();
-        let description = if description.is_empty() {
-            String::new()
-        } else {
-            format!(" ({description})")
-        };
-        return Err(format!(
-            "the token endpoint answered {status}: {error}{description}"
-        ));
+        return Err(TokenError::Refused {
+            status,
+            error: error.to_string(),
+            description,
+        });
     }
     let Some(token) = json["access_token"].as_str() else {
-        return Err(format!(
-            "the token endpoint answered {status} without an access_token"
-        ));
+        return Err(TokenError::NoAccessToken { status });
     };
-    let value = SecretValue::new(token.as_bytes().to_vec())
-        .map_err(|e| format!("the access token is not a usable value: {e}"))?;
+    let value = SecretValue::new(token.as_bytes().to_vec()).map_err(TokenError::BadToken)?;
     let ttl = match json["expires_in"].as_u64() {
         Some(s) if s > 2 * MARGIN.as_secs() => Duration::from_secs(s) - MARGIN,
         Some(s) => Duration::from_secs(s.max(2) / 2),
@@ -100,13 +125,13 @@ pub(crate) async fn fetch(
 }
 
 /// `Basic base64(urlencode(id):urlencode(secret))` (RFC 6749 §2.3.1), marked sensitive.
-fn basic(id: &str, secret: &str) -> Result<HeaderValue, String> {
+fn basic(id: &str, secret: &str) -> Result<HeaderValue, TokenError> {
     use base64::Engine as _;
     let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
     let pair = Zeroizing::new(format!("{}:{}", enc(id), enc(secret)));
     let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()));
     let mut v = HeaderValue::from_str(&format!("Basic {}", *b64))
-        .map_err(|_| "the client credentials do not fit a header".to_string())?;
+        .map_err(|_| TokenError::CredentialsUnfit)?;
     v.set_sensitive(true);
     Ok(v)
 }

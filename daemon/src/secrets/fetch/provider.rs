@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use crate::secrets::store::value::SecretValue;
+use crate::secrets::store::value::{InvalidSecretValue, SecretValue};
 
 /// How a stored spec starts, so it is never taken for a value.
 const SPEC_PREFIX: &str = "agenshield-provider:v1:";
@@ -85,6 +85,38 @@ impl std::fmt::Debug for ProviderSpec {
     }
 }
 
+/// What is wrong with a fetched secret's definition: what an operator gave, or what the
+/// store holds. Carries the token URL, never the client secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("the time to live must be at least 1s")]
+    TtlTooShort,
+    #[error("the timeout must be between 1s and 5m")]
+    TimeoutOutOfRange,
+    #[error("the command is empty")]
+    EmptyCommand,
+    #[error("the command holds a NUL byte")]
+    NulInCommand,
+    #[error("token URL {url:?}: {source}")]
+    TokenUrlUnparsed {
+        url: String,
+        source: http::uri::InvalidUri,
+    },
+    #[error(
+        "token URL {url:?}: an https:// URL with a host is needed (the client secret travels in it)"
+    )]
+    TokenUrlNotHttps { url: String },
+    #[error("the client id and the client secret are needed")]
+    NoClientCredentials,
+    /// Serialising the spec failed.
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    #[error("the secret's definition cannot be stored: {0}")]
+    NotStorable(InvalidSecretValue),
+    #[error("a stored definition: {0}")]
+    StoredUnreadable(serde_json::Error),
+}
+
 impl ProviderSpec {
     pub(crate) fn kind(&self) -> SecretKind {
         match self {
@@ -123,22 +155,22 @@ impl ProviderSpec {
     }
 
     /// Checks what an operator gave; `Err` says what to fix.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         let (ttl, timeout) = (self.ttl(), self.timeout());
         if ttl < Duration::from_secs(1) {
-            return Err("the time to live must be at least 1s".into());
+            return Err(SpecError::TtlTooShort);
         }
         if timeout < Duration::from_secs(1) || timeout > Duration::from_secs(300) {
-            return Err("the timeout must be between 1s and 5m".into());
+            return Err(SpecError::TimeoutOutOfRange);
         }
         match self {
             ProviderSpec::Command { command, .. } => {
                 if command.trim().is_empty() {
-                    return Err("the command is empty".into());
+                    return Err(SpecError::EmptyCommand);
                 }
                 // A shell drops NUL bytes: what ran would not be what was given.
                 if command.contains('\0') {
-                    return Err("the command holds a NUL byte".into());
+                    return Err(SpecError::NulInCommand);
                 }
             }
             ProviderSpec::Oauth2 {
@@ -147,16 +179,20 @@ impl ProviderSpec {
                 client_secret,
                 ..
             } => {
-                let url: http::Uri = token_url
-                    .parse()
-                    .map_err(|e| format!("token URL {token_url:?}: {e}"))?;
+                let url: http::Uri =
+                    token_url
+                        .parse()
+                        .map_err(|source| SpecError::TokenUrlUnparsed {
+                            url: token_url.clone(),
+                            source,
+                        })?;
                 if url.scheme_str() != Some("https") || url.host().is_none() {
-                    return Err(format!(
-                        "token URL {token_url:?}: an https:// URL with a host is needed (the client secret travels in it)"
-                    ));
+                    return Err(SpecError::TokenUrlNotHttps {
+                        url: token_url.clone(),
+                    });
                 }
                 if client_id.is_empty() || client_secret.is_empty() {
-                    return Err("the client id and the client secret are needed".into());
+                    return Err(SpecError::NoClientCredentials);
                 }
             }
         }
@@ -164,20 +200,19 @@ impl ProviderSpec {
     }
 
     /// The spec as the store keeps it: a value that says it is a spec.
-    pub(crate) fn to_stored(&self) -> Result<SecretValue, String> {
-        let json = Zeroizing::new(serde_json::to_string(self).map_err(|e| e.to_string())?);
+    pub(crate) fn to_stored(&self) -> Result<SecretValue, SpecError> {
+        let json = Zeroizing::new(serde_json::to_string(self).map_err(SpecError::Encode)?);
         let text = Zeroizing::new(format!("{SPEC_PREFIX}{}", *json));
-        SecretValue::new(text.as_bytes().to_vec())
-            .map_err(|e| format!("the secret's definition cannot be stored: {e}"))
+        SecretValue::new(text.as_bytes().to_vec()).map_err(SpecError::NotStorable)
     }
 
     /// The spec a stored value holds, if it holds one; `Err` if it claims to and is not valid.
-    pub(crate) fn from_stored(value: &SecretValue) -> Result<Option<ProviderSpec>, String> {
+    pub(crate) fn from_stored(value: &SecretValue) -> Result<Option<ProviderSpec>, SpecError> {
         let Some(json) = value.expose().strip_prefix(SPEC_PREFIX.as_bytes()) else {
             return Ok(None);
         };
         let spec: ProviderSpec =
-            serde_json::from_slice(json).map_err(|e| format!("a stored definition: {e}"))?;
+            serde_json::from_slice(json).map_err(SpecError::StoredUnreadable)?;
         spec.validate()?;
         Ok(Some(spec))
     }
@@ -199,9 +234,12 @@ mod tests {
     fn a_spec_round_trips_through_the_store_and_a_plain_value_is_none() {
         let spec = command("gh auth token");
         let stored = spec.to_stored().expect("stored");
-        assert_eq!(ProviderSpec::from_stored(&stored), Ok(Some(spec)));
+        assert_eq!(
+            ProviderSpec::from_stored(&stored).expect("read"),
+            Some(spec)
+        );
         let plain = SecretValue::new(b"ghp_plain_value_123".to_vec()).expect("value");
-        assert_eq!(ProviderSpec::from_stored(&plain), Ok(None));
+        assert_eq!(ProviderSpec::from_stored(&plain).expect("read"), None);
         let broken = SecretValue::new(format!("{SPEC_PREFIX}{{\"kind\":\"nope\"}}").into_bytes())
             .expect("value");
         assert!(ProviderSpec::from_stored(&broken).is_err());
@@ -212,10 +250,12 @@ mod tests {
         assert!(command(" ")
             .validate()
             .expect_err("refused")
+            .to_string()
             .contains("empty"));
         assert!(command("printf a\0b")
             .validate()
             .expect_err("refused")
+            .to_string()
             .contains("NUL"));
         let oauth = |url: &str| ProviderSpec::Oauth2 {
             token_url: url.into(),
@@ -229,8 +269,9 @@ mod tests {
         assert!(oauth("http://auth.test/token")
             .validate()
             .expect_err("refused")
+            .to_string()
             .contains("https://"));
-        assert_eq!(oauth("https://auth.test/token").validate(), Ok(()));
+        assert!(oauth("https://auth.test/token").validate().is_ok());
         let shown = format!(
             "{:?} {}",
             oauth("https://a.test/t"),

@@ -14,7 +14,30 @@ use super::oauth::{TokenClient, MAX_RESPONSE};
 use crate::body;
 use crate::policy::Scheme;
 use crate::upstream::client::{Forwarded, Forwarder};
+use crate::upstream::error::UpstreamError;
 use crate::upstream::target::Target;
+
+/// Why a token request got no answer. Carries what went wrong on the way, never the form
+/// (which may hold the client secret) nor the answer's body.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TokenRequestError {
+    #[error("token URL: {0}")]
+    Url(http::uri::InvalidUri),
+    #[error("token URL: no host")]
+    NoHost,
+    #[error("{0}")]
+    Build(http::Error),
+    #[error("the token endpoint switched protocols")]
+    SwitchedProtocols,
+    #[error("{0}")]
+    Upstream(UpstreamError),
+    #[error("reading the token response: {0}")]
+    Reading(body::BodyError),
+    #[error("the token response is longer than {MAX_RESPONSE} bytes")]
+    TooLong,
+    #[error("the token endpoint did not answer within {0:?}")]
+    Timeout(Duration),
+}
 
 impl TokenClient for Forwarder {
     fn post_form<'a>(
@@ -23,10 +46,10 @@ impl TokenClient for Forwarder {
         authorization: Option<HeaderValue>,
         form: Zeroizing<String>,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<(StatusCode, Bytes), String>> {
+    ) -> BoxFuture<'a, Result<(StatusCode, Bytes), TokenRequestError>> {
         Box::pin(async move {
-            let uri: http::Uri = url.parse().map_err(|e| format!("token URL: {e}"))?;
-            let host = uri.host().ok_or_else(|| "token URL: no host".to_string())?;
+            let uri: http::Uri = url.parse().map_err(TokenRequestError::Url)?;
+            let host = uri.host().ok_or(TokenRequestError::NoHost)?;
             let target = Target {
                 scheme: Scheme::Https,
                 host: host
@@ -42,7 +65,7 @@ impl TokenClient for Forwarder {
                 .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
                 .header(header::ACCEPT, "application/json")
                 .body(body::full(Bytes::copy_from_slice(form.as_bytes())))
-                .map_err(|e| e.to_string())?;
+                .map_err(TokenRequestError::Build)?;
             if let Some(a) = authorization {
                 req.headers_mut().insert(header::AUTHORIZATION, a);
             }
@@ -50,20 +73,18 @@ impl TokenClient for Forwarder {
                 let resp = match self.forward(&target, path, req, false).await {
                     Ok(Forwarded::Response(resp)) => resp,
                     Ok(Forwarded::Upgraded(..)) => {
-                        return Err("the token endpoint switched protocols".to_string())
+                        return Err(TokenRequestError::SwitchedProtocols)
                     }
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(TokenRequestError::Upstream(e)),
                 };
                 let status = resp.status();
                 let mut body = resp.into_body();
                 let mut got = bytes::BytesMut::new();
                 while let Some(frame) = body.frame().await {
-                    let frame = frame.map_err(|e| format!("reading the token response: {e}"))?;
+                    let frame = frame.map_err(TokenRequestError::Reading)?;
                     if let Some(d) = frame.data_ref() {
                         if got.len() + d.len() > MAX_RESPONSE {
-                            return Err(format!(
-                                "the token response is longer than {MAX_RESPONSE} bytes"
-                            ));
+                            return Err(TokenRequestError::TooLong);
                         }
                         got.extend_from_slice(d);
                     }
@@ -72,7 +93,7 @@ impl TokenClient for Forwarder {
             };
             tokio::time::timeout(timeout, exchange)
                 .await
-                .map_err(|_| format!("the token endpoint did not answer within {timeout:?}"))?
+                .map_err(|_| TokenRequestError::Timeout(timeout))?
         })
     }
 }

@@ -63,15 +63,19 @@ pub(crate) struct GuardedRelay {
 /// Whether an upstream's 101 may be relayed message by message: it must not have agreed to
 /// an extension (none was offered, so one would be a protocol error, and a compressed frame
 /// could not be searched). `Err` names what it agreed to.
-pub(crate) fn check_accepted(headers: &http::HeaderMap) -> Result<(), String> {
+pub(crate) fn check_accepted(headers: &http::HeaderMap) -> Result<(), UnofferedExtension> {
     match headers.get(http::header::SEC_WEBSOCKET_EXTENSIONS) {
         None => Ok(()),
-        Some(v) => Err(format!(
-            "the upstream agreed to the WebSocket extension {:?}, which was not offered",
-            String::from_utf8_lossy(v.as_bytes())
+        Some(v) => Err(UnofferedExtension(
+            String::from_utf8_lossy(v.as_bytes()).into_owned(),
         )),
     }
 }
+
+/// An upstream's 101 agreed to a WebSocket extension (named) that was not offered.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream agreed to the WebSocket extension {0:?}, which was not offered")]
+pub(crate) struct UnofferedExtension(String);
 
 /// Removes the extensions an agent offers (`permessage-deflate`): the relay must see every
 /// message as text.

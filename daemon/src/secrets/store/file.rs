@@ -60,7 +60,8 @@ impl FileStore {
                 "is not a directory (a symlink is not accepted)".into(),
             ));
         }
-        check_owner_and_mode(&meta, uid, "directory", "chmod 700").map_err(insecure)?;
+        check_owner_and_mode(&meta, uid, "directory", "chmod 700")
+            .map_err(|e| insecure(e.to_string()))?;
         Ok(Some(FileStore {
             dir: dir.to_path_buf(),
             uid,
@@ -126,7 +127,8 @@ impl FileStore {
         if !meta.file_type().is_file() {
             return Err(insecure("is not a regular file".into()));
         }
-        check_owner_and_mode(&meta, self.uid, "file", "chmod 600").map_err(insecure)?;
+        check_owner_and_mode(&meta, self.uid, "file", "chmod 600")
+            .map_err(|e| insecure(e.to_string()))?;
         // Room for the largest value plus a newline; sized up front so no reallocation
         // leaves an unzeroized copy behind.
         let limit = MAX_VALUE_LEN as u64 + 2;
@@ -153,7 +155,7 @@ impl FileStore {
             .map(Some)
             .map_err(|why| StoreError::BadValue {
                 name: name.to_string(),
-                why,
+                why: why.to_string(),
             })
     }
 
@@ -219,22 +221,38 @@ impl SecretStore for FileStore {
 fn check_owner_and_mode(
     meta: &fs::Metadata,
     uid: u32,
-    what: &str,
-    fix: &str,
-) -> Result<(), String> {
+    what: &'static str,
+    fix: &'static str,
+) -> Result<(), Exposed> {
     if meta.uid() != uid {
-        return Err(format!(
-            "{what} is owned by uid {}, not by the daemon's uid {uid}",
-            meta.uid()
-        ));
+        return Err(Exposed::Owner {
+            what,
+            owner: meta.uid(),
+            uid,
+        });
     }
     let mode = meta.mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{what} mode is {mode:03o}: group or others could read secrets ({fix} it)"
-        ));
+        return Err(Exposed::Mode { what, mode, fix });
     }
     Ok(())
+}
+
+/// Why a vault file or directory would expose secrets: its owner or its mode.
+#[derive(Debug, thiserror::Error)]
+enum Exposed {
+    #[error("{what} is owned by uid {owner}, not by the daemon's uid {uid}")]
+    Owner {
+        what: &'static str,
+        owner: u32,
+        uid: u32,
+    },
+    #[error("{what} mode is {mode:03o}: group or others could read secrets ({fix} it)")]
+    Mode {
+        what: &'static str,
+        mode: u32,
+        fix: &'static str,
+    },
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {

@@ -172,7 +172,7 @@ fn get_now(
         .map(Some)
         .map_err(|why| StoreError::BadValue {
             name: name.to_string(),
-            why,
+            why: why.to_string(),
         })
 }
 

@@ -17,6 +17,26 @@ pub fn too_long(len: usize) -> String {
     format!("the value is {len} bytes; at most {MAX_VALUE_LEN} fit in a request header")
 }
 
+/// Why bytes cannot be a secret value. Carries sizes and positions, never the bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSecretValue {
+    #[error(
+        "the value is {len} bytes; at least {MIN_VALUE_LEN} are needed so the leak \
+         guard can tell it from ordinary text"
+    )]
+    TooShort { len: usize },
+    #[error("{}", too_long(*len))]
+    TooLong { len: usize },
+    /// `byte` counts from 1.
+    #[error(
+        "byte {byte} of the value is not printable ASCII (control characters, newlines \
+         and non-ASCII cannot be sent in a header)"
+    )]
+    NotPrintable { byte: usize },
+    #[error("the value starts or ends with a space (HTTP would trim it)")]
+    EdgeSpace,
+}
+
 /// Bytes read past a value that did not fit, only counted (at most this many).
 const MAX_COUNTED: usize = 64 * 1024 * 1024;
 
@@ -52,27 +72,20 @@ impl SecretValue {
     /// Checks that `bytes` can be injected into a header and is long enough to be recognised
     /// reliably: printable ASCII (space allowed inside), no leading or trailing space,
     /// `MIN_VALUE_LEN..=MAX_VALUE_LEN` bytes. The error never quotes the value.
-    pub fn new(bytes: Vec<u8>) -> Result<SecretValue, String> {
+    pub fn new(bytes: Vec<u8>) -> Result<SecretValue, InvalidSecretValue> {
         let bytes = Zeroizing::new(bytes);
         let len = bytes.len();
         if len < MIN_VALUE_LEN {
-            return Err(format!(
-                "the value is {len} bytes; at least {MIN_VALUE_LEN} are needed so the leak \
-                 guard can tell it from ordinary text"
-            ));
+            return Err(InvalidSecretValue::TooShort { len });
         }
         if len > MAX_VALUE_LEN {
-            return Err(too_long(len));
+            return Err(InvalidSecretValue::TooLong { len });
         }
         if let Some(pos) = bytes.iter().position(|b| !(0x20..=0x7e).contains(b)) {
-            return Err(format!(
-                "byte {} of the value is not printable ASCII (control characters, newlines \
-                 and non-ASCII cannot be sent in a header)",
-                pos + 1
-            ));
+            return Err(InvalidSecretValue::NotPrintable { byte: pos + 1 });
         }
         if bytes.first() == Some(&b' ') || bytes.last() == Some(&b' ') {
-            return Err("the value starts or ends with a space (HTTP would trim it)".into());
+            return Err(InvalidSecretValue::EdgeSpace);
         }
         Ok(SecretValue(bytes))
     }
@@ -116,7 +129,9 @@ mod tests {
             (b" leading-space", "space"),
             (b"non-ascii-\xc3\xa9-value", "not printable"),
         ] {
-            let err = SecretValue::new(bad.to_vec()).expect_err("must be refused");
+            let err = SecretValue::new(bad.to_vec())
+                .expect_err("must be refused")
+                .to_string();
             assert!(err.contains(why), "{err}");
             let text = String::from_utf8_lossy(bad);
             assert!(!err.contains(text.trim()), "error quotes the value: {err}");
