@@ -139,6 +139,30 @@ mod tests {
         assert!(SecretValue::new(vec![b'x'; MAX_VALUE_LEN + 1]).is_err());
     }
 
+    #[test]
+    fn value_errors_read_as_before() {
+        let text = |b: &[u8]| {
+            SecretValue::new(b.to_vec())
+                .expect_err("refused")
+                .to_string()
+        };
+        assert_eq!(
+            text(b"short"),
+            "the value is 5 bytes; at least 8 are needed so the leak guard can tell it from \
+             ordinary text"
+        );
+        assert_eq!(
+            text(b"abc\ndefgh"),
+            "byte 4 of the value is not printable ASCII (control characters, newlines and \
+             non-ASCII cannot be sent in a header)"
+        );
+        assert_eq!(
+            text(b"abcdefgh "),
+            "the value starts or ends with a space (HTTP would trim it)"
+        );
+        assert_eq!(text(&[b'x'; 9000]), too_long(9000));
+    }
+
     /// Issue 34: a 9000-byte secret was reported as "8195 bytes" (what had been read).
     #[test]
     fn a_value_too_long_is_reported_at_its_full_size() {
