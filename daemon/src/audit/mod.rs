@@ -13,6 +13,7 @@
 //! refused instead (`retention.rs`).
 
 pub(crate) mod chain;
+pub(crate) mod export;
 mod health;
 mod metrics;
 pub(crate) mod record;
@@ -57,6 +58,8 @@ pub(crate) struct Audit {
     health: Arc<Health>,
     /// Refusals counted over their window instead of written one by one.
     repeats: Repeats,
+    /// The export sinks' tasks (`export/`), once started.
+    exports: Mutex<Option<export::Exports>>,
 }
 
 impl Audit {
@@ -99,6 +102,7 @@ impl Audit {
             path: path.to_path_buf(),
             health,
             repeats: Repeats::new(cfg.refusal_window),
+            exports: Mutex::new(None),
         });
         let weak = Arc::downgrade(&audit);
         tokio::spawn(async move {
@@ -180,6 +184,44 @@ impl Audit {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         };
         core.writer.recheck_retention();
+    }
+
+    /// Starts shipping the log to `cfg.export`'s sinks (none: nothing to do), and lets
+    /// rotation wait for them.
+    pub(crate) fn start_exports(
+        self: &Arc<Self>,
+        cfg: &AuditConfig,
+        metrics: &export::ExportMetrics,
+    ) -> Result<(), export::ExportError> {
+        if cfg.export.is_empty() {
+            return Ok(());
+        }
+        let weak = Arc::downgrade(self);
+        let head: Arc<dyn Fn() -> Option<u64> + Send + Sync> =
+            Arc::new(move || weak.upgrade().map(|a| a.head().seq));
+        let (exports, hold) = export::start(&cfg.export, &self.path, cfg.keep, metrics, head)?;
+        let hold = Arc::new(hold);
+        match self.core.lock() {
+            Ok(mut core) => core.writer.set_export_hold(hold),
+            Err(p) => p.into_inner().writer.set_export_hold(hold),
+        }
+        match self.exports.lock() {
+            Ok(mut e) => *e = Some(exports),
+            Err(p) => *p.into_inner() = Some(exports),
+        }
+        Ok(())
+    }
+
+    /// Lets the sinks ship what is in the log (up to `within`) and stops them: at stop,
+    /// after the stop record.
+    pub(crate) async fn finish_exports(&self, within: std::time::Duration) {
+        let exports = match self.exports.lock() {
+            Ok(mut e) => e.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(e) = exports {
+            e.finish(within).await;
+        }
     }
 
     pub(crate) fn path(&self) -> &Path {

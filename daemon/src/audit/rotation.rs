@@ -16,9 +16,10 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::writer::{fsync, open_log};
 use super::AuditMetrics;
@@ -87,6 +88,97 @@ fn open_expired(path: &Path) -> Option<File> {
         .open(path)
         .ok()?;
     file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// The export sinks' say in rotation (`audit.export`, `export/`): a file holding records a
+/// sink has not shipped yet is not deleted while that sink's `max_hold` has not passed since
+/// the rotation first had to wait (the live file grows on meanwhile). Past it the file goes,
+/// and what each sink lost is counted (`…_audit_export_dropped_total`) and logged.
+pub(crate) struct ExportHold {
+    pub sinks: Vec<HeldFor>,
+    /// When the rotation first had to wait; `None` while it does not.
+    since: Mutex<Option<Instant>>,
+}
+
+/// One sink, as rotation sees it.
+pub(crate) struct HeldFor {
+    pub name: String,
+    /// The seq of the last record the sink shipped.
+    pub shipped: Arc<AtomicU64>,
+    pub max_hold: Duration,
+    pub dropped: prometheus::IntCounter,
+}
+
+impl ExportHold {
+    pub(crate) fn new(sinks: Vec<HeldFor>) -> ExportHold {
+        ExportHold {
+            sinks,
+            since: Mutex::new(None),
+        }
+    }
+
+    /// Whether the rotation that would delete `file` must wait. When it may go on, counts
+    /// the records of `file` each sink had not shipped.
+    pub(crate) fn must_wait(&self, file: &Path, now: Instant) -> bool {
+        let Some((first, last)) = seq_range(file) else {
+            self.reset();
+            return false;
+        };
+        let mut since = match self.since.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let waited = now.duration_since(*since.get_or_insert(now));
+        let behind = |s: &HeldFor| s.shipped.load(Ordering::Acquire) < last;
+        if self
+            .sinks
+            .iter()
+            .any(|s| behind(s) && waited < s.max_hold)
+        {
+            if waited.is_zero() {
+                tracing::info!(file = ?file, "audit log rotation waits for the export sinks to ship it");
+            }
+            return true;
+        }
+        *since = None;
+        for s in self.sinks.iter().filter(|s| behind(s)) {
+            let shipped = s.shipped.load(Ordering::Acquire);
+            let lost = last - shipped.max(first.saturating_sub(1));
+            s.dropped.inc_by(lost);
+            tracing::warn!(sink = %s.name, file = ?file, lost, "audit log rotation deletes records the export sink has not shipped (max_hold passed)");
+        }
+        false
+    }
+
+    fn reset(&self) {
+        match self.since.lock() {
+            Ok(mut g) => *g = None,
+            Err(p) => *p.into_inner() = None,
+        }
+    }
+}
+
+/// The first and last `seq` of the log file at `path`; `None` without a record in it.
+fn seq_range(path: &Path) -> Option<(u64, u64)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = open_expired(path)?;
+    let seq_of = |line: &[u8]| {
+        #[derive(serde::Deserialize)]
+        struct Seq {
+            seq: u64,
+        }
+        serde_json::from_slice::<Seq>(line).ok().map(|s| s.seq)
+    };
+    let mut head = vec![0u8; 64 * 1024];
+    let n = f.read(&mut head).ok()?;
+    let first = head[..n].split(|b| *b == b'\n').find_map(seq_of)?;
+    let len = f.metadata().ok()?.len();
+    let from = len.saturating_sub(64 * 1024);
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut tail = Vec::new();
+    f.take(len - from).read_to_end(&mut tail).ok()?;
+    let last = tail.split(|b| *b == b'\n').rev().find_map(seq_of)?;
+    Some((first, last))
 }
 
 /// What a rotation leaves to do: fsync the old file (its last records) and the directory (the

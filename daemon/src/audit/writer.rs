@@ -26,7 +26,7 @@ use super::chain::{seal_from, unseal, GENESIS};
 use super::health::{Health, NotReady};
 use super::record::Fields;
 use super::retention;
-use super::rotation::{self, rotated, Leftover, Running};
+use super::rotation::{self, rotated, ExportHold, Leftover, Running};
 use super::AuditMetrics;
 
 /// The record format's version, the envelope's `v`. 1: HTTP requests only (`kind:
@@ -86,6 +86,8 @@ pub(crate) struct Writer {
     health: Arc<Health>,
     /// What the last rotation left to do, on its own thread.
     leftover: Option<Running>,
+    /// The export sinks, which may hold a rotation back (`rotation::ExportHold`).
+    export_hold: Option<Arc<ExportHold>>,
 }
 
 impl Writer {
@@ -136,7 +138,12 @@ impl Writer {
             metrics,
             health,
             leftover: None,
+            export_hold: None,
         })
+    }
+
+    pub(crate) fn set_export_hold(&mut self, hold: Arc<ExportHold>) {
+        self.export_hold = Some(hold);
     }
 
     /// The last record written.
@@ -274,6 +281,12 @@ impl Writer {
                     until,
                 }));
             }
+            self.held = Some(now + RETENTION_RECHECK);
+            return;
+        }
+        let deleted = retention::next_deleted(&self.path, r.keep);
+        let exporting = self.export_hold.as_ref();
+        if exporting.is_some_and(|h| h.must_wait(&deleted, now)) {
             self.held = Some(now + RETENTION_RECHECK);
             return;
         }

@@ -48,6 +48,8 @@ pub enum CheckError {
     AuditFileTooSmall,
     #[error("audit.refusal_window must be at most 1h (a count is written when it closes)")]
     RefusalWindowTooLong,
+    #[error(transparent)]
+    AuditExport(#[from] super::audit_export::AuditExportError),
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {
@@ -140,5 +142,6 @@ pub(super) fn audit(a: &AuditConfig) -> Result<(), CheckError> {
     if a.refusal_window > Duration::from_secs(3600) {
         return Err(CheckError::RefusalWindowTooLong);
     }
+    super::audit_export::check(&a.export, a.enabled)?;
     Ok(())
 }

@@ -6,12 +6,16 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod audit_export;
 mod check;
 mod dns;
 mod forms;
 mod removed;
 mod schema;
 mod upstream_proxy;
+pub use audit_export::{
+    valid_host_id, AuditExport, AuditExportError, ExportFormat, ExportKind, SyslogUrl, Transport,
+};
 pub use check::CheckError;
 pub use dns::{DeniedAnswer, DnsConfig};
 pub use forms::{parse_nameserver, FormError};
@@ -260,6 +264,11 @@ impl Config {
             (true, None) if state_dir.is_some() => Some(default_path("proxy-audit.jsonl")),
             (true, None) => Some(PathBuf::from(DEFAULT_AUDIT_LOG)),
         };
+        let mut audit = f.audit;
+        audit.export = std::mem::take(&mut audit.export)
+            .into_iter()
+            .map(|e| e.resolved(relative))
+            .collect();
         Ok(Config {
             source,
             state_dir,
@@ -284,7 +293,7 @@ impl Config {
             secrets: f.secrets,
             metrics,
             audit_path,
-            audit: f.audit,
+            audit,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
             not_yet_effective: not_yet,

@@ -75,6 +75,8 @@ pub struct AuditConfig {
     /// with a count (the first is still recorded in full, at once). 0: every one in full.
     #[serde(deserialize_with = "forms::duration")]
     pub refusal_window: Duration,
+    /// `[[audit.export]]`: sinks the log is shipped to (`audit/export/`).
+    pub export: Vec<super::AuditExport>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -93,6 +95,7 @@ impl Default for AuditConfig {
             query_values: QueryValues::Redact,
             retention: Duration::from_secs(24 * 60 * 60),
             refusal_window: Duration::from_secs(10),
+            export: Vec::new(),
         }
     }
 }

@@ -32,10 +32,18 @@ pub(super) async fn build_proxy(
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<Proxy> {
     let audit = match &cfg.audit_path {
-        Some(path) => Some(
-            Audit::open(path, &cfg.audit, metrics.audit.clone())
-                .with_context(|| format!("opening the audit log {}", path.display()))?,
-        ),
+        Some(path) => {
+            let audit = Audit::open(path, &cfg.audit, metrics.audit.clone())
+                .with_context(|| format!("opening the audit log {}", path.display()))?;
+            let export = crate::audit::export::ExportMetrics::register(
+                metrics.registry(),
+                crate::metrics::NS,
+            );
+            audit
+                .start_exports(&cfg.audit, &export)
+                .map_err(|e| BadInput(e.to_string()))?;
+            Some(audit)
+        }
         None => {
             tracing::warn!("audit log is off (audit.enabled = false)");
             None
