@@ -10,7 +10,9 @@ pub mod daemon;
 pub mod installation;
 #[cfg(target_os = "linux")]
 pub mod netlab;
+pub mod ocsf;
 pub mod pki;
 pub mod prometheus;
+pub mod rsyslog;
 pub mod upstream;
 pub mod world;
