@@ -29,8 +29,7 @@ pub struct Ocsf {
 }
 
 fn load(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -82,7 +81,10 @@ impl Ocsf {
             return out;
         };
         let includes: Vec<String> = match &attrs.get("$include") {
-            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(String::from)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect(),
             Some(Value::String(s)) => vec![s.clone()],
             _ => Vec::new(),
         };
@@ -91,7 +93,11 @@ impl Ocsf {
                 .strip_prefix("profiles/")
                 .map(|p| p.trim_end_matches(".json").to_string());
             let inc_def = load(&self.root.join(&inc));
-            for (k, v) in inc_def["attributes"].as_object().cloned().unwrap_or_default() {
+            for (k, v) in inc_def["attributes"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default()
+            {
                 let mut a = self.attr(&k, &v, out.get(&k));
                 a.profile = profile.clone();
                 out.insert(k, a);
@@ -148,19 +154,32 @@ impl Ocsf {
             errors.push(format!("class_uid {class_uid}, the class says {uid}"));
         }
         if event["category_uid"].as_u64() != Some(category_uid) {
-            errors.push(format!("category_uid {}, want {category_uid}", event["category_uid"]));
+            errors.push(format!(
+                "category_uid {}, want {category_uid}",
+                event["category_uid"]
+            ));
         }
         let activity = event["activity_id"].as_u64().unwrap_or(u64::MAX);
         if event["type_uid"].as_u64() != Some(class_uid * 100 + activity) {
-            errors.push(format!("type_uid {} for activity {activity}", event["type_uid"]));
+            errors.push(format!(
+                "type_uid {} for activity {activity}",
+                event["type_uid"]
+            ));
         }
         let profiles: Vec<String> = event["metadata"]["profiles"]
             .as_array()
-            .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default();
         let attrs = self.attrs(file, None);
         self.check_object(event, &attrs, &profiles, file, &mut errors);
-        assert!(errors.is_empty(), "OCSF {file}: {errors:#?}\nevent: {event:#}");
+        assert!(
+            errors.is_empty(),
+            "OCSF {file}: {errors:#?}\nevent: {event:#}"
+        );
     }
 
     fn check_object(
@@ -256,7 +275,10 @@ impl Ocsf {
         if ty == "port_t" && v.as_u64().is_none_or(|p| p > 65535) {
             errors.push(format!("{path}: {v} is not a port"));
         }
-        if ty == "ip_t" && v.as_str().is_none_or(|s| s.parse::<std::net::IpAddr>().is_err()) {
+        if ty == "ip_t"
+            && v.as_str()
+                .is_none_or(|s| s.parse::<std::net::IpAddr>().is_err())
+        {
             errors.push(format!("{path}: {v} is not an IP address"));
         }
         if !a.enum_keys.is_empty() {

@@ -30,9 +30,12 @@ pub struct Rsyslog {
 /// failure under CI (which installs them).
 pub fn missing(tls: bool) -> Option<String> {
     let have = Path::new("/usr/sbin/rsyslogd").exists();
-    let gtls = ["/usr/lib/x86_64-linux-gnu/rsyslog/lmnsd_gtls.so", "/usr/lib/aarch64-linux-gnu/rsyslog/lmnsd_gtls.so"]
-        .iter()
-        .any(|p| Path::new(p).exists());
+    let gtls = [
+        "/usr/lib/x86_64-linux-gnu/rsyslog/lmnsd_gtls.so",
+        "/usr/lib/aarch64-linux-gnu/rsyslog/lmnsd_gtls.so",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists());
     if have && (!tls || gtls) {
         return None;
     }

@@ -130,11 +130,7 @@ impl ExportHold {
         };
         let waited = now.duration_since(*since.get_or_insert(now));
         let behind = |s: &HeldFor| s.shipped.load(Ordering::Acquire) < last;
-        if self
-            .sinks
-            .iter()
-            .any(|s| behind(s) && waited < s.max_hold)
-        {
+        if self.sinks.iter().any(|s| behind(s) && waited < s.max_hold) {
             if waited.is_zero() {
                 tracing::info!(file = ?file, "audit log rotation waits for the export sinks to ship it");
             }

@@ -134,7 +134,9 @@ impl TryFrom<String> for SyslogUrl {
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
             None => return Err(SyslogUrlError::NotAUrl(text)),
         };
-        let port = url.port().ok_or_else(|| SyslogUrlError::NoPort(text.clone()))?;
+        let port = url
+            .port()
+            .ok_or_else(|| SyslogUrlError::NoPort(text.clone()))?;
         Ok(SyslogUrl {
             transport,
             host,
@@ -243,8 +245,8 @@ mod tests {
 
     #[test]
     fn a_sink_parses_with_its_defaults() {
-        let e = parse("[[export]]\ntype = \"syslog\"\nurl = \"tls://[::1]:6514\"\n")
-            .expect("parse");
+        let e =
+            parse("[[export]]\ntype = \"syslog\"\nurl = \"tls://[::1]:6514\"\n").expect("parse");
         assert_eq!(e[0].url.transport, Transport::Tls);
         assert_eq!(e[0].url.host, "::1");
         assert_eq!(e[0].url.to_string(), "tls://[::1]:6514");
@@ -261,14 +263,16 @@ mod tests {
             ("url = \"tcp://h:514/x\"", "no user, path"),
             ("url = \"tcp://h:514\"\nformat = \"cef\"", "unknown variant"),
             ("url = \"tcp://h:514\"\nca = \"ca.pem\"", "tls:// only"),
-            ("url = \"tls://h:1\"\nclient_cert = \"c.pem\"", "go together"),
+            (
+                "url = \"tls://h:1\"\nclient_cert = \"c.pem\"",
+                "go together",
+            ),
             ("url = \"tcp://h:514\"\nhost_id = \"a b\"", "host_id"),
             ("url = \"tcp://h:514\"\nname = \"a/b\"", "name"),
             ("url = \"tcp://h:514\"\nmax_hold = \"8d\"", "7d"),
             ("url = \"tcp://h:514\"\nhots = 1", "unknown field"),
         ] {
-            let e = parse(&format!("[[export]]\ntype = \"syslog\"\n{text}\n"))
-                .expect_err(text);
+            let e = parse(&format!("[[export]]\ntype = \"syslog\"\n{text}\n")).expect_err(text);
             assert!(e.contains(want), "{text}: {e}");
         }
         let two = "[[export]]\ntype = \"syslog\"\nurl = \"tcp://h:1\"\nname = \"a\"\n\

@@ -253,7 +253,9 @@ pub async fn serve(
         audit.sync().await;
         let head = audit.head();
         tracing::info!(seq = head.seq, hash = %head.hash, "audit log closed");
-        audit.finish_exports(std::time::Duration::from_secs(3)).await;
+        audit
+            .finish_exports(std::time::Duration::from_secs(3))
+            .await;
     }
     Ok(())
 }

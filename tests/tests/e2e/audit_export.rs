@@ -38,9 +38,15 @@ async fn round(d: &Daemon, n: usize) {
     s.write_all(req.as_bytes()).await.expect("write");
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
-    assert!(answer.starts_with(b"HTTP/1.1 403"), "{}", String::from_utf8_lossy(&answer));
+    assert!(
+        answer.starts_with(b"HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
 
-    let mut s = TcpStream::connect(d.transparent).await.expect("transparent");
+    let mut s = TcpStream::connect(d.transparent)
+        .await
+        .expect("transparent");
     s.write_all(b"\x01raw bytes").await.expect("write");
     let mut echo = [0u8; 10];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut echo))
@@ -74,14 +80,21 @@ async fn until_shipped(d: &Daemon, receivers: &[(&Rsyslog, usize)], within: Dura
     let deadline = Instant::now() + within;
     loop {
         let want = local_lines(d).len();
-        let got: Vec<usize> = receivers.iter().map(|(r, i)| r.received(*i).len()).collect();
+        let got: Vec<usize> = receivers
+            .iter()
+            .map(|(r, i)| r.received(*i).len())
+            .collect();
         if got.iter().all(|g| *g >= want) {
             return;
         }
         assert!(
             Instant::now() < deadline,
             "not shipped within {within:?}: local {want}, received {got:?}\n{}",
-            d.logs().lines().filter(|l| l.contains("export")).collect::<Vec<_>>().join("\n")
+            d.logs()
+                .lines()
+                .filter(|l| l.contains("export"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -155,7 +168,12 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
     for n in 0..5 {
         round(&d, n).await;
     }
-    until_shipped(&d, &[(&plain, 0), (&tls, 0), (&plain, 1)], Duration::from_secs(20)).await;
+    until_shipped(
+        &d,
+        &[(&plain, 0), (&tls, 0), (&plain, 1)],
+        Duration::from_secs(20),
+    )
+    .await;
 
     // Both receivers down for 30 s; traffic goes on, and waits in the log.
     plain.stop();
@@ -167,13 +185,20 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
         n += 1;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
-    let pending = metric(&d, "agenshield_proxy_audit_export_pending_records{sink=\"tls\"}").await;
+    let pending = metric(
+        &d,
+        "agenshield_proxy_audit_export_pending_records{sink=\"tls\"}",
+    )
+    .await;
     let waiting: u64 = pending
         .split_whitespace()
         .last()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    assert!(waiting > 0, "records wait while the receiver is down: {pending}");
+    assert!(
+        waiting > 0,
+        "records wait while the receiver is down: {pending}"
+    );
     let failures = metric(&d, "agenshield_proxy_audit_export_failures_total").await;
     assert!(
         failures
@@ -185,7 +210,12 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
     tls.resume();
     round(&d, n).await;
     n += 1;
-    until_shipped(&d, &[(&plain, 0), (&tls, 0), (&plain, 1)], Duration::from_secs(60)).await;
+    until_shipped(
+        &d,
+        &[(&plain, 0), (&tls, 0), (&plain, 1)],
+        Duration::from_secs(60),
+    )
+    .await;
 
     // The daemon restarted mid-run: each sink resumes after its cursor.
     round(&d, n).await;
@@ -195,7 +225,12 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
     for k in 0..3 {
         round(&d, n + k).await;
     }
-    until_shipped(&d, &[(&plain, 0), (&tls, 0), (&plain, 1)], Duration::from_secs(20)).await;
+    until_shipped(
+        &d,
+        &[(&plain, 0), (&tls, 0), (&plain, 1)],
+        Duration::from_secs(20),
+    )
+    .await;
     let shipped = metric(&d, "agenshield_proxy_audit_export_shipped_total").await;
     assert!(
         shipped
@@ -205,7 +240,12 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
     );
     d.stop();
     // The stop record too, shipped before the daemon exited.
-    until_shipped(&d, &[(&plain, 0), (&tls, 0), (&plain, 1)], Duration::from_secs(10)).await;
+    until_shipped(
+        &d,
+        &[(&plain, 0), (&tls, 0), (&plain, 1)],
+        Duration::from_secs(10),
+    )
+    .await;
     plain.stop();
     tls.stop();
 
@@ -248,10 +288,20 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
         let r: Value = serde_json::from_str(l).expect("record");
         assert_eq!(e["unmapped"], r, "the record rides along whole");
         *classes
-            .entry((r["kind"].as_str().unwrap_or("").to_string(), e["class_uid"].as_u64().unwrap_or(0)))
+            .entry((
+                r["kind"].as_str().unwrap_or("").to_string(),
+                e["class_uid"].as_u64().unwrap_or(0),
+            ))
             .or_insert(0) += 1;
     }
-    for want in [("request", 4002), ("connection", 4001), ("close", 4001), ("query", 4003), ("start", 0), ("stop", 0)] {
+    for want in [
+        ("request", 4002),
+        ("connection", 4001),
+        ("close", 4001),
+        ("query", 4003),
+        ("start", 0),
+        ("stop", 0),
+    ] {
         assert!(
             classes.contains_key(&(want.0.to_string(), want.1)),
             "{want:?} among {classes:?}"

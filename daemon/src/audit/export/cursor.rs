@@ -42,12 +42,14 @@ pub(crate) enum CursorError {
 /// The cursor file at `path`; `None` if there is none (a new sink).
 pub(crate) fn load(path: &Path) -> Result<Option<Cursor>, CursorError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| CursorError::Malformed {
-                path: path.to_path_buf(),
-                source,
-            }),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| CursorError::Malformed {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(CursorError::Io {
             path: path.to_path_buf(),
@@ -114,7 +116,15 @@ mod tests {
             hash: "ab".repeat(32),
         };
         save(&path, &c, true).expect("save");
-        save(&path, &Cursor { seq: 10, ..c.clone() }, false).expect("save");
+        save(
+            &path,
+            &Cursor {
+                seq: 10,
+                ..c.clone()
+            },
+            false,
+        )
+        .expect("save");
         assert_eq!(load(&path).expect("load").expect("some").seq, 10);
         std::fs::write(&path, "{").expect("cut");
         assert!(load(&path).is_err());

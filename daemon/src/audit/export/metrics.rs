@@ -64,7 +64,8 @@ impl ExportMetrics {
         }
         r.register(Box::new(m.pending.clone()))
             .expect("unique metric name");
-        r.register(Box::new(m.lag.clone())).expect("unique metric name");
+        r.register(Box::new(m.lag.clone()))
+            .expect("unique metric name");
         m
     }
 

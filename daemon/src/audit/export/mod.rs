@@ -105,10 +105,7 @@ pub(crate) fn start(
         sinks.push(Sink {
             name,
             format: e.format,
-            host_id: e
-                .host_id
-                .clone()
-                .unwrap_or_else(syslog::default_host_id),
+            host_id: e.host_id.clone().unwrap_or_else(syslog::default_host_id),
             connector,
             reader,
             cursor_path,

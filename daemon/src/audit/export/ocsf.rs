@@ -28,7 +28,10 @@ pub(crate) fn event(line: &[u8], host_id: &str) -> Value {
             "raw_data".into(),
             Value::String(String::from_utf8_lossy(line).into_owned()),
         );
-        e.insert("message".into(), json!("an audit log line that is not a record"));
+        e.insert(
+            "message".into(),
+            json!("an audit log line that is not a record"),
+        );
         return Value::Object(e);
     };
     let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -105,10 +108,17 @@ fn decision(e: &mut Map<String, Value>, r: &Map<String, Value>) {
     let verdict = s("decision").unwrap_or("error");
     let allowed = matches!(verdict, "allow" | "ask_approved");
     let failed = r.get("error_code").is_some_and(|c| !c.is_null());
-    e.insert("status_id".into(), json!(if allowed && !failed { 1 } else { 2 }));
+    e.insert(
+        "status_id".into(),
+        json!(if allowed && !failed { 1 } else { 2 }),
+    );
     e.insert(
         "status".into(),
-        json!(if allowed && !failed { "Success" } else { "Failure" }),
+        json!(if allowed && !failed {
+            "Success"
+        } else {
+            "Failure"
+        }),
     );
     if let Some(code) = s("error_code") {
         e.insert("status_code".into(), json!(code));
@@ -118,7 +128,11 @@ fn decision(e: &mut Map<String, Value>, r: &Map<String, Value>) {
         e.insert("severity_id".into(), json!(3));
         e.insert("severity".into(), json!("Medium"));
     }
-    let (action_id, action) = if allowed { (1, "Allowed") } else { (2, "Denied") };
+    let (action_id, action) = if allowed {
+        (1, "Allowed")
+    } else {
+        (2, "Denied")
+    };
     e.insert("action_id".into(), json!(action_id));
     e.insert("action".into(), json!(action));
     let (disposition_id, disposition) = match verdict {
@@ -139,7 +153,10 @@ fn decision(e: &mut Map<String, Value>, r: &Map<String, Value>) {
         );
     }
     if let Some(uid) = n("agent_uid") {
-        e.insert("actor".into(), json!({ "user": { "uid": uid.to_string() } }));
+        e.insert(
+            "actor".into(),
+            json!({ "user": { "uid": uid.to_string() } }),
+        );
     }
     let mut dst = Map::new();
     if let Some(host) = s("host").filter(|h| !h.is_empty()) {
@@ -176,7 +193,13 @@ fn decision(e: &mut Map<String, Value>, r: &Map<String, Value>) {
     if let Some(ms) = r.get("ms").and_then(Value::as_f64) {
         e.insert("duration".into(), json!(ms.round() as u64));
     }
-    let what = [s("method"), Some(verdict), s("host"), s("path"), s("error_code")];
+    let what = [
+        s("method"),
+        Some(verdict),
+        s("host"),
+        s("path"),
+        s("error_code"),
+    ];
     e.insert(
         "message".into(),
         json!(what.into_iter().flatten().collect::<Vec<_>>().join(" ")),
@@ -207,7 +230,11 @@ fn http_activity(r: &Map<String, Value>, host_id: &str) -> Map<String, Value> {
         Some("security_control"),
     );
     decision(&mut e, r);
-    let scheme = if s("protocol") == Some("https") { "https" } else { "http" };
+    let scheme = if s("protocol") == Some("https") {
+        "https"
+    } else {
+        "http"
+    };
     let host = s("host").unwrap_or("");
     let port = r.get("port").and_then(Value::as_u64).unwrap_or(0);
     let full = s("path").unwrap_or("/");
@@ -231,7 +258,10 @@ fn http_activity(r: &Map<String, Value>, host_id: &str) -> Map<String, Value> {
     );
     let status = r.get("status").and_then(Value::as_u64);
     // 0: no response was sent (the client went away first).
-    e.insert("http_response".into(), json!({ "code": status.unwrap_or(0) }));
+    e.insert(
+        "http_response".into(),
+        json!({ "code": status.unwrap_or(0) }),
+    );
     if let Some(st) = status {
         e.insert("http_status".into(), json!(st));
     }
@@ -321,8 +351,7 @@ fn epoch_ms(t: &str) -> Option<i64> {
 }
 
 fn now_ms() -> i64 {
-    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
-        .unwrap_or(0)
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -350,7 +379,10 @@ mod tests {
             assert_eq!(class, want, "{line}");
             classes.insert(class);
         }
-        assert!(classes.contains(&4002) && classes.contains(&4001), "{classes:?}");
+        assert!(
+            classes.contains(&4002) && classes.contains(&4001),
+            "{classes:?}"
+        );
         let junk = event(b"not json", "h");
         assert_eq!(junk["class_uid"], 0);
         assert_eq!(junk["raw_data"], "not json");

@@ -252,7 +252,10 @@ impl LogReader {
 
     /// The kept files, oldest first, the live file last.
     fn files(&self) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = (1..=self.keep).rev().map(|n| rotated(&self.path, n)).collect();
+        let mut v: Vec<PathBuf> = (1..=self.keep)
+            .rev()
+            .map(|n| rotated(&self.path, n))
+            .collect();
         v.push(self.path.clone());
         v
     }

@@ -38,8 +38,15 @@ async fn a_reader_follows_appends_and_rotations_in_order_and_resumes_at_its_curs
     }
     audit.sync().await;
     seen.extend(drain(&mut r));
-    assert!(std::fs::metadata(rotation_path(&path, 3)).is_ok(), "rotated a few times");
-    assert_eq!(seen, (1..=n).collect::<Vec<_>>(), "every record once, in order");
+    assert!(
+        std::fs::metadata(rotation_path(&path, 3)).is_ok(),
+        "rotated a few times"
+    );
+    assert_eq!(
+        seen,
+        (1..=n).collect::<Vec<_>>(),
+        "every record once, in order"
+    );
 
     // A cursor taken now, then more records: a new reader resumes right after it.
     let saved = r.cursor();
@@ -88,7 +95,10 @@ async fn an_uncommitted_batch_comes_again() {
     assert_eq!(again.len(), 3, "not shipped: the same lines");
     r.commit(&again[..1]);
     let rest = r.next_batch(1 << 20).expect("read");
-    assert_eq!(rest.iter().map(|l| l.seq).collect::<Vec<_>>(), [Some(2), Some(3)]);
+    assert_eq!(
+        rest.iter().map(|l| l.seq).collect::<Vec<_>>(),
+        [Some(2), Some(3)]
+    );
     let text = std::fs::read(&path).expect("log");
     let joined: Vec<u8> = first
         .iter()
@@ -155,7 +165,10 @@ async fn rotation_waits_for_a_sink_up_to_its_max_hold_then_counts_what_it_lost()
             tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         }
     }
-    assert!(dropped.get() > 0, "past max_hold the rotation went on and counted");
+    assert!(
+        dropped.get() > 0,
+        "past max_hold the rotation went on and counted"
+    );
 }
 
 fn rotation_path(path: &Path, n: u32) -> PathBuf {

@@ -102,7 +102,9 @@ impl Sink {
                 self.pause(&mut stop, POLL).await;
                 continue;
             }
-            st.waiting_since = st.waiting_since.or_else(|| lines[0].time.as_deref().and_then(parse_time));
+            st.waiting_since = st
+                .waiting_since
+                .or_else(|| lines[0].time.as_deref().and_then(parse_time));
             if !self.connected(&mut st).await {
                 let wait = st.backoff;
                 st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
@@ -110,7 +112,9 @@ impl Sink {
                 continue;
             }
             let bytes = self.framed(&lines);
-            let Some(conn) = st.conn.as_mut() else { continue };
+            let Some(conn) = st.conn.as_mut() else {
+                continue;
+            };
             match conn.send(&bytes).await {
                 Ok(()) => {
                     self.reader.commit(&lines);
@@ -205,7 +209,11 @@ impl Sink {
                 ExportFormat::Agenshield => frame(&mut out, &env, &l.bytes),
                 ExportFormat::Ocsf => {
                     let event = ocsf::event(&l.bytes, &self.host_id);
-                    frame(&mut out, &env, &serde_json::to_vec(&event).unwrap_or_default());
+                    frame(
+                        &mut out,
+                        &env,
+                        &serde_json::to_vec(&event).unwrap_or_default(),
+                    );
                 }
             }
         }
@@ -250,7 +258,9 @@ impl Sink {
     /// Sleeps `d`, or less if a stop is asked for.
     async fn pause(&self, stop: &mut watch::Receiver<Option<Instant>>, d: Duration) {
         let deadline = *stop.borrow();
-        let d = deadline.map_or(d, |end| d.min(end.saturating_duration_since(Instant::now())));
+        let d = deadline.map_or(d, |end| {
+            d.min(end.saturating_duration_since(Instant::now()))
+        });
         tokio::select! {
             () = tokio::time::sleep(d) => {}
             changed = stop.changed() => {

@@ -23,7 +23,8 @@ pub(crate) struct Envelope<'a> {
 
 /// Appends one framed message carrying `msg` to `out`.
 pub(crate) fn frame(out: &mut Vec<u8>, env: &Envelope<'_>, msg: &[u8]) {
-    let mut head = format!("<{PRI}>1 {} {} {APP_NAME} {} {} [{SD_ID} host_id=\"{}\"",
+    let mut head = format!(
+        "<{PRI}>1 {} {} {APP_NAME} {} {} [{SD_ID} host_id=\"{}\"",
         env.time.filter(|t| timestamp_ok(t)).unwrap_or("-"),
         env.host_id,
         env.procid,
@@ -90,7 +91,8 @@ mod tests {
 
     #[test]
     fn a_record_is_framed_with_its_length_and_left_untouched() {
-        let line = br#"{"v":2,"seq":7,"time":"2026-12-07T02:37:20.123Z","kind":"request","x":"]\""}"#;
+        let line =
+            br#"{"v":2,"seq":7,"time":"2026-12-07T02:37:20.123Z","kind":"request","x":"]\""}"#;
         let mut out = Vec::new();
         frame(
             &mut out,
@@ -127,6 +129,9 @@ mod tests {
             b"x",
         );
         let text = String::from_utf8(out).expect("utf8");
-        assert!(text.contains("<110>1 - a\"b agenshield 1 - [agenshield@32473 host_id=\"a\\\"b\"] x"), "{text}");
+        assert!(
+            text.contains("<110>1 - a\"b agenshield 1 - [agenshield@32473 host_id=\"a\\\"b\"] x"),
+            "{text}"
+        );
     }
 }
