@@ -57,12 +57,9 @@ impl Ocsf {
     }
 
     /// Attributes of a definition file, with what it extends and includes.
-    fn attrs(&self, rel: &str, parent: Option<String>) -> BTreeMap<String, Attr> {
+    fn attrs(&self, rel: &str) -> BTreeMap<String, Attr> {
         let d = load(&self.root.join(rel));
-        let mut out = match parent {
-            Some(p) => self.attrs(&p, None),
-            None => BTreeMap::new(),
-        };
+        let mut out = BTreeMap::new();
         if let Some(ext) = d["extends"].as_str() {
             let parent = if rel.starts_with("objects/") {
                 format!("objects/{ext}.json")
@@ -72,7 +69,7 @@ impl Ocsf {
                 format!("events/{ext}/{ext}.json")
             };
             if self.root.join(&parent).exists() {
-                for (k, a) in self.attrs(&parent, None) {
+                for (k, a) in self.attrs(&parent) {
                     out.insert(k, a);
                 }
             }
@@ -174,7 +171,7 @@ impl Ocsf {
                     .collect()
             })
             .unwrap_or_default();
-        let attrs = self.attrs(file, None);
+        let attrs = self.attrs(file);
         self.check_object(event, &attrs, &profiles, file, &mut errors);
         assert!(
             errors.is_empty(),
@@ -251,7 +248,7 @@ impl Ocsf {
         }
         if !ty.ends_with("_t") {
             let rel = format!("objects/{ty}.json");
-            let attrs = self.attrs(&rel, None);
+            let attrs = self.attrs(&rel);
             self.check_object(v, &attrs, profiles, path, errors);
             let def = load(&self.root.join(&rel));
             self.check_constraints(v, &def, path, errors);

@@ -222,10 +222,10 @@ impl LogReader {
                 continue;
             }
             match first_seq(&f)? {
-                Some(first) if first > self.seq => {
-                    if best.as_ref().is_none_or(|(b, _, _)| first < *b) {
-                        best = Some((first, f, ino));
-                    }
+                Some(first)
+                    if first > self.seq && best.as_ref().is_none_or(|(b, _, _)| first < *b) =>
+                {
+                    best = Some((first, f, ino));
                 }
                 None if p == self.path => live = Some((f, ino)),
                 _ => {}

@@ -59,6 +59,17 @@ struct State {
     last_sync: Instant,
     /// When the oldest record waiting to be shipped was written.
     waiting_since: Option<SystemTime>,
+    /// No connect before this (the backoff after a failure).
+    retry_at: Instant,
+}
+
+impl State {
+    /// No connect for a while after a failure: 0.1 s doubling to 30 s (reset by a shipped
+    /// batch, so a receiver that accepts and then drops every connection is not hammered).
+    fn back_off(&mut self) {
+        self.retry_at = Instant::now() + jitter(self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
 }
 
 impl Sink {
@@ -72,6 +83,7 @@ impl Sink {
             last_save: Instant::now(),
             last_sync: Instant::now(),
             waiting_since: None,
+            retry_at: Instant::now(),
         };
         let mut gauges_at = Instant::now();
         loop {
@@ -105,10 +117,15 @@ impl Sink {
             st.waiting_since = st
                 .waiting_since
                 .or_else(|| lines[0].time.as_deref().and_then(parse_time));
+            if st.conn.is_none() && Instant::now() < st.retry_at {
+                // Backing off; the gauges still move once a second meanwhile.
+                let wait = st.retry_at.saturating_duration_since(Instant::now());
+                self.pause(&mut stop, wait.min(Duration::from_secs(1)))
+                    .await;
+                continue;
+            }
             if !self.connected(&mut st).await {
-                let wait = st.backoff;
-                st.backoff = (st.backoff * 2).min(BACKOFF_MAX);
-                self.pause(&mut stop, jitter(wait)).await;
+                st.back_off();
                 continue;
             }
             let bytes = self.framed(&lines);
@@ -117,6 +134,7 @@ impl Sink {
             };
             match conn.send(&bytes).await {
                 Ok(()) => {
+                    st.backoff = BACKOFF_FIRST;
                     self.reader.commit(&lines);
                     self.shipped.store(self.reader.seq(), Ordering::Release);
                     self.metrics
@@ -132,6 +150,7 @@ impl Sink {
                 Err(f) => {
                     st.conn = None;
                     self.failed(f, &mut st);
+                    st.back_off();
                 }
             }
         }
@@ -170,7 +189,6 @@ impl Sink {
         match self.connector.connect().await {
             Ok(c) => {
                 st.conn = Some(c);
-                st.backoff = BACKOFF_FIRST;
                 if let Some(since) = st.down_since.take() {
                     tracing::info!(sink = %self.name, after = ?since.elapsed(), from_seq = self.reader.seq() + 1, "audit export: receiver back; shipping what waited");
                 }
