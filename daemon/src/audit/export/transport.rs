@@ -220,3 +220,86 @@ async fn write_flush<S: AsyncRead + AsyncWrite + Unpin>(
     s.write_all(bytes).await?;
     s.flush().await
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A CA: its PEM, and its issuer for leaves.
+    fn ca() -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).expect("self-sign");
+        (cert.pem(), Issuer::new(params, key))
+    }
+
+    fn sink(port: u16, ca: &std::path::Path) -> AuditExport {
+        let text = format!(
+            "type = \"syslog\"\nurl = \"tls://127.0.0.1:{port}\"\nca = {:?}\n",
+            ca.display().to_string()
+        );
+        toml::from_str(&text).expect("sink")
+    }
+
+    /// The receiver's certificate is verified: one from another CA is refused (a `tls`
+    /// failure, nothing sent); one from the sink's `ca` carries the bytes.
+    #[tokio::test]
+    async fn the_receiver_is_verified_against_the_sinks_ca() {
+        let (ca_pem, issuer) = ca();
+        let (other_pem, _) = ca();
+        let key = KeyPair::generate().expect("key");
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("sign");
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::try_from(key.serialize_der()).expect("key der"),
+        )
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (got_tx, mut got) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, got_tx) = (acceptor.clone(), got_tx.clone());
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(tcp).await {
+                        let mut buf = Vec::new();
+                        let _ = tls.read_to_end(&mut buf).await;
+                        let _ = got_tx.send(buf).await;
+                    }
+                });
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (good, bad) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
+        std::fs::write(&good, ca_pem).expect("write");
+        std::fs::write(&bad, other_pem).expect("write");
+
+        let wrong = Connector::new(&sink(port, &bad), "t").expect("connector");
+        assert_eq!(wrong.connect().await.err(), Some(Failure::Tls));
+
+        let right = Connector::new(&sink(port, &good), "t").expect("connector");
+        let mut conn = right.connect().await.expect("verified");
+        assert!(conn.looks_alive());
+        conn.send(b"5 hello").await.expect("send");
+        conn.close().await;
+        let got = tokio::time::timeout(Duration::from_secs(10), got.recv())
+            .await
+            .expect("in time")
+            .expect("bytes");
+        assert_eq!(got, b"5 hello");
+    }
+}
