@@ -272,7 +272,7 @@ impl Writer {
             r.retention,
             std::time::SystemTime::now(),
         ) {
-            if self.held.is_none() {
+            if !self.health.retention_blocked() {
                 let file = retention::next_deleted(&self.path, r.keep);
                 self.health.retention(Some(NotReady::RetentionHeld {
                     size: self.size,
