@@ -50,12 +50,19 @@ pub fn grafana_dir() -> PathBuf {
 /// Prometheus on a free loopback port, scraping `target` every second and evaluating
 /// `rule_files` (paths) every second.
 pub fn start(target: SocketAddr, rule_files: &[PathBuf]) -> Prometheus {
+    start_fleet(&[target], rule_files)
+}
+
+/// Prometheus scraping several daemons as one job (a fleet: each target is an `instance`).
+pub fn start_fleet(targets: &[SocketAddr], rule_files: &[PathBuf]) -> Prometheus {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
     let config = dir.path().join("prometheus.yml");
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    let targets = targets.join(", ");
     let rules = if rule_files.is_empty() {
         String::new()
     } else {
@@ -68,7 +75,7 @@ pub fn start(target: SocketAddr, rule_files: &[PathBuf]) -> Prometheus {
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rules}scrape_configs:\n  - job_name: agenshield-proxy\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{target}']\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rules}scrape_configs:\n  - job_name: agenshield-proxy\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{targets}]\n"
         ),
     )
     .expect("config");
@@ -117,8 +124,26 @@ impl Prometheus {
 }
 
 /// Every PromQL expression of the shipped dashboard, Grafana's interval variables replaced
-/// by one minute.
+/// by one minute and `$instance` by its "All" value.
 pub fn dashboard_exprs() -> Vec<String> {
+    dashboard_exprs_for(".*")
+}
+
+/// The dashboard's expressions as Grafana sends them with `instance` (a regex) selected.
+pub fn dashboard_exprs_for(instance: &str) -> Vec<String> {
+    raw_dashboard_exprs()
+        .into_iter()
+        .map(|e| {
+            e.replace("$__rate_interval", "1m")
+                .replace("$__interval", "1m")
+                .replace("$__range", "1m")
+                .replace("$instance", instance)
+        })
+        .collect()
+}
+
+/// Every PromQL expression of the shipped dashboard as written, variables and all.
+pub fn raw_dashboard_exprs() -> Vec<String> {
     let path = grafana_dir().join("dashboards/agenshield-proxy.json");
     let text = std::fs::read_to_string(&path).expect("dashboard JSON");
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
@@ -138,11 +163,5 @@ pub fn dashboard_exprs() -> Vec<String> {
         }
     }
     walk(&v, &mut out);
-    out.into_iter()
-        .map(|e| {
-            e.replace("$__rate_interval", "1m")
-                .replace("$__interval", "1m")
-                .replace("$__range", "1m")
-        })
-        .collect()
+    out
 }

@@ -79,6 +79,138 @@ async fn a_fresh_daemon_leaves_no_dashboard_panel_without_data() {
     );
 }
 
+/// Every metric selector of the dashboard is narrowed by the `instance` variable, so picking
+/// hosts narrows every panel (a selector without it would silently sum the whole fleet).
+#[test]
+fn every_dashboard_query_follows_the_instance_variable() {
+    let mut unscoped = Vec::new();
+    for e in prometheus::raw_dashboard_exprs() {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("agenshield_proxy_") {
+            let tail = &rest[i..];
+            let name_len = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            if !tail[name_len..].starts_with("{instance=~\"$instance\"") {
+                unscoped.push(format!("{}  in  {e}", &tail[..name_len]));
+            }
+            rest = &tail[name_len..];
+        }
+    }
+    assert!(
+        unscoped.is_empty(),
+        "selectors without instance:\n{}",
+        unscoped.join("\n")
+    );
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(grafana_dir().join("dashboards/agenshield-proxy.json"))
+            .expect("dashboard"),
+    )
+    .expect("JSON");
+    let vars = dash["templating"]["list"].as_array().expect("variables");
+    let inst = vars
+        .iter()
+        .find(|v| v["name"] == "instance")
+        .expect("an instance variable");
+    assert_eq!(inst["allValue"], ".*", "{inst}");
+    assert_eq!(inst["multi"], true, "{inst}");
+    assert_eq!(dash["panels"][0]["title"], "Fleet overview");
+}
+
+/// Two daemons scraped by one Prometheus, as a fleet is: the fleet overview row shows each
+/// host on its own line, and selecting one instance narrows every panel to that host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_row_shows_each_instance_and_the_variable_narrows_every_panel() {
+    if let Some(why) = prometheus::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let (a, b) = (daemon(), daemon());
+    let prom = prometheus::start_fleet(&[a.metrics, b.metrics], &[]);
+    let hosts = |expr: &str| -> std::collections::BTreeSet<String> {
+        prom.query(expr)["data"]["result"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|s| s["metric"]["instance"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let both: std::collections::BTreeSet<String> =
+        [a.metrics.to_string(), b.metrics.to_string()].into();
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(grafana_dir().join("dashboards/agenshield-proxy.json"))
+            .expect("dashboard"),
+    )
+    .expect("JSON");
+    // The fleet row: the panels between the first row header and the next.
+    let panels = dash["panels"].as_array().expect("panels");
+    let fleet: Vec<&serde_json::Value> = panels[1..]
+        .iter()
+        .take_while(|p| p["type"] != "row")
+        .collect();
+    assert!(fleet.len() >= 5, "fleet row has {} panels", fleet.len());
+    let exprs_of = |p: &serde_json::Value, instance: &str| -> Vec<String> {
+        p["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["expr"].as_str())
+            .map(|e| {
+                e.replace("$__rate_interval", "1m")
+                    .replace("$__range", "1m")
+                    .replace("$instance", instance)
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut missing = Vec::new();
+    loop {
+        missing.clear();
+        for p in &fleet {
+            for e in exprs_of(p, ".*") {
+                let got = hosts(&e);
+                if got != both {
+                    missing.push(format!("{}: {e} -> {got:?}", p["title"]));
+                }
+            }
+        }
+        if missing.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        missing.is_empty(),
+        "fleet panels without both hosts:\n{}",
+        missing.join("\n")
+    );
+    // One host selected: every query of the dashboard that answers per instance names only it.
+    let one = a.metrics.to_string();
+    let only = regex_escape(&one);
+    for e in prometheus::dashboard_exprs_for(&only) {
+        let got = hosts(&e);
+        assert!(
+            got.iter().all(|h| h == &one),
+            "{e} with instance={only} answers for {got:?}"
+        );
+    }
+}
+
+/// A literal for a PromQL regex matcher (Grafana escapes a selected value the same way).
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == ':' || c == '_' {
+                vec![c]
+            } else {
+                vec!['\\', '\\', c]
+            }
+        })
+        .collect()
+}
+
 /// The daemon's `/metrics` as text.
 fn scrape(d: &Daemon) -> String {
     let out = Command::new("curl")
