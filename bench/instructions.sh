@@ -24,6 +24,7 @@ if [ -z "${AGENSHIELD_BIN:-}" ]; then
   (cd "$root" && cargo build --release -q -p agenshield-proxy)
   AGENSHIELD_BIN="$root/target/release/agenshield"
 fi
+BASE_REAL=$BASE_BIN NEW_REAL=$AGENSHIELD_BIN
 N="${N:-3000}"
 WORKLOADS="${WORKLOADS:-ka h2}"
 OUT_MD="${OUT_MD:-$here/results-instructions-$(date -u +%Y-%m-%d).md}"
@@ -43,7 +44,8 @@ workload() { # $1 name, $2 requests: the load, bounded, as the agent uid
 vg_wrap() {
   local w
   w=$(mktemp /tmp/agenshield-vg.XXXXXX)
-  printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --callgrind-out-file=%s.%%p "%s" "$@"\n' "$2" "$1" >"$w"
+  # --trace-children: the daemon serves from a child process it starts (daemon/privsep).
+  printf '#!/bin/sh\nexec valgrind -q --tool=callgrind --trace-children=yes --callgrind-out-file=%s.%%p "%s" "$@"\n' "$2" "$1" >"$w"
   chmod +x "$w"
   echo "$w"
 }
@@ -63,7 +65,7 @@ succeeded() { sed -n 's/^requests: .* \([0-9]*\) succeeded.*/\1/p' "$1" | head -
 
 declare -A IR DONE
 measure() { # $1 label, $2 binary
-  local label=$1 prefix w pid
+  local label=$1 prefix w
   ROW=agenshield REP=1
   reset_row
   prefix="$S/cg-$label"
@@ -72,14 +74,14 @@ measure() { # $1 label, $2 binary
   row_agenshield
   nft_up "$ROW_PORT" "$ROW_PORT"
   assert_target "" "$UP"
-  pid=$ROW_PID
   # Warm-up: the CA, the leaf cache, the upstream pool, the first allocations.
   as_agent timeout 300 h2load -n 200 -c 4 -m 10 "$ROW_URL/small" >"$S/logs/vg-warm-$label.txt" 2>&1 || true
   for w in $WORKLOADS; do
     rm -f "$prefix".*.[0-9]*
-    callgrind_control -z "$pid" >/dev/null
+    # Every callgrind run on the machine is one of the daemon's processes (ours alone).
+    callgrind_control -z >/dev/null
     workload "$w" "$N" >"$S/logs/vg-$label-$w.txt" 2>&1 || true
-    callgrind_control -d "$pid" >/dev/null
+    callgrind_control --dump >/dev/null
     sleep 1
     IR[$label.$w]=$(dumped_ir "$prefix")
     DONE[$label.$w]=$(succeeded "$S/logs/vg-$label-$w.txt")
@@ -90,14 +92,15 @@ measure() { # $1 label, $2 binary
 
 main_instructions() {
   harness_start
-  measure base "$BASE_BIN"
-  measure new "$AGENSHIELD_BIN"
+  if pgrep -f 'valgrind.*callgrind' >/dev/null; then die "another callgrind run is active"; fi
+  measure base "$BASE_REAL"
+  measure new "$NEW_REAL"
   {
     echo "# Instructions per request under callgrind: base against new"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); $(valgrind --version); N=$N requests per workload after a 200-request warm-up"
-    echo "- base: $BASE_BIN"
-    echo "- new: $AGENSHIELD_BIN"
+    echo "- base: $BASE_REAL"
+    echo "- new: $NEW_REAL"
     echo "- ka: \`h2load --h1 -n $N -c 8\`; h2: \`h2load -n $N -c 8 -m 10\`; 1 KiB \`/small\` through the transparent listener (bench/peers.sh's agenshield row)"
     echo
     echo "| workload | base instr/req | new instr/req | new / base |"
