@@ -117,98 +117,129 @@ fn every_dashboard_query_follows_the_instance_variable() {
     assert_eq!(dash["panels"][0]["title"], "Fleet overview");
 }
 
-/// Two daemons scraped by one Prometheus, as a fleet is: the fleet overview row shows each
-/// host on its own line, and selecting one instance narrows every panel to that host.
+/// The shipped fleet configuration, as an operator runs it: two daemons, each with its own
+/// Prometheus from `fleet-host.yml` (instance = the host's name), and a central Prometheus
+/// from `fleet-central.yml` that gets their series by remote_write (push) or by federation
+/// (pull). On the central one, every panel of the fleet overview row shows both hosts, and
+/// selecting one instance narrows every panel of the dashboard to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_fleet_row_shows_each_instance_and_the_variable_narrows_every_panel() {
+async fn the_shipped_fleet_configs_bring_every_host_into_the_fleet_row() {
     if let Some(why) = prometheus::missing() {
         eprintln!("{why}");
         return;
     }
     let (a, b) = (daemon(), daemon());
-    let prom = prometheus::start_fleet(&[a.metrics, b.metrics], &[]);
-    let hosts = |expr: &str| -> std::collections::BTreeSet<String> {
-        prom.query(expr)["data"]["result"]
-            .as_array()
-            .map(|r| {
-                r.iter()
-                    .filter_map(|s| s["metric"]["instance"].as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
+    let dir = grafana_dir().join("prometheus");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect(f);
+    let (host_yml, central_yml) = (read("fleet-host.yml"), read("fleet-central.yml"));
+    let alerts = dir.join("alerts.yml").display().to_string();
+    let central = |hosts: &str, args: &[&str]| {
+        let text = central_yml
+            .replace("@HOSTS@", hosts)
+            .replace("- alerts.yml", &format!("- '{alerts}'"))
+            .replace("15s", "1s");
+        prometheus::start_config(&text, args)
     };
-    let both: std::collections::BTreeSet<String> =
-        [a.metrics.to_string(), b.metrics.to_string()].into();
+    let host = |name: &str, daemon: &Daemon, central: &str| {
+        let text = host_yml
+            .replace("@HOST@", name)
+            .replace("@CENTRAL@", central)
+            .replace("127.0.0.1:15090", &daemon.metrics.to_string())
+            .replace("15s", "1s");
+        prometheus::start_config(&text, &[])
+    };
+    // Push: both hosts remote_write to a central Prometheus that receives.
+    let push = central("", &["--web.enable-remote-write-receiver"]);
+    let central_url = format!("http://{}", push.addr);
+    let pa = host("host-a", &a, &central_url);
+    let pb = host("host-b", &b, &central_url);
+    for p in [&push, &pa, &pb] {
+        let (ok, out) = promtool(&[
+            "check",
+            "config",
+            &p.dir.path().join("prometheus.yml").display().to_string(),
+        ]);
+        assert!(ok, "promtool check config: {out}");
+    }
+    fleet_row_shows(&push, &["host-a", "host-b"]).await;
+    // One host selected: every query of the dashboard that answers per instance names only it.
+    for e in prometheus::dashboard_exprs_for("host-a") {
+        let got = instances(&push, &e);
+        assert!(
+            got.iter().all(|h| h == "host-a"),
+            "{e} with instance=host-a answers for {got:?}"
+        );
+    }
+    // Pull: a central Prometheus federates the two hosts' Prometheus servers.
+    let pull = central(&format!("'{}', '{}'", pa.addr, pb.addr), &[]);
+    fleet_row_shows(&pull, &["host-a", "host-b"]).await;
+}
+
+/// The instances a query's answer names.
+fn instances(p: &prometheus::Prometheus, expr: &str) -> std::collections::BTreeSet<String> {
+    p.query(expr)["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|s| s["metric"]["instance"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every query of the dashboard's first row (the fleet overview) answers for exactly
+/// `hosts`, within 60 s.
+async fn fleet_row_shows(p: &prometheus::Prometheus, hosts: &[&str]) {
+    let want: std::collections::BTreeSet<String> = hosts.iter().map(|h| h.to_string()).collect();
     let dash: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(grafana_dir().join("dashboards/agenshield-proxy.json"))
             .expect("dashboard"),
     )
     .expect("JSON");
-    // The fleet row: the panels between the first row header and the next.
     let panels = dash["panels"].as_array().expect("panels");
     let fleet: Vec<&serde_json::Value> = panels[1..]
         .iter()
         .take_while(|p| p["type"] != "row")
         .collect();
     assert!(fleet.len() >= 5, "fleet row has {} panels", fleet.len());
-    let exprs_of = |p: &serde_json::Value, instance: &str| -> Vec<String> {
-        p["targets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["expr"].as_str())
-            .map(|e| {
-                e.replace("$__rate_interval", "1m")
-                    .replace("$__range", "1m")
-                    .replace("$instance", instance)
-            })
-            .collect()
-    };
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut missing = Vec::new();
+    let exprs: Vec<(String, String)> = fleet
+        .iter()
+        .flat_map(|p| {
+            p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str())
+                .map(|e| {
+                    (
+                        p["title"].as_str().unwrap_or("").to_string(),
+                        e.replace("$__rate_interval", "1m")
+                            .replace("$__range", "1m")
+                            .replace("$instance", ".*"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        missing.clear();
-        for p in &fleet {
-            for e in exprs_of(p, ".*") {
-                let got = hosts(&e);
-                if got != both {
-                    missing.push(format!("{}: {e} -> {got:?}", p["title"]));
-                }
-            }
+        let wrong: Vec<String> = exprs
+            .iter()
+            .filter_map(|(title, e)| {
+                let got = instances(p, e);
+                (got != want).then(|| format!("{title}: {e} -> {got:?}"))
+            })
+            .collect();
+        if wrong.is_empty() {
+            return;
         }
-        if missing.is_empty() || Instant::now() > deadline {
-            break;
-        }
+        assert!(
+            Instant::now() < deadline,
+            "fleet panels without every host {want:?}:\n{}",
+            wrong.join("\n")
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert!(
-        missing.is_empty(),
-        "fleet panels without both hosts:\n{}",
-        missing.join("\n")
-    );
-    // One host selected: every query of the dashboard that answers per instance names only it.
-    let one = a.metrics.to_string();
-    let only = regex_escape(&one);
-    for e in prometheus::dashboard_exprs_for(&only) {
-        let got = hosts(&e);
-        assert!(
-            got.iter().all(|h| h == &one),
-            "{e} with instance={only} answers for {got:?}"
-        );
-    }
-}
-
-/// A literal for a PromQL regex matcher (Grafana escapes a selected value the same way).
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_ascii_alphanumeric() || c == ':' || c == '_' {
-                vec![c]
-            } else {
-                vec!['\\', '\\', c]
-            }
-        })
-        .collect()
 }
 
 /// The daemon's `/metrics` as text.
