@@ -35,7 +35,7 @@ mod store;
 mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, ScopeError, Sigv4Scope, ISSUES_CREDENTIALS};
 pub(crate) use source_status::{BundleLayer, SourceStatus, SyncFailure};
-pub(crate) use store::{Layering, PolicyInfo, PolicyStore};
+pub(crate) use store::{Layering, PolicyInfo, PolicyStore, SecretCheck};
 pub(crate) use watch_status::WatchHealth;
 
 /// Name patterns for a `sigv4` scope built in code.
