@@ -60,17 +60,19 @@ fn make_bundle(
     String::from_utf8_lossy(&run.stdout).into_owned()
 }
 
-/// Puts `bundle` and its signature `sig` at `dest` and `dest.minisig`: the signature first,
-/// so a conditional GET between the two renames still finds the old bundle unchanged.
+/// Puts `bundle` and its signature `sig` at `dest` and `dest.minisig`: both copied beside
+/// them first, then renamed back to back, the signature first (a conditional GET between the
+/// two renames still finds the old bundle unchanged and asks for no signature).
 fn publish(bundle: &Path, sig: &Path, dest: &Path) {
     let dest_sig = PathBuf::from(format!("{}.minisig", dest.display()));
-    let stage = |from: &Path, to: &Path| {
+    let staged = |from: &Path, to: &Path| {
         let tmp = PathBuf::from(format!("{}.stage", to.display()));
         std::fs::copy(from, &tmp).expect("stage");
-        std::fs::rename(&tmp, to).expect("publish");
+        tmp
     };
-    stage(sig, &dest_sig);
-    stage(bundle, dest);
+    let (tmp_sig, tmp_bundle) = (staged(sig, &dest_sig), staged(bundle, dest));
+    std::fs::rename(tmp_sig, &dest_sig).expect("publish signature");
+    std::fs::rename(tmp_bundle, dest).expect("publish bundle");
 }
 
 /// A bundle built and signed in `work`, named `name`: (bundle, signature).

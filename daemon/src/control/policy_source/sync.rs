@@ -23,7 +23,7 @@ use crate::upstream::trust::UpstreamTrust;
 
 /// Why the source cannot be set up at start (a bad key, an exposed cache directory).
 #[derive(Debug, thiserror::Error)]
-pub enum SourceError {
+pub(crate) enum SourceError {
     #[error(transparent)]
     Key(#[from] SignatureError),
     #[error(transparent)]
