@@ -34,7 +34,7 @@ mod source_status;
 mod store;
 mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, ScopeError, Sigv4Scope, ISSUES_CREDENTIALS};
-pub(crate) use source_status::{BundleLayer, SourceStatus, SyncFailure};
+pub(crate) use source_status::{BundleLayer, SyncFailure};
 pub(crate) use store::{Layering, PolicyInfo, PolicyStore, SecretCheck};
 pub(crate) use watch_status::WatchHealth;
 

@@ -95,14 +95,10 @@ impl PolicyStore {
         self.current.load_full()
     }
 
-    /// Re-reads the directory. On success the new policy is in force for every request that
-    /// starts after this returns; on failure nothing changes but the recorded error.
-    pub(crate) fn reload(&self) -> Result<Arc<Policy>, PolicyError> {
-        self.reload_with(None)
-    }
-
-    /// Like [`PolicyStore::reload`], with `bundle` as the new bundle layer (`None`: the one in
-    /// force). The layer is kept only if the policy it makes is taken.
+    /// Re-reads the directory (and composes it with `bundle`, the new bundle layer, or, for
+    /// `None`, the one in force). On success the new policy is in force for every request
+    /// that starts after this returns, and the layer is kept; on failure nothing changes but
+    /// the recorded error.
     pub(crate) fn reload_with(
         &self,
         bundle: Option<Arc<BundleLayer>>,

@@ -23,7 +23,7 @@ pub(super) struct Cached {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub(super) enum CacheError {
+pub(crate) enum CacheError {
     #[error("policy cache {path}: {source}")]
     Io {
         path: PathBuf,
