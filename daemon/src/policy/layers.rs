@@ -149,8 +149,8 @@ mod tests {
         .action
     }
 
-    const BUNDLE: &str = "default = \"deny\"\n[[rule]]\nid = \"central\"\naction = \"allow\"\nhosts = [\"a.test\", \"b.test\"]\n";
-    const LOCAL: &str = "default = \"allow\"\n[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n[[rule]]\nid = \"local-deny\"\naction = \"deny\"\nhosts = [\"b.test\"]\npriority = 10\n";
+    const BUNDLE: &str = "version = 1\ndefault = \"deny\"\n[[rule]]\nid = \"central\"\naction = \"allow\"\nhosts = [\"a.test\", \"b.test\"]\n";
+    const LOCAL: &str = "version = 1\ndefault = \"allow\"\n[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n[[rule]]\nid = \"local-deny\"\naction = \"deny\"\nhosts = [\"b.test\"]\npriority = 10\n";
 
     #[test]
     fn deny_only_keeps_local_denies_and_drops_the_rest() {

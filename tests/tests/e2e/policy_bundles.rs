@@ -458,7 +458,7 @@ async fn deny_only_bundle_over_file_url_drops_local_allows_and_keeps_local_denie
         "deny-only",
         &key,
     );
-    let local = "[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n\n\
+    let local = "version = 1\n[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n\n\
                  [[rule]]\nid = \"local-deny\"\naction = \"deny\"\nhosts = [\"b.test\"]\n";
     let api = ApiUpstream::start("deny-only CA", &HOSTS, UpstreamOptions::default()).await;
     let mut opts = api.daemon_options(local);
