@@ -62,8 +62,9 @@ pub(crate) struct PolicyEntry {
     pub reason: Option<BundleRefusal>,
     /// The bundle's revision, when its manifest could be read.
     pub revision: Option<u64>,
-    /// SHA-256 of the bundle file (hex), when it was read whole.
-    pub hash: Option<String>,
+    /// SHA-256 of the bundle file (hex), when it was read whole. (Not `hash`: the line's
+    /// envelope has that name.)
+    pub sha256: Option<String>,
     pub origin: BundleOrigin,
     /// The policy source, as configured.
     pub url: String,

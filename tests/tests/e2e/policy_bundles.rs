@@ -270,7 +270,7 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
         w,
         "r2.tar.gz",
         &allowing(&["a.test", "b.test"]),
-        &[("more.toml", "# revision 2 brings a second file\n")],
+        &[("more.toml", "version = 1\n# revision 2 brings a second file\n")],
         2,
         "merge",
         &key,
@@ -312,7 +312,7 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     assert_eq!(rec["revision"], 1);
 
     // Over max_size (64 KiB): random hex does not compress below it.
-    let mut noise = String::from("# ");
+    let mut noise = String::from("version = 1\n# ");
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     while noise.len() < 300_000 {
         x ^= x << 13;
@@ -346,7 +346,7 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
         .filter(|r| r["outcome"] == "applied")
         .collect();
     assert_eq!(applied.len(), 2, "revisions 1 and 2, once each: {applied:?}");
-    assert_eq!(applied[1]["hash"], Value::from(sha2.clone()));
+    assert_eq!(applied[1]["sha256"], Value::from(sha2.clone()));
     assert_eq!(applied[1]["origin"], "source");
 
     // ctl and metrics show the revision, its hash, the last sync and the last error.
@@ -500,7 +500,7 @@ async fn deny_only_bundle_over_file_url_drops_local_allows_and_keeps_local_denie
 #[tokio::test(flavor = "multi_thread")]
 async fn policy_bundle_refuses_an_invalid_directory() {
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("main.toml"), "[[rule]]\nid = \"x\"\naction = \"maybe\"\nhosts = [\"a.test\"]\n")
+    std::fs::write(dir.path().join("main.toml"), "version = 1\n[[rule]]\nid = \"x\"\naction = \"maybe\"\nhosts = [\"a.test\"]\n")
         .expect("write");
     let out = dir.path().join("b.tar.gz");
     let run = std::process::Command::new(binary())
