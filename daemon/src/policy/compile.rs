@@ -187,10 +187,14 @@ pub(crate) fn compile(
 fn keep_denies_only(parsed: &mut ParsedSource, name: &str, dropped: &mut Vec<String>) {
     let file = super::load::short_name(name);
     if parsed.default.take().is_some() {
-        dropped.push(format!("{file}: `default` (local files may only add deny rules)"));
+        dropped.push(format!(
+            "{file}: `default` (local files may only add deny rules)"
+        ));
     }
     if parsed.mode.take().is_some() {
-        dropped.push(format!("{file}: `mode` (local files may only add deny rules)"));
+        dropped.push(format!(
+            "{file}: `mode` (local files may only add deny rules)"
+        ));
     }
     parsed.rules.retain(|def| {
         let action = def.action.get_ref();

@@ -154,12 +154,23 @@ mod tests {
 
     #[test]
     fn deny_only_keeps_local_denies_and_drops_the_rest() {
-        let sources = [src("bundle:r1/main.toml", BUNDLE), src("/p/local.toml", LOCAL)];
+        let sources = [
+            src("bundle:r1/main.toml", BUNDLE),
+            src("/p/local.toml", LOCAL),
+        ];
         let c = Policy::compose_sources(&sources, 1, LocalMode::DenyOnly).expect("composes");
         assert_eq!(get(&c.policy, "a.test"), Action::Allow);
         assert_eq!(get(&c.policy, "b.test"), Action::Deny, "local deny applies");
-        assert_eq!(get(&c.policy, "c.test"), Action::Deny, "local allow left out");
-        assert_eq!(get(&c.policy, "d.test"), Action::Deny, "local default left out");
+        assert_eq!(
+            get(&c.policy, "c.test"),
+            Action::Deny,
+            "local allow left out"
+        );
+        assert_eq!(
+            get(&c.policy, "d.test"),
+            Action::Deny,
+            "local default left out"
+        );
         assert_eq!(c.dropped.len(), 2, "{:?}", c.dropped);
         assert!(c.dropped.iter().any(|d| d.contains("local-allow")));
     }
@@ -167,11 +178,17 @@ mod tests {
     #[test]
     fn merge_takes_local_allows_and_conflicts_are_errors() {
         let local = LOCAL.replace("default = \"allow\"\n", "");
-        let sources = [src("bundle:r1/main.toml", BUNDLE), src("/p/local.toml", &local)];
+        let sources = [
+            src("bundle:r1/main.toml", BUNDLE),
+            src("/p/local.toml", &local),
+        ];
         let c = Policy::compose_sources(&sources, 1, LocalMode::Merge).expect("composes");
         assert_eq!(get(&c.policy, "c.test"), Action::Allow);
         assert!(c.dropped.is_empty());
-        let sources = [src("bundle:r1/main.toml", BUNDLE), src("/p/local.toml", LOCAL)];
+        let sources = [
+            src("bundle:r1/main.toml", BUNDLE),
+            src("/p/local.toml", LOCAL),
+        ];
         assert!(Policy::compose_sources(&sources, 1, LocalMode::Merge).is_err());
     }
 

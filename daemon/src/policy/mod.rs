@@ -201,7 +201,10 @@ impl Policy {
         Self::compiled(sources, compile::compile(sources, None)?)
     }
 
-    fn compiled(sources: &[PolicySource], compiled: compile::Compiled) -> Result<Policy, PolicyError> {
+    fn compiled(
+        sources: &[PolicySource],
+        compiled: compile::Compiled,
+    ) -> Result<Policy, PolicyError> {
         let passthrough = compiled.rules.iter().any(|r| r.passthrough);
         let policy = Policy {
             passthrough,

@@ -162,15 +162,16 @@ impl PolicyStore {
             loaded_at,
             last_error,
             watch: self.watch.status(),
-            source: self.source.lock().ok().and_then(|s| s.clone()).map(|mut s| {
-                s.waiting_for_first_sync = p.is_unavailable();
-                s
-            }),
-            local_dropped: self
-                .layers
+            source: self
+                .source
                 .lock()
-                .map(|l| l.1.clone())
-                .unwrap_or_default(),
+                .ok()
+                .and_then(|s| s.clone())
+                .map(|mut s| {
+                    s.waiting_for_first_sync = p.is_unavailable();
+                    s
+                }),
+            local_dropped: self.layers.lock().map(|l| l.1.clone()).unwrap_or_default(),
             unavailable: p.is_unavailable(),
         }
     }

@@ -207,7 +207,15 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     let w = work.path();
     let dest = nginx.root.join("bundle.tar.gz");
 
-    let r1 = made(w, "r1.tar.gz", &allowing(&["a.test"]), &[], 1, "merge", &key);
+    let r1 = made(
+        w,
+        "r1.tar.gz",
+        &allowing(&["a.test"]),
+        &[],
+        1,
+        "merge",
+        &key,
+    );
     publish(&r1.bundle, &r1.sig, &dest);
 
     let api = ApiUpstream::start("bundles CA", &HOSTS, UpstreamOptions::default()).await;
@@ -235,7 +243,10 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     assert_eq!(sha1.len(), 64);
     assert_eq!(code_of(&w_, "a.test", "/").await.0, 200);
     let (code, body) = code_of(&w_, "b.test", "/").await;
-    assert_eq!((code, &body["error_code"]), (403, &Value::from("policy_denied")));
+    assert_eq!(
+        (code, &body["error_code"]),
+        (403, &Value::from("policy_denied"))
+    );
 
     // Nothing new: conditional GETs answered 304, no reload, no record.
     let before = (reloads(&w_.daemon), policy_records(&w_.daemon).len());
@@ -270,15 +281,25 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
         w,
         "r2.tar.gz",
         &allowing(&["a.test", "b.test"]),
-        &[("more.toml", "version = 1\n# revision 2 brings a second file\n")],
+        &[(
+            "more.toml",
+            "version = 1\n# revision 2 brings a second file\n",
+        )],
         2,
         "merge",
         &key,
     );
     publish(&r2.bundle, &r2.sig, &dest);
-    assert_ne!(etag(&nginx), etag1, "nginx serves the new revision under a new ETag");
+    assert_ne!(
+        etag(&nginx),
+        etag1,
+        "nginx serves the new revision under a new ETag"
+    );
     let s = wait_source(&w_.daemon, "revision 2 applied", |s| revision(s) == Some(2));
-    let sha2 = s["policy"]["source"]["sha256"].as_str().expect("sha").to_string();
+    let sha2 = s["policy"]["source"]["sha256"]
+        .as_str()
+        .expect("sha")
+        .to_string();
     assert_ne!(sha1, sha2);
     assert_eq!(code_of(&w_, "b.test", "/").await.0, 200);
     let reload = lines(&w_.daemon.audit_path())
@@ -290,7 +311,15 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     assert_eq!(reload["result"], "ok");
 
     // Tampered: a byte of the signed bundle changed.
-    let r3 = made(w, "r3.tar.gz", &allowing(&["c.test"]), &[], 3, "merge", &key);
+    let r3 = made(
+        w,
+        "r3.tar.gz",
+        &allowing(&["c.test"]),
+        &[],
+        3,
+        "merge",
+        &key,
+    );
     let mut bytes = std::fs::read(&r3.bundle).expect("r3");
     let at = bytes.len() / 2;
     bytes[at] ^= 0x55;
@@ -301,10 +330,21 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     assert_eq!(rec["revision"], Value::Null, "nothing of it was parsed");
 
     // Signed by another key.
-    let foreign = made(w, "foreign.tar.gz", &allowing(&["c.test"]), &[], 3, "merge", &other_key);
+    let foreign = made(
+        w,
+        "foreign.tar.gz",
+        &allowing(&["c.test"]),
+        &[],
+        3,
+        "merge",
+        &other_key,
+    );
     publish(&foreign.bundle, &foreign.sig, &dest);
     let rec = wait_refusal(&w_.daemon, "signature", 1);
-    assert!(rec["error"].as_str().unwrap_or("").contains("another key"), "{rec}");
+    assert!(
+        rec["error"].as_str().unwrap_or("").contains("another key"),
+        "{rec}"
+    );
 
     // A rollback to revision 1 (validly signed).
     publish(&r1.bundle, &r1.sig, &dest);
@@ -345,14 +385,21 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
         .into_iter()
         .filter(|r| r["outcome"] == "applied")
         .collect();
-    assert_eq!(applied.len(), 2, "revisions 1 and 2, once each: {applied:?}");
+    assert_eq!(
+        applied.len(),
+        2,
+        "revisions 1 and 2, once each: {applied:?}"
+    );
     assert_eq!(applied[1]["sha256"], Value::from(sha2.clone()));
     assert_eq!(applied[1]["origin"], "source");
 
     // ctl and metrics show the revision, its hash, the last sync and the last error.
     let (code, text, _) = w_.daemon.ctl(&[], &["status"]);
     assert_eq!(code, 0);
-    assert!(text.contains("revision 2") && text.contains(&sha2), "{text}");
+    assert!(
+        text.contains("revision 2") && text.contains(&sha2),
+        "{text}"
+    );
     assert!(text.contains("sync error    too_large"), "{text}");
     let (_, show, _) = w_.daemon.ctl(&[], &["policy", "show", "--json"]);
     let show: Value = serde_json::from_str(&show).expect("policy show JSON");
@@ -385,7 +432,11 @@ async fn bundles_from_nginx_apply_update_and_refuse_tampered_foreign_old_and_ove
     let last = policy_records(&w_.daemon).pop().expect("a record");
     assert_eq!(
         (&last["outcome"], &last["origin"], &last["revision"]),
-        (&Value::from("applied"), &Value::from("cache"), &Value::from(2))
+        (
+            &Value::from("applied"),
+            &Value::from("cache"),
+            &Value::from(2)
+        )
     );
     assert_matches_schema(&lines(&w_.daemon.audit_path()));
 }
@@ -458,7 +509,8 @@ async fn deny_only_bundle_over_file_url_drops_local_allows_and_keeps_local_denie
         "deny-only",
         &key,
     );
-    let local = "version = 1\n[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n\n\
+    let local =
+        "version = 1\n[[rule]]\nid = \"local-allow\"\naction = \"allow\"\nhosts = [\"c.test\"]\n\n\
                  [[rule]]\nid = \"local-deny\"\naction = \"deny\"\nhosts = [\"b.test\"]\n";
     let api = ApiUpstream::start("deny-only CA", &HOSTS, UpstreamOptions::default()).await;
     let mut opts = api.daemon_options(local);
@@ -469,10 +521,20 @@ async fn deny_only_bundle_over_file_url_drops_local_allows_and_keeps_local_denie
         &[],
     );
     let w_ = api.world(opts);
-    wait_source(&w_.daemon, "revision 7 from file://", |s| revision(s) == Some(7));
-    assert_eq!(code_of(&w_, "a.test", "/").await.0, 200, "the bundle allows a.test");
+    wait_source(&w_.daemon, "revision 7 from file://", |s| {
+        revision(s) == Some(7)
+    });
+    assert_eq!(
+        code_of(&w_, "a.test", "/").await.0,
+        200,
+        "the bundle allows a.test"
+    );
     let (code, body) = code_of(&w_, "b.test", "/").await;
-    assert_eq!((code, &body["rule_id"]), (403, &Value::from("local-deny")), "a local deny applies");
+    assert_eq!(
+        (code, &body["rule_id"]),
+        (403, &Value::from("local-deny")),
+        "a local deny applies"
+    );
     let (code, body) = code_of(&w_, "c.test", "/").await;
     assert_eq!(
         (code, &body["rule_id"]),
@@ -500,8 +562,11 @@ async fn deny_only_bundle_over_file_url_drops_local_allows_and_keeps_local_denie
 #[tokio::test(flavor = "multi_thread")]
 async fn policy_bundle_refuses_an_invalid_directory() {
     let dir = tempfile::tempdir().expect("dir");
-    std::fs::write(dir.path().join("main.toml"), "version = 1\n[[rule]]\nid = \"x\"\naction = \"maybe\"\nhosts = [\"a.test\"]\n")
-        .expect("write");
+    std::fs::write(
+        dir.path().join("main.toml"),
+        "version = 1\n[[rule]]\nid = \"x\"\naction = \"maybe\"\nhosts = [\"a.test\"]\n",
+    )
+    .expect("write");
     let out = dir.path().join("b.tar.gz");
     let run = std::process::Command::new(binary())
         .args(["proxy", "policy", "bundle"])

@@ -130,7 +130,10 @@ fn oversize_is_refused_while_unpacking() {
 #[test]
 fn missing_manifest_and_foreign_files_are_refused() {
     let b = gz(&[file("main.toml", "# x")]);
-    assert!(matches!(Bundle::read(&b, MAX), Err(BundleError::NoManifest)));
+    assert!(matches!(
+        Bundle::read(&b, MAX),
+        Err(BundleError::NoManifest)
+    ));
     for name in ["run.sh", "sub/x.toml", ".hidden.toml", "custom/x.toml"] {
         let b = gz(&[file("manifest.toml", MANIFEST_TEXT), file(name, "# x")]);
         assert!(
@@ -143,9 +146,15 @@ fn missing_manifest_and_foreign_files_are_refused() {
         file("a.toml", "# 1"),
         file("./a.toml", "# 2"),
     ]);
-    assert!(matches!(Bundle::read(&b, MAX), Err(BundleError::Duplicate(_))));
+    assert!(matches!(
+        Bundle::read(&b, MAX),
+        Err(BundleError::Duplicate(_))
+    ));
     let b = gz(&[file("manifest.toml", "revision = 1\n")]);
-    assert!(matches!(Bundle::read(&b, MAX), Err(BundleError::Manifest(_))));
+    assert!(matches!(
+        Bundle::read(&b, MAX),
+        Err(BundleError::Manifest(_))
+    ));
 }
 
 #[test]

@@ -56,7 +56,12 @@ pub(super) struct Fetcher {
 }
 
 impl Fetcher {
-    pub(super) fn new(url: BundleUrl, mut tls: ClientConfig, max: u64, timeout: Duration) -> Fetcher {
+    pub(super) fn new(
+        url: BundleUrl,
+        mut tls: ClientConfig,
+        max: u64,
+        timeout: Duration,
+    ) -> Fetcher {
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         Fetcher {
             url,
@@ -110,7 +115,8 @@ impl Fetcher {
         max: u64,
         what: &'static str,
     ) -> Result<Option<(Vec<u8>, Option<String>)>, FetchError> {
-        let unreachable = |e: &dyn std::fmt::Display| FetchError::Unreachable(format!("{url}: {e}"));
+        let unreachable =
+            |e: &dyn std::fmt::Display| FetchError::Unreachable(format!("{url}: {e}"));
         let host = url.host_str().ok_or_else(|| unreachable(&"no host"))?;
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let port = url.port_or_known_default().unwrap_or(443);
@@ -145,7 +151,10 @@ impl Fetcher {
         };
         let mut req = Request::get(path)
             .header(header::HOST, authority)
-            .header(header::USER_AGENT, concat!("agenshield/", env!("CARGO_PKG_VERSION")))
+            .header(
+                header::USER_AGENT,
+                concat!("agenshield/", env!("CARGO_PKG_VERSION")),
+            )
             .header(header::ACCEPT_ENCODING, "identity");
         if let Some(etag) = etag {
             req = req.header(header::IF_NONE_MATCH, etag);
@@ -195,7 +204,9 @@ impl Fetcher {
     async fn file(&self, path: &Path, etag: Option<&str>) -> Result<Fetched, FetchError> {
         let unreachable =
             |e: &dyn std::fmt::Display| FetchError::Unreachable(format!("{}: {e}", path.display()));
-        let meta = tokio::fs::metadata(path).await.map_err(|e| unreachable(&e))?;
+        let meta = tokio::fs::metadata(path)
+            .await
+            .map_err(|e| unreachable(&e))?;
         let sig_path = PathBuf::from(format!("{}.minisig", path.display()));
         let sig_meta = tokio::fs::metadata(&sig_path)
             .await

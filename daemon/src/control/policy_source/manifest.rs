@@ -36,8 +36,11 @@ impl Manifest {
         if m.revision == 0 {
             return Err(ManifestError::RevisionZero);
         }
-        time::OffsetDateTime::parse(&m.created_at, &time::format_description::well_known::Rfc3339)
-            .map_err(|_| ManifestError::CreatedAt(m.created_at.clone()))?;
+        time::OffsetDateTime::parse(
+            &m.created_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|_| ManifestError::CreatedAt(m.created_at.clone()))?;
         Ok(m)
     }
 
@@ -61,15 +64,26 @@ mod tests {
         assert!(text.contains("local = \"deny-only\""), "{text}");
         assert_eq!(Manifest::parse(&text).expect("parses"), m);
         assert!(matches!(
-            Manifest::parse("revision = 0\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\""),
+            Manifest::parse(
+                "revision = 0\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\""
+            ),
             Err(ManifestError::RevisionZero)
         ));
         assert!(matches!(
             Manifest::parse("revision = 1\ncreated_at = \"yesterday\"\nlocal = \"merge\""),
             Err(ManifestError::CreatedAt(_))
         ));
-        assert!(Manifest::parse("revision = 1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"all\"").is_err());
-        assert!(Manifest::parse("revision = 1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\"\nx = 1").is_err());
-        assert!(Manifest::parse("revision = -1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\"").is_err());
+        assert!(Manifest::parse(
+            "revision = 1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"all\""
+        )
+        .is_err());
+        assert!(Manifest::parse(
+            "revision = 1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\"\nx = 1"
+        )
+        .is_err());
+        assert!(Manifest::parse(
+            "revision = -1\ncreated_at = \"2026-12-07T01:02:03Z\"\nlocal = \"merge\""
+        )
+        .is_err());
     }
 }

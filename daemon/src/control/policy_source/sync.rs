@@ -155,14 +155,13 @@ impl PolicySource {
         self.key
             .verify(&bundle, &signature)
             .map_err(|e| refused(BundleRefusal::Signature, e.to_string(), None))?;
-        let parsed =
-            Bundle::read(&bundle, self.cfg.max_size.saturating_mul(4)).map_err(|e| {
-                let reason = match e {
-                    BundleError::TooLarge(_) => BundleRefusal::TooLarge,
-                    _ => BundleRefusal::Malformed,
-                };
-                refused(reason, e.to_string(), None)
-            })?;
+        let parsed = Bundle::read(&bundle, self.cfg.max_size.saturating_mul(4)).map_err(|e| {
+            let reason = match e {
+                BundleError::TooLarge(_) => BundleRefusal::TooLarge,
+                _ => BundleRefusal::Malformed,
+            };
+            refused(reason, e.to_string(), None)
+        })?;
         let revision = parsed.manifest.revision;
         if let Some(cur) = current {
             if revision < cur.revision || (revision == cur.revision && hash != cur.sha256) {
@@ -384,7 +383,9 @@ pub(crate) fn spawn(proxy: Arc<Proxy>, start: SourceStart) {
         cache_outcome,
     } = start;
     let m = SourceMetrics::register(proxy.metrics.registry(), crate::metrics::NS);
-    proxy.policies.update_source(|s| s.url = source.cfg.url.to_string());
+    proxy
+        .policies
+        .update_source(|s| s.url = source.cfg.url.to_string());
     match cache_outcome {
         Some((BundleOutcome::Applied, _, Some(layer))) => {
             tracing::info!(
