@@ -15,6 +15,7 @@
 pub(crate) mod chain;
 mod health;
 mod metrics;
+mod policy_entry;
 pub(crate) mod record;
 mod repeats;
 mod retention;
@@ -31,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use health::Health;
 pub(crate) use health::NotReady;
 pub(crate) use metrics::AuditMetrics;
+pub(crate) use policy_entry::{BundleOrigin, BundleOutcome, BundleRefusal, PolicyEntry};
 pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult, ReloadTrigger};
 use repeats::{Noted, Repeats};
 pub use writer::{preflight, Head};

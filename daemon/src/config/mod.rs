@@ -9,12 +9,16 @@ use std::path::{Path, PathBuf};
 mod check;
 mod dns;
 mod forms;
+mod policy_source;
 mod removed;
 mod schema;
 mod upstream_proxy;
 pub use check::CheckError;
 pub use dns::{DeniedAnswer, DnsConfig};
 pub use forms::{parse_nameserver, FormError};
+pub use policy_source::{
+    BundleUrl, PolicySourceConfig, PolicySourceError, MAX_BUNDLE_SIZE, MIN_BUNDLE_SIZE,
+};
 pub use removed::RemovedKey;
 use schema::FileConfig;
 pub use schema::{
@@ -36,6 +40,8 @@ pub fn installed_config_unreadable() -> bool {
 /// The installed daemon's admin socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";
+/// The installed daemon's cache of the last verified policy bundle.
+pub const DEFAULT_POLICY_CACHE: &str = "/var/lib/agenshield/policy-cache";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +76,8 @@ pub enum InvalidReason {
     Check(#[from] CheckError),
     #[error(transparent)]
     Removed(#[from] RemovedKey),
+    #[error(transparent)]
+    PolicySource(#[from] PolicySourceError),
 }
 
 /// The effective configuration the daemon runs with.
@@ -114,6 +122,8 @@ pub struct Config {
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
+    /// `[policy.source]`: a signed policy bundle pulled from a server or a mounted volume.
+    pub policy_source: Option<PolicySourceConfig>,
     /// Keys the operator set that have no effect in this build (warned about at start).
     pub not_yet_effective: Vec<&'static str>,
 }
@@ -260,6 +270,18 @@ impl Config {
             (true, None) if state_dir.is_some() => Some(default_path("proxy-audit.jsonl")),
             (true, None) => Some(PathBuf::from(DEFAULT_AUDIT_LOG)),
         };
+        let default_cache = if state_dir.is_some() {
+            default_path("policy-cache")
+        } else {
+            PathBuf::from(DEFAULT_POLICY_CACHE)
+        };
+        let policy_source = match f.policy.source {
+            Some(s) => Some(
+                s.check(relative, default_cache)
+                    .map_err(|e| invalid(e.into()))?,
+            ),
+            None => None,
+        };
         Ok(Config {
             source,
             state_dir,
@@ -287,6 +309,7 @@ impl Config {
             audit: f.audit,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
+            policy_source,
             not_yet_effective: not_yet,
         })
     }
