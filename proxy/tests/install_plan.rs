@@ -686,5 +686,8 @@ fn a_policy_source_gets_a_cache_directory_only_the_serving_user_writes() {
     assert!(parent < cache);
     // Without a source, nothing of it (the golden plans pin that).
     let plain = plan_install(&layout(Platform::Linux), &input(), &clean(true)).expect("plan");
-    assert!(!plain.steps.iter().any(|s| s.summary.contains("policy bundle cache")));
+    assert!(!plain
+        .steps
+        .iter()
+        .any(|s| s.summary.contains("policy bundle cache")));
 }
