@@ -582,6 +582,8 @@ async fn policy_bundle_refuses_an_invalid_directory() {
 
 /// A split daemon (root supervisor, unprivileged worker): the worker fetches (the supervisor
 /// reads nothing from the network) and writes the cache as itself, 0700.
+// The root guard serialises root tests across the whole test process, awaits included.
+#[allow(clippy::await_holding_lock)]
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread")]
 async fn a_split_daemons_worker_fetches_and_owns_the_cache() {
