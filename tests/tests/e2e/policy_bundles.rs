@@ -579,3 +579,66 @@ async fn policy_bundle_refuses_an_invalid_directory() {
     assert!(String::from_utf8_lossy(&run.stderr).contains("maybe"));
     assert!(!out.exists(), "no bundle is written");
 }
+
+/// A split daemon (root supervisor, unprivileged worker): the worker fetches (the supervisor
+/// reads nothing from the network) and writes the cache as itself, 0700.
+// The root guard serialises root tests across the whole test process, awaits included.
+#[allow(clippy::await_holding_lock)]
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_split_daemons_worker_fetches_and_owns_the_cache() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use agenshield_e2e::netlab::{root_or_skip, AgentUser};
+    let Some(_serial) = root_or_skip("a_split_daemons_worker_fetches_and_owns_the_cache") else {
+        return;
+    };
+    if let Some(why) = bundle_server::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let key = SigningKey::generate();
+    let nginx = Nginx::start();
+    // What the worker reads must be readable by it: the key and the server's CA, in the open.
+    let shared = tempfile::tempdir().expect("shared");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (pub_key, ca) = (
+        shared.path().join("policy.pub"),
+        shared.path().join("ca.pem"),
+    );
+    std::fs::copy(&key.public, &pub_key).expect("copy key");
+    std::fs::copy(&nginx.ca_file, &ca).expect("copy CA");
+    for f in [&pub_key, &ca] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let work = tempfile::tempdir().expect("work");
+    let r1 = made(
+        work.path(),
+        "r1.tar.gz",
+        &allowing(&["a.test"]),
+        &[],
+        1,
+        "merge",
+        &key,
+    );
+    publish(&r1.bundle, &r1.sig, &nginx.root.join("bundle.tar.gz"));
+
+    let worker = AgentUser::create(std::process::id() % 97 + 300);
+    let api = ApiUpstream::start("split CA", &HOSTS, UpstreamOptions::default()).await;
+    let mut opts = api.daemon_options("version = 1\n");
+    opts.worker_user = Some((worker.name.clone(), worker.uid));
+    opts.extra_config = source_config(&nginx.url("bundle.tar.gz"), &pub_key, Some(&ca), &[]);
+    let w_ = api.world(opts);
+    wait_source(&w_.daemon, "revision 1 in the worker", |s| {
+        revision(s) == Some(1)
+    });
+    assert_eq!(code_of(&w_, "a.test", "/").await.0, 200);
+    let cache = w_.daemon.dir.path().join("policy-cache");
+    let meta = std::fs::metadata(&cache).expect("the cache directory");
+    assert_eq!(meta.uid(), worker.uid, "written by the worker, not root");
+    assert_eq!(meta.mode() & 0o777, 0o700);
+    let bundle = std::fs::metadata(cache.join("bundle.tar.gz")).expect("cached bundle");
+    assert_eq!(bundle.uid(), worker.uid);
+    assert_eq!(bundle.mode() & 0o777, 0o600);
+    assert!(w_.daemon.logs().contains("worker started"), "a split start");
+}
