@@ -117,6 +117,13 @@ pub enum ProxyCommand {
     )]
     Doctor(DoctorArgs),
 
+    /// Policy bundles for a fleet: `bundle` packs a policy directory for `[policy.source]`
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  agenshield proxy policy bundle ./policies --out bundle.tar.gz --revision 42\n  minisign -S -s policy.key -m bundle.tar.gz"
+    )]
+    Policy(PolicyTool),
+
     /// Shell completions for agenshield, on stdout
     #[command(
         after_help = "Examples:\n  agenshield proxy completions bash > /etc/bash_completion.d/agenshield\n  agenshield proxy completions zsh > \"${fpath[1]}/_agenshield\"\n  agenshield proxy completions fish \\\n      > ~/.config/fish/completions/agenshield.fish"
@@ -423,6 +430,33 @@ pub enum PolicyCommand {
         /// Write the draft to FILE (a new file, outside the policy directory) instead of stdout
         #[arg(long, value_name = "FILE")]
         write: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyTool {
+    /// Pack the policy directory DIR (`*.toml`, `*.json`, `custom/*.json`) and a
+    /// `manifest.toml` into a gzip tar for `[policy.source]`, after loading it with the
+    /// daemon's own loader (an invalid policy is refused, exit 2). Sign the result with
+    /// `minisign -S`; serve both files side by side (`FILE` and `FILE.minisig`)
+    #[command(
+        after_help = "Examples:\n  agenshield proxy policy bundle ./policies --out bundle.tar.gz\n  agenshield proxy policy bundle ./policies --out bundle.tar.gz \\\n      --revision 43 --local deny-only\n  minisign -S -s policy.key -m bundle.tar.gz"
+    )]
+    Bundle {
+        /// The policy directory
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Where to write the bundle (replaced if it exists)
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// The bundle's revision: daemons refuse one lower than (or equal to, with other
+        /// content) the one they run. Default: now, in seconds since 1970
+        #[arg(long, value_name = "N")]
+        revision: Option<u64>,
+        /// What each daemon's local policy directory may do under the bundle: `merge` (add
+        /// any rule), `deny-only` (add deny rules only) or `ignore`
+        #[arg(long, value_name = "MODE", default_value = "deny-only", value_parser = ["merge", "deny-only", "ignore"])]
+        local: String,
     },
 }
 

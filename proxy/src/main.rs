@@ -75,6 +75,9 @@ fn main() -> ExitCode {
             Some(cfg) => ExitCode::from(agenshield_cli::cmd::exec::command(&cfg, args.command)),
             None => ExitCode::from(2),
         },
+        Top::Proxy(ProxyCommand::Policy(tool)) => {
+            ExitCode::from(agenshield_cli::cmd::policy_bundle::command(tool))
+        }
         Top::Proxy(ProxyCommand::Completions { shell }) => {
             ExitCode::from(agenshield_cli::cmd::docs::completions(shell))
         }

@@ -651,3 +651,43 @@ fn the_resolver_files_install_writes_are_the_golden_ones() {
         Some(dbus_policy(&[l.agent.name.as_str()]).as_str())
     );
 }
+
+#[test]
+fn a_policy_source_gets_a_cache_directory_only_the_serving_user_writes() {
+    let text = format!(
+        "{}\n[policy.source]\nurl = \"https://policy.example/bundle.tar.gz\"\npublic_key = \"/opt/agenshield/config/policy.pub\"\n",
+        default_config_text()
+    );
+    let cfg = config_from_text(&text).expect("config with a policy source");
+    let l = Layout::new(Platform::Linux, &cfg).expect("layout");
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    let step = plan
+        .steps
+        .iter()
+        .find(|s| s.summary == "create the policy bundle cache")
+        .expect("a cache step");
+    assert!(
+        step.detail.contains("/var/lib/agenshield/policy-cache") && step.detail.contains("0700"),
+        "{}",
+        step.detail
+    );
+    assert!(step.detail.contains(&l.broker.name), "{}", step.detail);
+    assert_eq!(step.state, State::Todo);
+    let parent = plan
+        .steps
+        .iter()
+        .position(|s| s.summary == "create the policy cache's parent")
+        .expect("its parent first");
+    let cache = plan
+        .steps
+        .iter()
+        .position(|s| s.summary == "create the policy bundle cache")
+        .expect("cache");
+    assert!(parent < cache);
+    // Without a source, nothing of it (the golden plans pin that).
+    let plain = plan_install(&layout(Platform::Linux), &input(), &clean(true)).expect("plan");
+    assert!(!plain
+        .steps
+        .iter()
+        .any(|s| s.summary.contains("policy bundle cache")));
+}

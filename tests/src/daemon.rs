@@ -66,6 +66,9 @@ pub struct DaemonOptions {
     pub explicit_groups: Vec<String>,
     /// The daemon's log filter (`AGENSHIELD_LOG`); default: `$AGENSHIELD_TEST_LOG`, or `debug`.
     pub log: Option<String>,
+    /// Lines appended to the config as they are (a section of the test's own, e.g.
+    /// `[policy.source]`).
+    pub extra_config: Vec<String>,
     /// The config names its paths relative to itself (`policies = "policies"`, …), and the
     /// daemon is started from its directory with `--config proxy.toml`, relative too.
     pub relative_config: bool,
@@ -586,6 +589,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     }
     if let Some(dst) = opts.orig_dst {
         let _ = writeln!(c, "orig_dst_override = \"{dst}\"");
+    }
+    for line in &opts.extra_config {
+        let _ = writeln!(c, "{line}");
     }
     c
 }

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod aws;
+pub mod bundle_server;
 pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;

@@ -50,12 +50,13 @@ pub fn grafana_dir() -> PathBuf {
 /// Prometheus on a free loopback port, scraping `target` every second and evaluating
 /// `rule_files` (paths) every second.
 pub fn start(target: SocketAddr, rule_files: &[PathBuf]) -> Prometheus {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let config = dir.path().join("prometheus.yml");
+    start_fleet(&[target], rule_files)
+}
+
+/// Prometheus scraping several daemons as one job (a fleet: each target is an `instance`).
+pub fn start_fleet(targets: &[SocketAddr], rule_files: &[PathBuf]) -> Prometheus {
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    let targets = targets.join(", ");
     let rules = if rule_files.is_empty() {
         String::new()
     } else {
@@ -65,22 +66,44 @@ pub fn start(target: SocketAddr, rule_files: &[PathBuf]) -> Prometheus {
             .collect();
         format!("rule_files:\n{}", list.concat())
     };
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rules}scrape_configs:\n  - job_name: agenshield-proxy\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{target}']\n"
+    start_config(
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{rules}scrape_configs:\n  - job_name: agenshield-proxy\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{targets}]\n"
         ),
+        &[],
     )
-    .expect("config");
+}
+
+/// A free loopback port (for a Prometheus whose address another one's config must name
+/// before it starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Prometheus on a free loopback port with `config` as its prometheus.yml and `args` added
+/// to its command line.
+pub fn start_config(config: &str, args: &[&str]) -> Prometheus {
+    start_config_on(free_port(), config, args)
+}
+
+/// [`start_config`] on a given loopback port.
+pub fn start_config_on(port: u16, config: &str, args: &[&str]) -> Prometheus {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("prometheus.yml");
+    std::fs::write(&file, config).expect("config");
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
     let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--config.file={}", file.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
             dir.path().join("data").display()
         ))
         .arg(format!("--web.listen-address={addr}"))
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()
@@ -117,8 +140,26 @@ impl Prometheus {
 }
 
 /// Every PromQL expression of the shipped dashboard, Grafana's interval variables replaced
-/// by one minute.
+/// by one minute and `$instance` by its "All" value.
 pub fn dashboard_exprs() -> Vec<String> {
+    dashboard_exprs_for(".*")
+}
+
+/// The dashboard's expressions as Grafana sends them with `instance` (a regex) selected.
+pub fn dashboard_exprs_for(instance: &str) -> Vec<String> {
+    raw_dashboard_exprs()
+        .into_iter()
+        .map(|e| {
+            e.replace("$__rate_interval", "1m")
+                .replace("$__interval", "1m")
+                .replace("$__range", "1m")
+                .replace("$instance", instance)
+        })
+        .collect()
+}
+
+/// Every PromQL expression of the shipped dashboard as written, variables and all.
+pub fn raw_dashboard_exprs() -> Vec<String> {
     let path = grafana_dir().join("dashboards/agenshield-proxy.json");
     let text = std::fs::read_to_string(&path).expect("dashboard JSON");
     let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
@@ -138,11 +179,5 @@ pub fn dashboard_exprs() -> Vec<String> {
         }
     }
     walk(&v, &mut out);
-    out.into_iter()
-        .map(|e| {
-            e.replace("$__rate_interval", "1m")
-                .replace("$__interval", "1m")
-                .replace("$__range", "1m")
-        })
-        .collect()
+    out
 }

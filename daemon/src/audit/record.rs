@@ -19,6 +19,8 @@ pub(crate) enum Entry {
     Reload(ReloadEntry),
     Start(LifecycleEntry),
     Stop(LifecycleEntry),
+    /// A policy bundle applied or refused (`policy_entry.rs`).
+    Policy(Box<super::PolicyEntry>),
 }
 
 impl Entry {
@@ -68,6 +70,11 @@ impl Serialize for Entry {
             Entry::Stop(e) => Tagged {
                 kind: "stop",
                 entry: e,
+            }
+            .serialize(s),
+            Entry::Policy(e) => Tagged {
+                kind: "policy",
+                entry: e.as_ref(),
             }
             .serialize(s),
         }
@@ -136,6 +143,8 @@ pub(crate) enum ReloadTrigger {
     /// A secret was stored (by its name) while the policy in force was a refused one's
     /// predecessor: the refused one may load now.
     SecretStored(String),
+    /// A policy bundle (this revision) from `[policy.source]`.
+    PolicyBundle(u64),
 }
 
 impl fmt::Display for ReloadTrigger {
@@ -148,6 +157,7 @@ impl fmt::Display for ReloadTrigger {
             ReloadTrigger::CtlReload => f.write_str("ctl reload"),
             ReloadTrigger::Sighup => f.write_str("SIGHUP"),
             ReloadTrigger::SecretStored(name) => write!(f, "secret {name} stored"),
+            ReloadTrigger::PolicyBundle(revision) => write!(f, "policy bundle revision {revision}"),
         }
     }
 }

@@ -10,6 +10,7 @@ mod audit_export;
 mod check;
 mod dns;
 mod forms;
+mod policy_source;
 mod removed;
 mod schema;
 mod upstream_proxy;
@@ -19,6 +20,9 @@ pub use audit_export::{
 pub use check::CheckError;
 pub use dns::{DeniedAnswer, DnsConfig};
 pub use forms::{parse_nameserver, FormError};
+pub use policy_source::{
+    BundleUrl, PolicySourceConfig, PolicySourceError, MAX_BUNDLE_SIZE, MIN_BUNDLE_SIZE,
+};
 pub use removed::RemovedKey;
 use schema::FileConfig;
 pub use schema::{
@@ -40,6 +44,8 @@ pub fn installed_config_unreadable() -> bool {
 /// The installed daemon's admin socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";
+/// The installed daemon's cache of the last verified policy bundle.
+pub const DEFAULT_POLICY_CACHE: &str = "/var/lib/agenshield/policy-cache";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -74,6 +80,8 @@ pub enum InvalidReason {
     Check(#[from] CheckError),
     #[error(transparent)]
     Removed(#[from] RemovedKey),
+    #[error(transparent)]
+    PolicySource(#[from] PolicySourceError),
 }
 
 /// The effective configuration the daemon runs with.
@@ -118,6 +126,8 @@ pub struct Config {
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
+    /// `[policy.source]`: a signed policy bundle pulled from a server or a mounted volume.
+    pub policy_source: Option<PolicySourceConfig>,
     /// Keys the operator set that have no effect in this build (warned about at start).
     pub not_yet_effective: Vec<&'static str>,
 }
@@ -269,6 +279,18 @@ impl Config {
             .into_iter()
             .map(|e| e.resolved(relative))
             .collect();
+        let default_cache = if state_dir.is_some() {
+            default_path("policy-cache")
+        } else {
+            PathBuf::from(DEFAULT_POLICY_CACHE)
+        };
+        let policy_source = match f.policy.source {
+            Some(s) => Some(
+                s.check(relative, default_cache)
+                    .map_err(|e| invalid(e.into()))?,
+            ),
+            None => None,
+        };
         Ok(Config {
             source,
             state_dir,
@@ -296,6 +318,7 @@ impl Config {
             audit,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
+            policy_source,
             not_yet_effective: not_yet,
         })
     }

@@ -44,6 +44,8 @@ pub(super) struct FileConfig {
     pub(super) daemon: DaemonSection,
     #[serde(default)]
     pub(super) testing: Testing,
+    #[serde(default)]
+    pub(super) policy: super::policy_source::PolicySection,
 }
 
 /// How the daemon runs.

@@ -8,6 +8,7 @@ pub mod admin;
 pub(crate) mod firewall_view;
 pub(crate) mod metrics_http;
 pub mod policy_check;
+pub mod policy_source;
 pub(crate) mod policy_watch;
 pub(crate) mod reload;
 pub(crate) mod watch_health;

@@ -7,13 +7,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::audit::{Entry, ReloadEntry, ReloadResult, ReloadTrigger};
-use crate::policy::{Policy, PolicyError};
+use crate::policy::{BundleLayer, Policy, PolicyError};
 use crate::proxy::Proxy;
 
 /// Reloads the policy directory. On failure the policy in force stays.
 pub(crate) fn reload(proxy: &Proxy, why: ReloadTrigger) -> Result<Arc<Policy>, PolicyError> {
+    apply(proxy, why, None)
+}
+
+/// A reload with `bundle` as the new bundle layer (`None`: the one in force), the one path a
+/// policy bundle takes into force: recorded, counted and applied to open tunnels like any.
+pub(crate) fn apply(
+    proxy: &Proxy,
+    why: ReloadTrigger,
+    bundle: Option<Arc<BundleLayer>>,
+) -> Result<Arc<Policy>, PolicyError> {
     let counters = &proxy.events.counters;
-    let result = proxy.policies.reload();
+    let result = proxy.policies.reload_with(bundle);
     let (outcome, error) = match &result {
         Ok(_) => (ReloadResult::Ok, None),
         Err(e) => (ReloadResult::Error, Some(e.to_string())),

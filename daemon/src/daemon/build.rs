@@ -13,9 +13,10 @@ use crate::approvals::Approvals;
 use crate::audit::Audit;
 use crate::config::{Config, NameOrId};
 use crate::control::admin::{self, AdminAuth};
+use crate::control::policy_source::{PolicySource, SourceStart};
 use crate::daemon::firewall;
 use crate::metrics::Metrics;
-use crate::policy::PolicyStore;
+use crate::policy::{Layering, PolicyStore};
 use crate::proxy::{Proxy, ProxyParts};
 use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
@@ -30,7 +31,7 @@ pub(super) async fn build_proxy(
     cfg: &Config,
     own: Vec<SocketAddr>,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<Proxy> {
+) -> anyhow::Result<(Proxy, Option<SourceStart>)> {
     let audit = match &cfg.audit_path {
         Some(path) => {
             let audit = Audit::open(path, &cfg.audit, metrics.audit.clone())
@@ -63,8 +64,36 @@ pub(super) async fn build_proxy(
         "secrets loaded"
     );
     let known = vault.clone();
-    let policies = PolicyStore::load(&cfg.policies, Arc::new(move |n: &str| known.contains(n)))
-        .map_err(|e| BadInput(format!("policy: {e}")))?;
+    let secrets: crate::policy::SecretCheck = Arc::new(move |n: &str| known.contains(n));
+    let (policies, source) = match &cfg.policy_source {
+        None => (
+            PolicyStore::load(&cfg.policies, secrets)
+                .map_err(|e| BadInput(format!("policy: {e}")))?,
+            None,
+        ),
+        Some(sc) => {
+            let mut start = PolicySource::open(sc, &cfg.upstream.extra_ca)
+                .and_then(PolicySource::start)
+                .map_err(|e| BadInput(e.to_string()))?;
+            let layering = Some(Layering {
+                require_first_sync: sc.require_first_sync,
+            });
+            let store = match PolicyStore::load_layered(
+                &cfg.policies,
+                secrets.clone(),
+                layering,
+                start.layer(),
+            ) {
+                Err(e) if start.layer().is_some() => {
+                    start.drop_layer(e.to_string());
+                    PolicyStore::load_layered(&cfg.policies, secrets, layering, None)
+                }
+                other => other,
+            }
+            .map_err(|e| BadInput(format!("policy: {e}")))?;
+            (store, Some(start))
+        }
+    };
     let policy = policies.current();
     tracing::info!(
         dir = ?cfg.policies,
@@ -119,7 +148,7 @@ pub(super) async fn build_proxy(
     vault.set_token_client(Arc::new(forwarder.clone()));
     let dns_metrics =
         crate::dns_state::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
-    Ok(Proxy::new(ProxyParts {
+    let proxy = Proxy::new(ProxyParts {
         vault,
         dns_metrics,
         metrics,
@@ -135,7 +164,8 @@ pub(super) async fn build_proxy(
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
         denied_names: cfg.dns_answers.denied,
-    }))
+    });
+    Ok((proxy, source))
 }
 
 /// Who may use which listener (see `conn::identity`): agent users, the explicit listener's

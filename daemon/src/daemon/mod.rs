@@ -101,7 +101,8 @@ pub async fn serve(
         listeners,
         admin: admin_listener,
     } = bound;
-    let proxy = Arc::new(build_proxy(&cfg, listeners.own_addrs(), metrics).await?);
+    let (proxy, policy_source) = build_proxy(&cfg, listeners.own_addrs(), metrics).await?;
+    let proxy = Arc::new(proxy);
     proxy.metrics.policy.set_policy(proxy.policy().hash());
     proxy.metrics.policy.reloaded(ReloadResult::Ok);
     if let Some(audit) = &proxy.audit {
@@ -116,6 +117,9 @@ pub async fn serve(
                 error: None,
             }))
             .await;
+    }
+    if let Some(start) = policy_source {
+        crate::control::policy_source::spawn(proxy.clone(), start);
     }
     let orig: Arc<dyn OrigDst> = match (orig, cfg.testing.orig_dst_override) {
         (Some(brokered), _) => brokered,

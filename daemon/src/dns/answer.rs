@@ -99,7 +99,14 @@ pub(crate) async fn answer(
     if decision.action == Action::Deny {
         let r = Refusal {
             rule_id: decision.rule_id.as_deref().map(str::to_string),
-            ..Refusal::new(ErrorCode::PolicyDenied, decision.explanation.clone())
+            ..Refusal::new(
+                if decision.unavailable {
+                    ErrorCode::PolicyUnavailable
+                } else {
+                    ErrorCode::PolicyDenied
+                },
+                decision.explanation.clone(),
+            )
         };
         let nxdomain = Outcome {
             decision: Some(decision),

@@ -111,12 +111,20 @@ pub(crate) fn connection_outcome(d: &Decision, shown: &str, port: u16) -> Result
 fn policy_refusal(what: &str, d: &Decision, why: Option<&str>) -> Refusal {
     Refusal {
         message: match why {
+            _ if d.unavailable => format!("{what} is refused: {}", d.explanation),
             Some(why) => format!("{what} needs approval and {why}"),
             None => format!("{what} is not allowed by policy"),
         },
         rule_id: d.rule_id.as_deref().map(str::to_string),
         explanation: d.explanation.clone(),
-        ..Refusal::new(ErrorCode::PolicyDenied, "")
+        ..Refusal::new(
+            if d.unavailable {
+                ErrorCode::PolicyUnavailable
+            } else {
+                ErrorCode::PolicyDenied
+            },
+            "",
+        )
     }
 }
 

@@ -27,6 +27,8 @@ pub(crate) struct Compiled {
     pub ignored: usize,
     pub secret_refs: Vec<SecretRef>,
     pub secret_rates: Vec<SecretRate>,
+    /// What deny-only sources said and was left out (`layers.rs`), one line each.
+    pub dropped: Vec<String>,
 }
 
 /// A policy-wide key (`default`, `mode`) and the file that set it first.
@@ -49,7 +51,14 @@ fn rank(a: Action) -> u8 {
     }
 }
 
-pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError> {
+/// `deny_only_from`: sources from this index on may only add deny rules (a local directory
+/// under a bundle's `local = "deny-only"`): their allow and ask rules, `default` and `mode`
+/// are left out and listed in `Compiled::dropped`.
+pub(crate) fn compile(
+    sources: &[PolicySource],
+    deny_only_from: Option<usize>,
+) -> Result<Compiled, PolicyError> {
+    let mut dropped = Vec::new();
     let mut default: Option<Setting<Action>> = None;
     let mut mode: Option<Setting<Mode>> = None;
     // Rule id → (file index, span); positions are computed only for an error (O(file) each).
@@ -65,11 +74,14 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
 
     for (file_idx, src) in sources.iter().enumerate() {
         let at = |span: Range<usize>| Location::at(&src.name, &src.text, span);
-        let parsed: ParsedSource = if is_json(&src.name) {
+        let mut parsed: ParsedSource = if is_json(&src.name) {
             json::parse(src)?
         } else {
             toml_file::parse(src)?
         };
+        if deny_only_from.is_some_and(|from| file_idx >= from) {
+            keep_denies_only(&mut parsed, &src.name, &mut dropped);
+        }
         if let Some(d) = &parsed.default {
             let value = match d.get_ref() {
                 DefaultAction::Allow => Action::Allow,
@@ -166,7 +178,35 @@ pub(crate) fn compile(sources: &[PolicySource]) -> Result<Compiled, PolicyError>
         ignored,
         secret_refs,
         secret_rates,
+        dropped,
     })
+}
+
+/// Leaves only deny rules in `parsed`, and no policy-wide setting: a deny-only layer can
+/// refuse more, never let more through.
+fn keep_denies_only(parsed: &mut ParsedSource, name: &str, dropped: &mut Vec<String>) {
+    let file = super::load::short_name(name);
+    if parsed.default.take().is_some() {
+        dropped.push(format!(
+            "{file}: `default` (local files may only add deny rules)"
+        ));
+    }
+    if parsed.mode.take().is_some() {
+        dropped.push(format!(
+            "{file}: `mode` (local files may only add deny rules)"
+        ));
+    }
+    parsed.rules.retain(|def| {
+        let action = def.action.get_ref();
+        let keep = action.eq_ignore_ascii_case("deny");
+        if !keep {
+            dropped.push(format!(
+                "{file}: rule {} ({action}): local files may only add deny rules",
+                def.id.get_ref()
+            ));
+        }
+        keep
+    });
 }
 
 fn merge_setting<T: Copy + PartialEq>(

@@ -196,6 +196,9 @@ impl Policy {
         if reported_deny {
             text.push_str("; allowed in report mode");
         }
+        if self.unavailable {
+            text = UNAVAILABLE.to_string();
+        }
         Decision {
             action: if reported_deny { Action::Allow } else { action },
             reported_deny,
@@ -204,6 +207,7 @@ impl Policy {
             obligations,
             secrets,
             names_agents: rule.is_some_and(|r| r.agents.is_some()),
+            unavailable: self.unavailable,
         }
     }
 }
@@ -222,8 +226,13 @@ pub(super) fn invalid(explanation: String) -> Decision {
         obligations: Obligations::default(),
         secrets: None,
         names_agents: false,
+        unavailable: false,
     }
 }
+
+/// Why everything is refused under [`Policy::unavailable`].
+pub(super) const UNAVAILABLE: &str =
+    "no policy yet: the first verified policy bundle has not arrived (policy.source.require_first_sync)";
 
 #[cfg(test)]
 #[path = "eval_tests.rs"]

@@ -13,12 +13,7 @@ use super::{Policy, PolicyError, PolicySource};
 impl Policy {
     /// Loads `dir/*.toml`, `dir/*.json` and `dir/custom/*.json` (not recursing further).
     pub fn load_dir(dir: &Path) -> Result<Policy, PolicyError> {
-        let mut files = list(dir, ".toml")?;
-        files.extend(list(dir, ".json")?);
-        let custom = dir.join("custom");
-        if custom.is_dir() {
-            files.extend(list(&custom, ".json")?);
-        }
+        let files = list_dir(dir)?;
         if files.is_empty() {
             return Err(PolicyError::NoFiles {
                 dir: dir.display().to_string(),
@@ -28,9 +23,25 @@ impl Policy {
     }
 }
 
+/// The policy files of `dir` in load order: `*.toml`, `*.json`, then `custom/*.json`.
+pub fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+    let mut files = list(dir, ".toml")?;
+    files.extend(list(dir, ".json")?);
+    let custom = dir.join("custom");
+    if custom.is_dir() {
+        files.extend(list(&custom, ".json")?);
+    }
+    Ok(files)
+}
+
 /// Loads the given files in the given order: `*.json` as AgenShield JSON, others as TOML.
 pub fn load_files<P: AsRef<Path>>(files: &[P]) -> Result<Policy, PolicyError> {
-    let sources = files
+    Policy::from_sources(&read_sources(files)?)
+}
+
+/// The text of each file, named by its path.
+pub(crate) fn read_sources<P: AsRef<Path>>(files: &[P]) -> Result<Vec<PolicySource>, PolicyError> {
+    files
         .iter()
         .map(|path| {
             let path = path.as_ref();
@@ -40,8 +51,7 @@ pub fn load_files<P: AsRef<Path>>(files: &[P]) -> Result<Policy, PolicyError> {
                 text,
             })
         })
-        .collect::<Result<Vec<_>, PolicyError>>()?;
-    Policy::from_sources(&sources)
+        .collect::<Result<Vec<_>, PolicyError>>()
 }
 
 fn read_err(path: &Path) -> impl FnOnce(std::io::Error) -> PolicyError {

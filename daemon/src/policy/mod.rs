@@ -18,6 +18,7 @@ mod host;
 mod index;
 mod inject;
 mod json;
+mod layers;
 mod load;
 mod matcher;
 mod model;
@@ -29,10 +30,12 @@ mod rate;
 mod rule;
 mod secret_name;
 mod sigv4_scope;
+mod source_status;
 mod store;
 mod tcp;
 pub use sigv4_scope::{NameGlobs, OutOfScope, ScopeError, Sigv4Scope, ISSUES_CREDENTIALS};
-pub(crate) use store::{PolicyInfo, PolicyStore};
+pub(crate) use source_status::{BundleLayer, SyncFailure};
+pub(crate) use store::{Layering, PolicyInfo, PolicyStore, SecretCheck};
 pub(crate) use watch_status::WatchHealth;
 
 /// Name patterns for a `sigv4` scope built in code.
@@ -66,7 +69,8 @@ pub use inject::{
     InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, Sigv4Keys, SwapPlaces,
     TemplatePart,
 };
-pub use load::load_files;
+pub use layers::{Composed, LocalMode};
+pub use load::{list_dir, load_files};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
 pub(crate) use secret_name::is_name_byte;
@@ -106,6 +110,9 @@ pub struct Policy {
     secret_rates: Vec<SecretRate>,
     /// Some rule says `tls = "passthrough"`.
     passthrough: bool,
+    /// No policy yet (`[policy.source] require_first_sync` before the first bundle): every
+    /// decision refuses, as `policy_unavailable`.
+    unavailable: bool,
 }
 
 /// What the proxy knows about one request or connection.
@@ -168,6 +175,8 @@ pub struct Decision {
     /// The deciding rule lists its users in `agents` (and matched one of them): its secrets
     /// serve exactly those, whoever they are; a rule without `agents` serves agent users only.
     pub names_agents: bool,
+    /// Refused because there is no policy yet (see [`Policy::unavailable`]).
+    pub unavailable: bool,
 }
 
 impl Decision {
@@ -189,7 +198,13 @@ impl Policy {
                 dir: "(no sources given)".into(),
             });
         }
-        let compiled = compile::compile(sources)?;
+        Self::compiled(sources, compile::compile(sources, None)?)
+    }
+
+    fn compiled(
+        sources: &[PolicySource],
+        compiled: compile::Compiled,
+    ) -> Result<Policy, PolicyError> {
         let passthrough = compiled.rules.iter().any(|r| r.passthrough);
         let policy = Policy {
             passthrough,
@@ -202,6 +217,7 @@ impl Policy {
             ignored: compiled.ignored,
             secret_refs: compiled.secret_refs,
             secret_rates: compiled.secret_rates,
+            unavailable: false,
         };
         tracing::debug!(
             hash = %policy.hash,

@@ -57,6 +57,9 @@ impl Policy {
         if reported_deny {
             explanation.push_str("; answered in report mode");
         }
+        if self.unavailable {
+            explanation = super::eval::UNAVAILABLE.to_string();
+        }
         Decision {
             action: if reported_deny { Action::Allow } else { action },
             reported_deny,
@@ -65,6 +68,7 @@ impl Policy {
             obligations: Obligations::default(),
             secrets: None,
             names_agents: false,
+            unavailable: self.unavailable,
         }
     }
 }

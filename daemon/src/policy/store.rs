@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use super::source_status::{BundleLayer, SourceStatus};
 use super::watch_status::{WatchHealth, WatchStatus};
 use super::{Policy, PolicyError};
 use crate::clock::now_rfc3339;
@@ -29,6 +30,19 @@ pub(crate) struct PolicyInfo {
     pub last_error: Option<ReloadFailure>,
     /// Whether edits to the directory are seen (hot reload).
     pub watch: WatchStatus,
+    /// `[policy.source]`, when set: the bundle in force and the last sync.
+    pub source: Option<SourceStatus>,
+    /// Local rules and settings a `deny-only` bundle left out, one line each.
+    pub local_dropped: Vec<String>,
+    /// No policy yet: every agent request is refused (`policy_unavailable`).
+    pub unavailable: bool,
+}
+
+/// How the store builds a policy when `[policy.source]` is set.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layering {
+    /// Before the first bundle, refuse everything rather than use the local directory alone.
+    pub require_first_sync: bool,
 }
 
 /// Whether the secret store holds a secret: a policy binding a missing one is refused.
@@ -41,18 +55,38 @@ pub(crate) struct PolicyStore {
     secrets: SecretCheck,
     current: ArcSwap<Policy>,
     state: Mutex<(String, Option<ReloadFailure>)>,
+    /// `Some` when a policy source is configured.
+    layering: Option<Layering>,
+    /// The bundle layer in force, and what of the local layer it left out. Held while a
+    /// policy is built and swapped, so two reloads never interleave.
+    layers: Mutex<(Option<Arc<BundleLayer>>, Vec<String>)>,
+    source: Mutex<Option<SourceStatus>>,
 }
 
 impl PolicyStore {
     pub(crate) fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
-        let policy = Policy::load_dir(dir)?;
-        policy.check_secrets(&*secrets)?;
+        Self::load_layered(dir, secrets, None, None)
+    }
+
+    /// With `layering` (a policy source is configured), the policy is `bundle` composed with
+    /// the local directory; before any bundle, the directory alone or, with
+    /// `require_first_sync`, [`Policy::unavailable`].
+    pub(crate) fn load_layered(
+        dir: &Path,
+        secrets: SecretCheck,
+        layering: Option<Layering>,
+        bundle: Option<Arc<BundleLayer>>,
+    ) -> Result<PolicyStore, PolicyError> {
+        let (policy, dropped) = build(dir, &*secrets, layering, bundle.as_deref())?;
         Ok(PolicyStore {
             watch: Arc::default(),
             dir: dir.to_path_buf(),
             secrets,
             current: ArcSwap::from_pointee(policy),
             state: Mutex::new((now_rfc3339(), None)),
+            layering,
+            layers: Mutex::new((bundle, dropped)),
+            source: Mutex::new(None),
         })
     }
 
@@ -61,15 +95,25 @@ impl PolicyStore {
         self.current.load_full()
     }
 
-    /// Re-reads the directory. On success the new policy is in force for every request that
-    /// starts after this returns; on failure nothing changes but the recorded error.
-    pub(crate) fn reload(&self) -> Result<Arc<Policy>, PolicyError> {
-        let loaded =
-            Policy::load_dir(&self.dir).and_then(|p| p.check_secrets(&*self.secrets).map(|()| p));
+    /// Re-reads the directory (and composes it with `bundle`, the new bundle layer, or, for
+    /// `None`, the one in force). On success the new policy is in force for every request
+    /// that starts after this returns, and the layer is kept; on failure nothing changes but
+    /// the recorded error.
+    pub(crate) fn reload_with(
+        &self,
+        bundle: Option<Arc<BundleLayer>>,
+    ) -> Result<Arc<Policy>, PolicyError> {
+        let mut layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+        let layer = bundle.clone().or_else(|| layers.0.clone());
+        let loaded = build(&self.dir, &*self.secrets, self.layering, layer.as_deref());
         match loaded {
-            Ok(p) => {
+            Ok((p, dropped)) => {
                 let p = Arc::new(p);
                 self.current.store(p.clone());
+                if bundle.is_some() {
+                    layers.0 = bundle;
+                }
+                layers.1 = dropped;
                 if let Ok(mut st) = self.state.lock() {
                     *st = (now_rfc3339(), None);
                 }
@@ -91,6 +135,18 @@ impl PolicyStore {
         &self.dir
     }
 
+    /// The bundle layer in force, if any.
+    pub(crate) fn bundle(&self) -> Option<Arc<BundleLayer>> {
+        self.layers.lock().ok().and_then(|l| l.0.clone())
+    }
+
+    /// Updates the policy source's status (the sync loop's).
+    pub(crate) fn update_source(&self, f: impl FnOnce(&mut SourceStatus)) {
+        if let Ok(mut s) = self.source.lock() {
+            f(s.get_or_insert_with(SourceStatus::default));
+        }
+    }
+
     pub(crate) fn info(&self) -> PolicyInfo {
         let p = self.current();
         let (loaded_at, last_error) = self
@@ -106,6 +162,44 @@ impl PolicyStore {
             loaded_at,
             last_error,
             watch: self.watch.status(),
+            source: self
+                .source
+                .lock()
+                .ok()
+                .and_then(|s| s.clone())
+                .map(|mut s| {
+                    s.waiting_for_first_sync = p.is_unavailable();
+                    s
+                }),
+            local_dropped: self.layers.lock().map(|l| l.1.clone()).unwrap_or_default(),
+            unavailable: p.is_unavailable(),
         }
     }
+}
+
+/// The policy for the directory and, when a source is configured, the bundle layer; and
+/// what of the local layer was left out.
+fn build(
+    dir: &Path,
+    secrets: &(dyn Fn(&str) -> bool + Send + Sync),
+    layering: Option<Layering>,
+    bundle: Option<&BundleLayer>,
+) -> Result<(Policy, Vec<String>), PolicyError> {
+    let (policy, dropped) = match (layering, bundle) {
+        (None, _) => (Policy::load_dir(dir)?, Vec::new()),
+        (Some(_), Some(b)) => {
+            let c = Policy::compose(&b.sources, dir, b.local)?;
+            (c.policy, c.dropped)
+        }
+        (Some(l), None) if l.require_first_sync => (Policy::unavailable(), Vec::new()),
+        // No bundle yet: the local directory alone; none either, nothing is allowed.
+        (Some(_), None) => match super::load::list_dir(dir) {
+            Ok(files) if !files.is_empty() => (Policy::load_dir(dir)?, Vec::new()),
+            _ => (Policy::unavailable(), Vec::new()),
+        },
+    };
+    if !policy.is_unavailable() {
+        policy.check_secrets(secrets)?;
+    }
+    Ok((policy, dropped))
 }

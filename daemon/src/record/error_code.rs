@@ -58,12 +58,14 @@ pub(crate) enum ErrorCode {
     UserNotAdmitted,
     /// The rule binds secrets and the request's user is not an agent user the rule serves.
     SecretNotForUser,
+    /// No policy yet: `[policy.source] require_first_sync` and no verified bundle so far.
+    PolicyUnavailable,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 25] = [
+    pub(crate) const ALL: [ErrorCode; 26] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -89,6 +91,7 @@ impl ErrorCode {
         ErrorCode::UnknownUser,
         ErrorCode::UserNotAdmitted,
         ErrorCode::SecretNotForUser,
+        ErrorCode::PolicyUnavailable,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -102,7 +105,8 @@ impl ErrorCode {
             | ErrorCode::QueryTypeRefused
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
-            | ErrorCode::SecretNotForUser => StatusCode::FORBIDDEN,
+            | ErrorCode::SecretNotForUser
+            | ErrorCode::PolicyUnavailable => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
@@ -136,7 +140,8 @@ impl ErrorCode {
             | ErrorCode::QueryTypeRefused
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
-            | ErrorCode::SecretNotForUser => Verdict::Deny,
+            | ErrorCode::SecretNotForUser
+            | ErrorCode::PolicyUnavailable => Verdict::Deny,
             ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
                 Verdict::Limited
             }
@@ -179,6 +184,7 @@ impl ErrorCode {
             ErrorCode::UnknownUser => "unknown_user",
             ErrorCode::UserNotAdmitted => "user_not_admitted",
             ErrorCode::SecretNotForUser => "secret_not_for_user",
+            ErrorCode::PolicyUnavailable => "policy_unavailable",
         }
     }
 

@@ -10,4 +10,5 @@ pub mod exec;
 pub mod firewall;
 pub mod install;
 pub mod invocation;
+pub mod policy_bundle;
 pub mod trust;

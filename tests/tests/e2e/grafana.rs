@@ -79,6 +79,169 @@ async fn a_fresh_daemon_leaves_no_dashboard_panel_without_data() {
     );
 }
 
+/// Every metric selector of the dashboard is narrowed by the `instance` variable, so picking
+/// hosts narrows every panel (a selector without it would silently sum the whole fleet).
+#[test]
+fn every_dashboard_query_follows_the_instance_variable() {
+    let mut unscoped = Vec::new();
+    for e in prometheus::raw_dashboard_exprs() {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("agenshield_proxy_") {
+            let tail = &rest[i..];
+            let name_len = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            if !tail[name_len..].starts_with("{instance=~\"$instance\"") {
+                unscoped.push(format!("{}  in  {e}", &tail[..name_len]));
+            }
+            rest = &tail[name_len..];
+        }
+    }
+    assert!(
+        unscoped.is_empty(),
+        "selectors without instance:\n{}",
+        unscoped.join("\n")
+    );
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(grafana_dir().join("dashboards/agenshield-proxy.json"))
+            .expect("dashboard"),
+    )
+    .expect("JSON");
+    let vars = dash["templating"]["list"].as_array().expect("variables");
+    let inst = vars
+        .iter()
+        .find(|v| v["name"] == "instance")
+        .expect("an instance variable");
+    assert_eq!(inst["allValue"], ".*", "{inst}");
+    assert_eq!(inst["multi"], true, "{inst}");
+    assert_eq!(dash["panels"][0]["title"], "Fleet overview");
+}
+
+/// The shipped fleet configuration, as an operator runs it: two daemons, each with its own
+/// Prometheus from `fleet-host.yml` (instance = the host's name), and a central Prometheus
+/// from `fleet-central.yml` that gets their series by remote_write (push) or by federation
+/// (pull). On the central one, every panel of the fleet overview row shows both hosts, and
+/// selecting one instance narrows every panel of the dashboard to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_fleet_configs_bring_every_host_into_the_fleet_row() {
+    if let Some(why) = prometheus::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let (a, b) = (daemon(), daemon());
+    let dir = grafana_dir().join("prometheus");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect(f);
+    let (host_yml, central_yml) = (read("fleet-host.yml"), read("fleet-central.yml"));
+    let alerts = dir.join("alerts.yml").display().to_string();
+    let central = |hosts: &str, args: &[&str]| {
+        let text = central_yml
+            .replace("@HOSTS@", hosts)
+            .replace("- alerts.yml", &format!("- '{alerts}'"))
+            .replace("15s", "1s");
+        prometheus::start_config(&text, args)
+    };
+    let host = |name: &str, daemon: &Daemon, central: &str| {
+        let text = host_yml
+            .replace("@HOST@", name)
+            .replace("@CENTRAL@", central)
+            .replace("127.0.0.1:15090", &daemon.metrics.to_string())
+            .replace("15s", "1s");
+        prometheus::start_config(&text, &[])
+    };
+    // Push: both hosts remote_write to a central Prometheus that receives.
+    let push = central("", &["--web.enable-remote-write-receiver"]);
+    let central_url = format!("http://{}", push.addr);
+    let pa = host("host-a", &a, &central_url);
+    let pb = host("host-b", &b, &central_url);
+    for p in [&push, &pa, &pb] {
+        let (ok, out) = promtool(&[
+            "check",
+            "config",
+            &p.dir.path().join("prometheus.yml").display().to_string(),
+        ]);
+        assert!(ok, "promtool check config: {out}");
+    }
+    fleet_row_shows(&push, &["host-a", "host-b"]).await;
+    // One host selected: every query of the dashboard that answers per instance names only it.
+    for e in prometheus::dashboard_exprs_for("host-a") {
+        let got = instances(&push, &e);
+        assert!(
+            got.iter().all(|h| h == "host-a"),
+            "{e} with instance=host-a answers for {got:?}"
+        );
+    }
+    // Pull: a central Prometheus federates the two hosts' Prometheus servers.
+    let pull = central(&format!("'{}', '{}'", pa.addr, pb.addr), &[]);
+    fleet_row_shows(&pull, &["host-a", "host-b"]).await;
+}
+
+/// The instances a query's answer names.
+fn instances(p: &prometheus::Prometheus, expr: &str) -> std::collections::BTreeSet<String> {
+    p.query(expr)["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|s| s["metric"]["instance"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every query of the dashboard's first row (the fleet overview) answers for exactly
+/// `hosts`, within 60 s.
+async fn fleet_row_shows(p: &prometheus::Prometheus, hosts: &[&str]) {
+    let want: std::collections::BTreeSet<String> = hosts.iter().map(|h| h.to_string()).collect();
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(grafana_dir().join("dashboards/agenshield-proxy.json"))
+            .expect("dashboard"),
+    )
+    .expect("JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    let fleet: Vec<&serde_json::Value> = panels[1..]
+        .iter()
+        .take_while(|p| p["type"] != "row")
+        .collect();
+    assert!(fleet.len() >= 5, "fleet row has {} panels", fleet.len());
+    let exprs: Vec<(String, String)> = fleet
+        .iter()
+        .flat_map(|p| {
+            p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str())
+                .map(|e| {
+                    (
+                        p["title"].as_str().unwrap_or("").to_string(),
+                        e.replace("$__rate_interval", "1m")
+                            .replace("$__range", "1m")
+                            .replace("$instance", ".*"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let wrong: Vec<String> = exprs
+            .iter()
+            .filter_map(|(title, e)| {
+                let got = instances(p, e);
+                (got != want).then(|| format!("{title}: {e} -> {got:?}"))
+            })
+            .collect();
+        if wrong.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fleet panels without every host {want:?}:\n{}",
+            wrong.join("\n")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// The daemon's `/metrics` as text.
 fn scrape(d: &Daemon) -> String {
     let out = Command::new("curl")

@@ -31,6 +31,7 @@ mod install_linux;
 mod memory;
 mod observability;
 mod passthrough;
+mod policy_bundles;
 mod records;
 mod request_overrides;
 mod secret_defaults;

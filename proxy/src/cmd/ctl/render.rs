@@ -121,6 +121,7 @@ pub(super) fn status(v: &Value) -> String {
         format!("policy dir    {}", s(&p["dir"])),
         format!("last reload   {last_error}"),
         format!("hot reload    {watch}"),
+        source_lines(p).join("\n"),
         format!(
             "requests      allowed {}  denied {}  limited {}  errors {}",
             c["allowed"], c["denied"], c["limited"], c["errors"]
@@ -130,7 +131,55 @@ pub(super) fn status(v: &Value) -> String {
             c["connections"], v["tunnels"], v["pending"]
         ),
     ]
+    .into_iter()
+    .filter(|l| !l.is_empty())
+    .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// `[policy.source]`: the bundle in force, the last sync and error, and what of the local
+/// directory a deny-only bundle left out. `p`: the policy object (`/v1/policy`, or
+/// `/v1/status`'s `policy`). One empty line when there is no source.
+fn source_lines(p: &Value) -> Vec<String> {
+    let src = &p["source"];
+    if !src.is_object() {
+        return vec![String::new()];
+    }
+    let mut out = vec![
+        format!("policy source {}", s(&src["url"])),
+        match src["revision"].as_u64() {
+            Some(rev) => format!(
+                "bundle        revision {rev}  sha256 {}  local {}  from {}  made {}",
+                s(&src["sha256"]),
+                s(&src["local"]),
+                s(&src["from"]),
+                s(&src["created_at"])
+            ),
+            None => "bundle        none yet".to_string(),
+        },
+        format!("last sync     {}", s(&src["last_sync"])),
+        match src["last_error"].as_object() {
+            Some(e) => format!(
+                "sync error    {} at {}: {}",
+                e.get("reason").map(s).unwrap_or("-"),
+                e.get("at").map(s).unwrap_or("-"),
+                e.get("message").map(s).unwrap_or("-")
+            ),
+            None => "sync error    none".to_string(),
+        },
+    ];
+    if p["unavailable"].as_bool() == Some(true) {
+        out.push(
+            "REFUSING ALL  no policy until the first verified bundle (require_first_sync)"
+                .to_string(),
+        );
+    }
+    if let Some(dropped) = p["local_dropped"].as_array() {
+        for d in dropped {
+            out.push(format!("local ignored {}", s(d)));
+        }
+    }
+    out
 }
 
 pub(super) fn stats(v: &Value) -> String {
@@ -173,6 +222,7 @@ pub(super) fn policy(v: &Value) -> String {
             e.get("message").map(s).unwrap_or("-")
         ));
     }
+    out.extend(source_lines(v).into_iter().filter(|l| !l.is_empty()));
     if let Some(rules) = v["rule_list"].as_array() {
         out.push(String::new());
         // Each column as wide as its widest cell, so no id or priority pushes the rest.

@@ -136,6 +136,23 @@ pub fn plan_install(
         meta(0o700, serving, serving_group),
         false,
     )?;
+    // The policy source's cache: written by the process that fetches, the serving one.
+    if let Some(cache) = &l.policy_cache {
+        if let Some(parent) = cache.parent() {
+            b.dir(
+                "the policy cache's parent",
+                parent,
+                meta(0o755, root, rg),
+                false,
+            )?;
+        }
+        b.dir(
+            "the policy bundle cache",
+            cache,
+            meta(0o700, serving, serving_group),
+            false,
+        )?;
+    }
     b.dir(
         "the log directory",
         Path::new(LOG_DIR),

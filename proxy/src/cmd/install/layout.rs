@@ -107,6 +107,8 @@ pub struct Layout {
     pub vault: PathBuf,
     /// The audit log's directory.
     pub audit_dir: Option<PathBuf>,
+    /// `[policy.source] cache`, when a policy source is configured: the serving user's.
+    pub policy_cache: Option<PathBuf>,
     /// The admin socket's directory.
     pub run_dir: PathBuf,
     /// The admin socket.
@@ -246,6 +248,7 @@ impl Layout {
             certs: absolute(&cfg.certs, "paths.certs")?,
             vault: absolute(&cfg.vault, "paths.vault")?,
             audit_dir: cfg.audit_path.as_deref().map(parent),
+            policy_cache: cfg.policy_source.as_ref().map(|s| s.cache.clone()),
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
             admin: cfg.admin.clone(),
             bundle: cfg.certs.join(BUNDLE_FILE),
@@ -317,6 +320,10 @@ impl Layout {
             self.agent.home.clone(),
         ]);
         v.extend(self.audit_dir.iter().cloned());
+        if let Some(cache) = &self.policy_cache {
+            v.extend(cache.parent().map(Path::to_path_buf));
+            v.push(cache.clone());
+        }
         v.extend(self.agent_dirs.iter().cloned());
         v.extend(self.blocks.iter().map(|b| b.path.clone()));
         v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));
