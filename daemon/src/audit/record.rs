@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
+use super::checkpoint::CheckpointEntry;
 use super::repeats::RepeatedEntry;
 use crate::record::{Record, RecordKind};
 
@@ -19,6 +20,8 @@ pub(crate) enum Entry {
     Reload(ReloadEntry),
     Start(LifecycleEntry),
     Stop(LifecycleEntry),
+    /// The chain head signed (`checkpoint.rs`); made by the writer only.
+    Checkpoint(CheckpointEntry),
 }
 
 impl Entry {
@@ -67,6 +70,11 @@ impl Serialize for Entry {
             .serialize(s),
             Entry::Stop(e) => Tagged {
                 kind: "stop",
+                entry: e,
+            }
+            .serialize(s),
+            Entry::Checkpoint(e) => Tagged {
+                kind: "checkpoint",
                 entry: e,
             }
             .serialize(s),

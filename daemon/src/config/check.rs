@@ -48,6 +48,8 @@ pub enum CheckError {
     AuditFileTooSmall,
     #[error("audit.refusal_window must be at most 1h (a count is written when it closes)")]
     RefusalWindowTooLong,
+    #[error("audit.checkpoint_interval must be 0 (off) or between 1s and 24h")]
+    CheckpointInterval,
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {
@@ -139,6 +141,10 @@ pub(super) fn audit(a: &AuditConfig) -> Result<(), CheckError> {
     }
     if a.refusal_window > Duration::from_secs(3600) {
         return Err(CheckError::RefusalWindowTooLong);
+    }
+    let i = a.checkpoint_interval;
+    if !i.is_zero() && (i < Duration::from_secs(1) || i > Duration::from_secs(24 * 3600)) {
+        return Err(CheckError::CheckpointInterval);
     }
     Ok(())
 }

@@ -36,6 +36,8 @@ pub fn installed_config_unreadable() -> bool {
 /// The installed daemon's admin socket.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";
+/// The audit checkpoint key's file name in the CA directory (its default place).
+pub const AUDIT_KEY_FILE: &str = "audit-key.pem";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -111,6 +113,8 @@ pub struct Config {
     /// The audit log's path; `None` when `audit.enabled = false`.
     pub audit_path: Option<PathBuf>,
     pub audit: AuditConfig,
+    /// The key that signs the audit log's checkpoints (`paths.audit_key`).
+    pub audit_key: PathBuf,
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
@@ -260,6 +264,11 @@ impl Config {
             (true, None) if state_dir.is_some() => Some(default_path("proxy-audit.jsonl")),
             (true, None) => Some(PathBuf::from(DEFAULT_AUDIT_LOG)),
         };
+        let certs = path_or(f.paths.certs, "certs");
+        let audit_key = match f.paths.audit_key {
+            Some(p) => relative(&p),
+            None => certs.join(AUDIT_KEY_FILE),
+        };
         Ok(Config {
             source,
             state_dir,
@@ -272,7 +281,7 @@ impl Config {
             explicit_groups: f.listen.explicit_groups,
             admin,
             policies: path_or(f.paths.policies, "policies"),
-            certs: path_or(f.paths.certs, "certs"),
+            certs,
             upstream,
             resolver: f.resolver,
             dns_answers: f.dns,
@@ -285,6 +294,7 @@ impl Config {
             metrics,
             audit_path,
             audit: f.audit,
+            audit_key,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
             not_yet_effective: not_yet,

@@ -75,6 +75,12 @@ pub struct AuditConfig {
     /// with a count (the first is still recorded in full, at once). 0: every one in full.
     #[serde(deserialize_with = "forms::duration")]
     pub refusal_window: Duration,
+    /// A signed checkpoint of the chain after this many records (0: not by count)…
+    pub checkpoint_every: u64,
+    /// …or this long after the last one if a record came since (0: not by time); both 0:
+    /// no checkpoints. The key is `paths.audit_key`.
+    #[serde(deserialize_with = "forms::duration")]
+    pub checkpoint_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -93,6 +99,8 @@ impl Default for AuditConfig {
             query_values: QueryValues::Redact,
             retention: Duration::from_secs(24 * 60 * 60),
             refusal_window: Duration::from_secs(10),
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(60),
         }
     }
 }
@@ -173,6 +181,8 @@ pub(super) struct FilePaths {
     pub(super) certs: Option<PathBuf>,
     pub(super) vault: Option<PathBuf>,
     pub(super) audit: Option<PathBuf>,
+    /// The audit checkpoint key (default: `audit-key.pem` in the CA directory).
+    pub(super) audit_key: Option<PathBuf>,
 }
 
 /// Firewall redirection of the agent users' traffic into the transparent listener.
