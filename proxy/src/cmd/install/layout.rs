@@ -107,6 +107,9 @@ pub struct Layout {
     pub vault: PathBuf,
     /// The audit log's directory.
     pub audit_dir: Option<PathBuf>,
+    /// The key that signs the audit log's checkpoints (`None`: the log or its checkpoints
+    /// are off).
+    pub audit_key: Option<PathBuf>,
     /// The admin socket's directory.
     pub run_dir: PathBuf,
     /// The admin socket.
@@ -246,6 +249,12 @@ impl Layout {
             certs: absolute(&cfg.certs, "paths.certs")?,
             vault: absolute(&cfg.vault, "paths.vault")?,
             audit_dir: cfg.audit_path.as_deref().map(parent),
+            audit_key: match &cfg.audit_path {
+                Some(_) if agenshield_proxy::audit::checkpoints_enabled(&cfg.audit) => {
+                    Some(absolute(&cfg.audit_key, "paths.audit_key")?)
+                }
+                _ => None,
+            },
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
             admin: cfg.admin.clone(),
             bundle: cfg.certs.join(BUNDLE_FILE),
@@ -317,6 +326,7 @@ impl Layout {
             self.agent.home.clone(),
         ]);
         v.extend(self.audit_dir.iter().cloned());
+        v.extend(self.audit_key.iter().cloned());
         v.extend(self.agent_dirs.iter().cloned());
         v.extend(self.blocks.iter().map(|b| b.path.clone()));
         v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));
