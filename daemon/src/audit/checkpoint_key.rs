@@ -6,7 +6,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ring::rand::SystemRandom;
@@ -139,6 +139,15 @@ impl CheckpointKey {
         let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref())
             .map_err(|_| create(io::Error::other("the new key does not parse")))?;
         let text = zeroize::Zeroizing::new(pem(PRIVATE_LABEL, doc.as_ref()));
+        // Its directory as the CA makes its own (the default place is the CA directory,
+        // made after the log is opened): the public half beside the key is for everyone.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(create)?;
+        }
         write_new(path, text.as_bytes(), 0o600).map_err(create)?;
         let key = Self::of(pair);
         tracing::info!(path = ?path, key_id = %key.public.id(), "audit checkpoint key created");

@@ -40,7 +40,8 @@ fn the_signed_message_is_length_prefixed_items_in_the_documented_order() {
 #[test]
 fn a_created_key_is_private_has_its_public_half_beside_it_and_loads_again() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("audit-key.pem");
+    // Its directory is made too (by default the CA's, made later).
+    let path = dir.path().join("certs/audit-key.pem");
     let (key, origin) = CheckpointKey::load_or_create(&path).expect("create");
     assert_eq!(origin, KeyOrigin::Created);
     let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
