@@ -340,13 +340,17 @@ fn link(seq: u64, hash: &str, r: &Read, at: &Spot) -> Option<(DamageKind, String
         return None;
     }
     if r.prev != hash && next.is_some_and(|n| r.seq > n) {
-        let missing = format!("seq {}..{}", seq + 1, r.seq - 1);
+        let missing = if seq + 1 == r.seq - 1 {
+            format!("record seq {}", seq + 1)
+        } else {
+            format!("records seq {}..{}", seq + 1, r.seq - 1)
+        };
         return Some(if at.first_of_later_file {
             (
                 DamageKind::Truncated,
                 format!(
                     "the file before ends at seq {seq} but this one goes on at seq {}: \
-                     records {missing} are missing (the earlier file was cut short)",
+                     {missing} missing (the earlier file was cut short)",
                     r.seq
                 ),
             )
@@ -354,7 +358,7 @@ fn link(seq: u64, hash: &str, r: &Read, at: &Spot) -> Option<(DamageKind, String
             (
                 DamageKind::Removed,
                 format!(
-                    "the sequence jumps from {seq} to {}: records {missing} were deleted",
+                    "the sequence jumps from {seq} to {}: {missing} deleted",
                     r.seq
                 ),
             )
