@@ -45,9 +45,8 @@ pub fn signed_message(
     head: &str,
     key_id: &str,
 ) -> Vec<u8> {
-    let mut m = Vec::with_capacity(
-        DOMAIN.len() + time.len() + head.len() + key_id.len() + 3 * 8 + 7 * 4,
-    );
+    let mut m =
+        Vec::with_capacity(DOMAIN.len() + time.len() + head.len() + key_id.len() + 3 * 8 + 7 * 4);
     let mut item = |bytes: &[u8]| {
         // Every item is far below 4 GiB (a time, a hash, an id): the cast cannot truncate.
         m.extend_from_slice(&(bytes.len() as u32).to_be_bytes());

@@ -117,15 +117,11 @@ impl CheckpointKey {
             });
         }
         let text = io::read_to_string(file).map_err(read)?;
-        let der = pem_body(&text, PRIVATE_LABEL).map_err(|_| KeyError::Invalid {
-            path: path.into(),
-        })?;
+        let der =
+            pem_body(&text, PRIVATE_LABEL).map_err(|_| KeyError::Invalid { path: path.into() })?;
         // Also a version-1 PKCS#8 document (`openssl genpkey -algorithm ed25519`).
-        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).map_err(|_| {
-            KeyError::Invalid {
-                path: path.into(),
-            }
-        })?;
+        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der)
+            .map_err(|_| KeyError::Invalid { path: path.into() })?;
         Ok(Self::of(pair))
     }
 
@@ -224,4 +220,3 @@ fn write_public(path: &Path, text: &str) -> io::Result<()> {
     write_new(&tmp, text.as_bytes(), 0o644)?;
     std::fs::rename(&tmp, path)
 }
-

@@ -6,16 +6,23 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::tests::{cfg, request};
 use super::chain::{hex_sha256, GENESIS};
 use super::checkpoint::{signed_message, PublicKey, DOMAIN};
 use super::checkpoint_key::{public_key_path, read_public, CheckpointKey, KeyError, KeyOrigin};
 use super::checkpoint_verify::{verify_checkpoints, CheckpointReport, DamageKind, SeqRange};
+use super::tests::{cfg, request};
 use super::*;
 
 #[test]
 fn the_signed_message_is_length_prefixed_items_in_the_documented_order() {
-    let m = signed_message(7, "2026-12-07T03:00:00.000Z", 1, 6, &"ab".repeat(32), "0011223344556677");
+    let m = signed_message(
+        7,
+        "2026-12-07T03:00:00.000Z",
+        1,
+        6,
+        &"ab".repeat(32),
+        "0011223344556677",
+    );
     let mut want = Vec::new();
     for item in [
         DOMAIN,
@@ -30,10 +37,21 @@ fn the_signed_message_is_length_prefixed_items_in_the_documented_order() {
         want.extend_from_slice(item);
     }
     assert_eq!(m, want);
-    assert_eq!(&m[..4], &[0, 0, 0, 30], "the domain first, its length before it");
+    assert_eq!(
+        &m[..4],
+        &[0, 0, 0, 30],
+        "the domain first, its length before it"
+    );
     assert_eq!(DOMAIN, b"agenshield audit checkpoint v1");
     // Fields cannot slide into each other: moving a byte between two items changes it.
-    let shifted = signed_message(7, "2026-12-07T03:00:00.000Z0", 1, 6, &"ab".repeat(32), "011223344556677");
+    let shifted = signed_message(
+        7,
+        "2026-12-07T03:00:00.000Z0",
+        1,
+        6,
+        &"ab".repeat(32),
+        "011223344556677",
+    );
     assert_ne!(m, shifted);
 }
 
@@ -50,8 +68,14 @@ fn a_created_key_is_private_has_its_public_half_beside_it_and_loads_again() {
     assert!(text.starts_with("-----BEGIN PRIVATE KEY-----\n"), "{text}");
     let public = std::fs::read_to_string(public_key_path(&path)).expect("pub");
     assert_eq!(PublicKey::from_pem(&public).expect("pem"), *key.public());
-    assert_eq!(format!("{key:?}"), format!("CheckpointKey({})", key.public().id()));
-    assert!(!format!("{key:?}").contains(&text[30..60]), "Debug never shows the key");
+    assert_eq!(
+        format!("{key:?}"),
+        format!("CheckpointKey({})", key.public().id())
+    );
+    assert!(
+        !format!("{key:?}").contains(&text[30..60]),
+        "Debug never shows the key"
+    );
     let (again, origin) = CheckpointKey::load_or_create(&path).expect("load");
     assert_eq!(origin, KeyOrigin::Loaded);
     assert_eq!(again.public(), key.public());
@@ -106,7 +130,11 @@ async fn write_signed(path: &Path, c: &AuditConfig, key: &Path, from: u64, n: u6
     let metrics = AuditMetrics::unregistered();
     let audit = Audit::open(path, c, metrics.clone(), Some(k)).expect("open");
     for i in from..from + n {
-        assert!(audit.write(request(i, if i % 3 == 0 { "deny" } else { "allow" })).await);
+        assert!(
+            audit
+                .write(request(i, if i % 3 == 0 { "deny" } else { "allow" }))
+                .await
+        );
     }
     audit.checkpoint().await;
     audit.sync().await;
@@ -126,7 +154,10 @@ fn kinds(p: &Path) -> Vec<(u64, String)> {
         .iter()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("json");
-            (v["seq"].as_u64().expect("seq"), v["kind"].as_str().unwrap_or("").to_string())
+            (
+                v["seq"].as_u64().expect("seq"),
+                v["kind"].as_str().unwrap_or("").to_string(),
+            )
         })
         .collect()
 }
@@ -155,7 +186,10 @@ async fn checkpoints_land_every_n_records_and_at_a_stop_and_the_log_verifies() {
     assert_eq!(cp["key_id"], public.id());
     let r = verify_checkpoints(&[path.clone()], &[public.clone()]).expect("verify");
     assert!(r.ok(), "{r:?}");
-    assert_eq!((r.records, r.checkpoints, r.last_checkpoint), (28, 3, Some(28)));
+    assert_eq!(
+        (r.records, r.checkpoints, r.last_checkpoint),
+        (28, 3, Some(28))
+    );
     assert!(r.starts_at_genesis);
     assert_eq!(r.unsigned_tail, None);
     // The plain chain check reads the checkpoint lines like any other.
@@ -167,7 +201,10 @@ async fn checkpoints_land_every_n_records_and_at_a_stop_and_the_log_verifies() {
     assert_eq!(again, public);
     assert_eq!(checkpoint_seqs(&path), [11, 22, 28, 32]);
     let cp: serde_json::Value = serde_json::from_str(&lines(&path)[31]).expect("cp");
-    assert_eq!((cp["first_seq"].as_u64(), cp["last_seq"].as_u64()), (Some(29), Some(31)));
+    assert_eq!(
+        (cp["first_seq"].as_u64(), cp["last_seq"].as_u64()),
+        (Some(29), Some(31))
+    );
 }
 
 #[tokio::test]
@@ -187,7 +224,10 @@ async fn a_checkpoint_comes_after_the_interval_when_records_wait_for_one() {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while metrics.checkpoints.get() == 0 {
-        assert!(std::time::Instant::now() < deadline, "no checkpoint by time");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint by time"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     audit.sync().await;
@@ -243,7 +283,10 @@ fn reseal(line: &str, prev: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(line).expect("json");
     let old_prev = v["prev"].as_str().expect("prev");
     let body_end = line.find(",\"hash\":\"").expect("seal");
-    let body = line[..body_end].replace(&format!("\"prev\":\"{old_prev}\""), &format!("\"prev\":\"{prev}\""));
+    let body = line[..body_end].replace(
+        &format!("\"prev\":\"{old_prev}\""),
+        &format!("\"prev\":\"{prev}\""),
+    );
     let hash = hex_sha256(body.as_bytes());
     format!("{body},\"hash\":\"{hash}\"}}")
 }
@@ -256,7 +299,11 @@ fn hash_of(line: &str) -> String {
 /// Recomputes the chain from line index `from` to the end.
 fn rechain(l: &mut [String], from: usize) {
     for i in from..l.len() {
-        let prev = if i == 0 { GENESIS.to_string() } else { hash_of(&l[i - 1]) };
+        let prev = if i == 0 {
+            GENESIS.to_string()
+        } else {
+            hash_of(&l[i - 1])
+        };
         l[i] = reseal(&l[i], &prev);
     }
 }
@@ -275,15 +322,27 @@ async fn an_edited_line_is_named_with_the_checkpoints_around_it() {
     let d = one(&r);
     assert_eq!(d.kind, DamageKind::Edited);
     assert_eq!(d.line, 15);
-    assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(11), Some(22)));
-    assert_eq!(d.range, Some(SeqRange { first: 12, last: 21 }));
+    assert_eq!(
+        (d.after_checkpoint, d.before_checkpoint),
+        (Some(11), Some(22))
+    );
+    assert_eq!(
+        d.range,
+        Some(SeqRange {
+            first: 12,
+            last: 21
+        })
+    );
     // Its hash recomputed too: the next line no longer links.
     let p = s.copy("edited2.jsonl", |l| {
         l[14] = reseal(&l[14].replace("POST", "GET!"), &hash_of(&l[13]));
     });
     let d = one(&s.check(&[p])).clone();
     assert_eq!((d.kind, d.line), (DamageKind::Relinked, 16));
-    assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(11), Some(22)));
+    assert_eq!(
+        (d.after_checkpoint, d.before_checkpoint),
+        (Some(11), Some(22))
+    );
 }
 
 #[tokio::test]
@@ -300,7 +359,13 @@ async fn a_chain_recomputed_after_an_edit_fails_at_the_next_checkpoint() {
     assert_eq!(d.after_checkpoint, Some(11));
     // The later checkpoints sign the old chain too: none is good after it.
     assert_eq!(d.before_checkpoint, None);
-    assert_eq!(d.range, Some(SeqRange { first: 12, last: 50 }));
+    assert_eq!(
+        d.range,
+        Some(SeqRange {
+            first: 12,
+            last: 50
+        })
+    );
 }
 
 #[tokio::test]
@@ -312,8 +377,17 @@ async fn deleted_lines_are_named_with_the_checkpoints_around_them() {
     let d = one(&s.check(&[p])).clone();
     assert_eq!((d.kind, d.line), (DamageKind::Removed, 26));
     assert!(d.detail.contains("seq 26..28"), "{}", d.detail);
-    assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(22), Some(33)));
-    assert_eq!(d.range, Some(SeqRange { first: 23, last: 32 }));
+    assert_eq!(
+        (d.after_checkpoint, d.before_checkpoint),
+        (Some(22), Some(33))
+    );
+    assert_eq!(
+        d.range,
+        Some(SeqRange {
+            first: 23,
+            last: 32
+        })
+    );
 }
 
 #[tokio::test]
@@ -330,7 +404,10 @@ async fn a_file_cut_short_before_the_next_is_named_as_truncated() {
     assert_eq!((d.kind, d.line), (DamageKind::Truncated, 1));
     assert_eq!(d.file, live);
     assert!(d.detail.contains("seq 25..30"), "{}", d.detail);
-    assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(22), Some(33)));
+    assert_eq!(
+        (d.after_checkpoint, d.before_checkpoint),
+        (Some(22), Some(33))
+    );
     // Whole, the two files verify as one chain.
     std::fs::write(&older, text(&all[..30])).expect("w");
     assert!(s.check(&[older, live]).ok());
@@ -359,12 +436,14 @@ async fn a_checkpoint_signed_with_another_key_or_forged_is_named() {
                 );
                 let mut line = l[i].clone();
                 let signature = key.sign(&msg);
-                for (k, new) in [("head", prev.as_str()), ("key_id", id), ("signature", &signature)] {
+                for (k, new) in [
+                    ("head", prev.as_str()),
+                    ("key_id", id),
+                    ("signature", &signature),
+                ] {
                     // Replaced in place: the line keeps its key order.
-                    line = line.replace(
-                        &format!("\"{k}\":{}", v[k]),
-                        &format!("\"{k}\":\"{new}\""),
-                    );
+                    line =
+                        line.replace(&format!("\"{k}\":{}", v[k]), &format!("\"{k}\":\"{new}\""));
                 }
                 v["head"] = prev.clone().into();
                 l[i] = line;
@@ -409,7 +488,13 @@ async fn a_shipped_copy_without_its_beginning_verifies_from_its_first_record() {
     let p = s.copy("running.jsonl", |l| l.truncate(38));
     let r = s.check(&[p]);
     assert!(r.ok());
-    assert_eq!(r.unsigned_tail, Some(SeqRange { first: 34, last: 38 }));
+    assert_eq!(
+        r.unsigned_tail,
+        Some(SeqRange {
+            first: 34,
+            last: 38
+        })
+    );
     // No checkpoint at all: nothing is verified.
     let p = s.copy("unsigned.jsonl", |l| l.truncate(10));
     let r = s.check(&[p]);
@@ -425,5 +510,8 @@ async fn a_malformed_line_is_damage_not_a_crash() {
     });
     let d = one(&s.check(&[p])).clone();
     assert_eq!((d.kind, d.line), (DamageKind::Malformed, 31));
-    assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(22), Some(44)));
+    assert_eq!(
+        (d.after_checkpoint, d.before_checkpoint),
+        (Some(22), Some(44))
+    );
 }

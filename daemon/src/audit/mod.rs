@@ -33,12 +33,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use checkpoint_key::{CheckpointKey, KeyOrigin};
 use health::Health;
 pub(crate) use health::NotReady;
 pub(crate) use metrics::AuditMetrics;
 pub(crate) use record::{Entry, Fields, LifecycleEntry, ReloadEntry, ReloadResult, ReloadTrigger};
 use repeats::{Noted, Repeats};
-pub use checkpoint_key::{CheckpointKey, KeyOrigin};
 pub use writer::{preflight, Head};
 use writer::{Msg, Writer};
 

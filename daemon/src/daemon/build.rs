@@ -30,7 +30,9 @@ use crate::upstream::trust::UpstreamTrust;
 /// the operator asked for a signed log.
 fn checkpoint_key(cfg: &Config) -> anyhow::Result<Option<CheckpointKey>> {
     if !crate::audit::checkpoints_enabled(&cfg.audit) {
-        tracing::info!("audit checkpoints are off (audit.checkpoint_every and checkpoint_interval are 0)");
+        tracing::info!(
+            "audit checkpoints are off (audit.checkpoint_every and checkpoint_interval are 0)"
+        );
         return Ok(None);
     }
     let (key, origin) = CheckpointKey::load_or_create(&cfg.audit_key).map_err(|e| {
@@ -59,8 +61,13 @@ pub(super) async fn build_proxy(
 ) -> anyhow::Result<Proxy> {
     let audit = match &cfg.audit_path {
         Some(path) => Some(
-            Audit::open(path, &cfg.audit, metrics.audit.clone(), checkpoint_key(cfg)?)
-                .with_context(|| format!("opening the audit log {}", path.display()))?,
+            Audit::open(
+                path,
+                &cfg.audit,
+                metrics.audit.clone(),
+                checkpoint_key(cfg)?,
+            )
+            .with_context(|| format!("opening the audit log {}", path.display()))?,
         ),
         None => {
             tracing::warn!("audit log is off (audit.enabled = false)");

@@ -56,7 +56,10 @@ async fn checkpoints_sign_the_log_and_verify_names_each_damaged_range() {
     }
     let scrape = curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false).await;
     let signed = metric(&scrape.text(), "agenshield_proxy_audit_checkpoints_total");
-    assert!(signed >= 4, "45 requests, a checkpoint every {EVERY}: {signed}");
+    assert!(
+        signed >= 4,
+        "45 requests, a checkpoint every {EVERY}: {signed}"
+    );
 
     // The key: private to the daemon's user, its public half beside it.
     let key_file = w.daemon.dir.path().join("certs/audit-key.pem");
@@ -85,9 +88,10 @@ async fn checkpoints_sign_the_log_and_verify_names_each_damaged_range() {
     let (code, pem, err) = w.daemon.ctl(&[], &["audit", "key"]);
     assert_eq!(code, 0, "{err}");
     assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----\n"), "{pem}");
-    let (code, out, err) = w
-        .daemon
-        .ctl(&[], &["audit", "key", "--out", &public.display().to_string()]);
+    let (code, out, err) = w.daemon.ctl(
+        &[],
+        &["audit", "key", "--out", &public.display().to_string()],
+    );
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read_to_string(&public).expect("written"), pem);
     let key_id = key_id_of(&public);
@@ -104,10 +108,21 @@ async fn checkpoints_sign_the_log_and_verify_names_each_damaged_range() {
         .expect("base64");
     std::fs::write(&sig, raw).expect("sig");
     let verified = openssl(&[
-        "pkeyutl", "-verify", "-pubin", "-inkey", &s(&public), "-rawin", "-in", &s(&msg),
-        "-sigfile", &s(&sig),
+        "pkeyutl",
+        "-verify",
+        "-pubin",
+        "-inkey",
+        &s(&public),
+        "-rawin",
+        "-in",
+        &s(&msg),
+        "-sigfile",
+        &s(&sig),
     ]);
-    assert!(verified.contains("Signature Verified Successfully"), "{verified}");
+    assert!(
+        verified.contains("Signature Verified Successfully"),
+        "{verified}"
+    );
 
     let check = |files: &[&Path]| -> (i32, String) {
         let mut args = vec!["audit", "verify", "--checkpoints", "--key"];
@@ -120,7 +135,11 @@ async fn checkpoints_sign_the_log_and_verify_names_each_damaged_range() {
         (code, format!("{out}{err}"))
     };
     let between = |a: u64, b: u64| {
-        format!("records seq {}..{} (between the checkpoints at seq {a} and seq {b})", a + 1, b - 1)
+        format!(
+            "records seq {}..{} (between the checkpoints at seq {a} and seq {b})",
+            a + 1,
+            b - 1
+        )
     };
 
     // The untouched log verifies; so does it as rotated files, given in order.
@@ -288,7 +307,10 @@ fn reseal(line: &str, prev: &str) -> String {
     let v: Value = serde_json::from_str(line).expect("json");
     let old = v["prev"].as_str().expect("prev");
     let end = line.find(",\"hash\":\"").expect("sealed");
-    let body = line[..end].replace(&format!("\"prev\":\"{old}\""), &format!("\"prev\":\"{prev}\""));
+    let body = line[..end].replace(
+        &format!("\"prev\":\"{old}\""),
+        &format!("\"prev\":\"{prev}\""),
+    );
     let hash: String = Sha256::digest(body.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -312,13 +334,28 @@ fn forge(w: &World, lines: &[String], from: usize, key: &Path, key_id: &str) -> 
             let sig = w.scratch().join("forged-sig.bin");
             std::fs::write(&msg, message(&v)).expect("msg");
             openssl(&[
-                "pkeyutl", "-sign", "-inkey", &s(key), "-rawin", "-in", &s(&msg), "-out", &s(&sig),
+                "pkeyutl",
+                "-sign",
+                "-inkey",
+                &s(key),
+                "-rawin",
+                "-in",
+                &s(&msg),
+                "-out",
+                &s(&sig),
             ]);
-            let signature = base64::engine::general_purpose::STANDARD
-                .encode(std::fs::read(&sig).expect("sig"));
+            let signature =
+                base64::engine::general_purpose::STANDARD.encode(std::fs::read(&sig).expect("sig"));
             let old: Value = serde_json::from_str(&l[i]).expect("json");
-            for (k, new) in [("head", prev.as_str()), ("key_id", key_id), ("signature", &signature)] {
-                line = line.replace(&format!("\"{k}\":{}", old[k]), &format!("\"{k}\":\"{new}\""));
+            for (k, new) in [
+                ("head", prev.as_str()),
+                ("key_id", key_id),
+                ("signature", &signature),
+            ] {
+                line = line.replace(
+                    &format!("\"{k}\":{}", old[k]),
+                    &format!("\"{k}\":\"{new}\""),
+                );
             }
             l[i] = line;
         }

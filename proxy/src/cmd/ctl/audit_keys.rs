@@ -129,7 +129,9 @@ fn human(r: &CheckpointReport, local_key: bool) -> String {
         ));
     }
     if r.skipped_first_line {
-        out.push("note: the first line is not a whole record (a copy cut mid-line): skipped".into());
+        out.push(
+            "note: the first line is not a whole record (a copy cut mid-line): skipped".into(),
+        );
     }
     if let Some(t) = r.unsigned_tail {
         out.push(format!(
