@@ -184,7 +184,8 @@ async fn checkpoints_land_every_n_records_and_at_a_stop_and_the_log_verifies() {
     assert_eq!(cp["last_seq"], 21);
     assert_eq!(cp["head"], cp["prev"]);
     assert_eq!(cp["key_id"], public.id());
-    let r = verify_checkpoints(&[path.clone()], &[public.clone()]).expect("verify");
+    let r = verify_checkpoints(std::slice::from_ref(&path), std::slice::from_ref(&public))
+        .expect("verify");
     assert!(r.ok(), "{r:?}");
     assert_eq!(
         (r.records, r.checkpoints, r.last_checkpoint),
@@ -193,7 +194,7 @@ async fn checkpoints_land_every_n_records_and_at_a_stop_and_the_log_verifies() {
     assert!(r.starts_at_genesis);
     assert_eq!(r.unsigned_tail, None);
     // The plain chain check reads the checkpoint lines like any other.
-    let plain = super::verify::verify(&[path.clone()]).expect("verify");
+    let plain = super::verify::verify(std::slice::from_ref(&path)).expect("verify");
     assert!(plain.broken.is_none(), "{plain:?}");
     // A second stop with nothing new writes no empty checkpoint; a restart goes on from the
     // last checkpoint.
@@ -274,7 +275,7 @@ impl Signed {
     }
 
     fn check(&self, files: &[PathBuf]) -> CheckpointReport {
-        verify_checkpoints(files, &[self.key.clone()]).expect("verify")
+        verify_checkpoints(files, std::slice::from_ref(&self.key)).expect("verify")
     }
 }
 
@@ -453,7 +454,7 @@ async fn a_checkpoint_signed_with_another_key_or_forged_is_named() {
     };
     let other_id = other.public().id();
     let p = s.copy("other-key.jsonl", |l| resign(l, &other, &other_id));
-    let d = one(&s.check(&[p.clone()])).clone();
+    let d = one(&s.check(std::slice::from_ref(&p))).clone();
     assert_eq!((d.kind, d.line), (DamageKind::UnknownKey, 22));
     assert!(d.detail.contains(&other_id), "{}", d.detail);
     assert_eq!((d.after_checkpoint, d.before_checkpoint), (Some(11), None));
