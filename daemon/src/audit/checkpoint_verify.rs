@@ -312,7 +312,7 @@ impl Walk<'_> {
     /// The records strictly between two checkpoints (the copy's ends for `None`).
     fn range(&self, after: Option<u64>, before: Option<u64>) -> Option<SeqRange> {
         let first = match after {
-            Some(cp) => cp + 1,
+            Some(cp) => cp.saturating_add(1),
             None => self.report.first_seq?,
         };
         let last = match before {
