@@ -326,7 +326,12 @@ impl Layout {
             self.agent.home.clone(),
         ]);
         v.extend(self.audit_dir.iter().cloned());
-        v.extend(self.audit_key.iter().cloned());
+        v.extend(self.audit_key.iter().flat_map(|k| {
+            [
+                k.clone(),
+                agenshield_proxy::audit::checkpoint_key::public_key_path(k),
+            ]
+        }));
         v.extend(self.agent_dirs.iter().cloned());
         v.extend(self.blocks.iter().map(|b| b.path.clone()));
         v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));
