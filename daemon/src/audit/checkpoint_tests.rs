@@ -474,9 +474,17 @@ async fn a_checkpoint_signed_with_another_key_or_forged_is_named() {
 #[tokio::test]
 async fn a_shipped_copy_without_its_beginning_verifies_from_its_first_record() {
     let s = signed_log().await;
-    // The receiver's copy starts mid-way, mid-line, with a space before each message.
+    // The receiver's copy starts mid-way, mid-line, with a space or a header of its own
+    // before each message.
     let p = s.copy("shipped.jsonl", |l| {
-        let tail: Vec<String> = l.drain(17..).map(|x| format!(" {x}")).collect();
+        let tail: Vec<String> = l
+            .drain(17..)
+            .enumerate()
+            .map(|(i, x)| match i % 2 {
+                0 => format!(" {x}"),
+                _ => format!("Dec  7 03:00:00 host1 agenshield[42]: {x}\r"),
+            })
+            .collect();
         *l = vec![tail[0][40..].to_string()];
         l.extend(tail[1..].iter().cloned());
     });

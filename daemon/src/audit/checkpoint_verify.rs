@@ -166,9 +166,14 @@ struct Read {
 
 fn read(line: &[u8]) -> Option<Read> {
     let text = std::str::from_utf8(line).ok()?;
-    // A receiver may put a space before the message or end it with CR; the record itself
-    // starts at `{` and ends at `}`.
-    let text = text.trim_start_matches([' ', '\t']).trim_end_matches('\r');
+    // A receiver may put a space (or its own header: time, host, tag) before the message, or
+    // end it with CR; the record itself starts at `{"v":` and ends at `}`, and only it is
+    // hashed, so what comes before it changes nothing.
+    let text = text.trim_end_matches('\r');
+    let text = match text.find("{\"v\":") {
+        Some(at) => &text[at..],
+        None => text,
+    };
     let value: serde_json::Value = serde_json::from_str(text).ok()?;
     let sealed = unseal(text)?;
     Some(Read {
