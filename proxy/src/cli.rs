@@ -297,7 +297,7 @@ pub enum AuditCommand {
     /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
     /// log and its rotated files, oldest first; or FILEs, in the order given
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify \\\n      /var/log/agenshield/proxy-audit.jsonl.1 \\\n      /var/log/agenshield/proxy-audit.jsonl"
+        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify \\\n      /var/log/agenshield/proxy-audit.jsonl.1 \\\n      /var/log/agenshield/proxy-audit.jsonl\n  agenshield proxy ctl audit verify --checkpoints --key host1-audit.pub \\\n      /srv/syslog/host1/agenshield.jsonl"
     )]
     Verify {
         /// Audit log files in order, oldest first (default: the configured log and its
@@ -317,7 +317,7 @@ pub enum AuditCommand {
     /// Print the public key that verifies the audit log's checkpoints (PEM), or write it
     /// to a file; its key id is what checkpoint records name
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl audit key > audit-key.pub\n  agenshield proxy ctl audit key --out /srv/keys/host1-audit.pub\n  agenshield proxy ctl audit verify --checkpoints --key host1-audit.pub shipped.jsonl"
+        after_help = "Examples:\n  agenshield proxy ctl audit key > audit-key.pub\n  agenshield proxy ctl audit key --out /srv/keys/host1-audit.pub\n  agenshield proxy ctl audit verify --checkpoints \\\n      --key host1-audit.pub shipped.jsonl"
     )]
     Key {
         /// Write the key here instead of printing it
