@@ -304,12 +304,32 @@ pub enum AuditCommand {
     /// Check the hash chain; exit 1 naming the first broken line. Default: the configured
     /// log and its rotated files, oldest first; or FILEs, in the order given
     #[command(
-        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify \\\n      /var/log/agenshield/proxy-audit.jsonl.1 \\\n      /var/log/agenshield/proxy-audit.jsonl"
+        after_help = "Examples:\n  agenshield proxy ctl audit verify\n  agenshield proxy ctl audit verify \\\n      /var/log/agenshield/proxy-audit.jsonl.1 \\\n      /var/log/agenshield/proxy-audit.jsonl\n  agenshield proxy ctl audit verify --checkpoints --key host1-audit.pub \\\n      /srv/syslog/host1/agenshield.jsonl"
     )]
     Verify {
         /// Audit log files in order, oldest first (default: the configured log and its
         /// rotations)
         files: Vec<PathBuf>,
+        /// Also check the signed checkpoints, going on past damage: exit 1 naming each
+        /// damaged range by the checkpoints around it. Works on a shipped copy (the lines
+        /// as the syslog receiver wrote them), also one whose beginning is missing
+        #[arg(long)]
+        checkpoints: bool,
+        /// Public key(s) the checkpoints must be signed with (PEM, as `ctl audit key`
+        /// exports it); repeat for several. Default: this host's key (for evidence, use one
+        /// exported earlier and kept elsewhere)
+        #[arg(long = "key", value_name = "FILE", requires = "checkpoints")]
+        keys: Vec<PathBuf>,
+    },
+    /// Print the public key that verifies the audit log's checkpoints (PEM), or write it
+    /// to a file; its key id is what checkpoint records name
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl audit key > audit-key.pub\n  agenshield proxy ctl audit key --out /srv/keys/host1-audit.pub\n  agenshield proxy ctl audit verify --checkpoints \\\n      --key host1-audit.pub shipped.jsonl"
+    )]
+    Key {
+        /// Write the key here instead of printing it
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 

@@ -114,6 +114,17 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
                 o.bundle_sha256 = Some("bundle".into());
                 o.ca_common_name = Some("AgenShield Local CA test".into());
             }
+            Action::CreateAuditKey { path, owner } => {
+                let rg = l.root_group;
+                o.paths.insert(
+                    path.clone(),
+                    state(false, 0o600, owner, rg, Some("audit-key".into())),
+                );
+                o.paths.insert(
+                    path.with_extension("pub"),
+                    state(false, 0o644, "root", rg, Some("audit-pub".into())),
+                );
+            }
             Action::MakeUserDir { path, meta } => {
                 o.paths.insert(
                     path.clone(),
@@ -164,6 +175,14 @@ fn after(plan: &Plan, mut o: Observed, l: &Layout) -> Observed {
             for f in ["ca.pem", "ca-key.pem"] {
                 manifest.record(Created::File {
                     path: dir.join(f),
+                    sha256: Some(String::new()),
+                });
+            }
+        }
+        if let Action::CreateAuditKey { path, .. } = &s.action {
+            for p in [path.clone(), path.with_extension("pub")] {
+                manifest.record(Created::File {
+                    path: p,
                     sha256: Some(String::new()),
                 });
             }

@@ -231,7 +231,7 @@ pub(super) fn cfg(max_bytes: u64, keep: u32) -> AuditConfig {
 }
 
 async fn write_n(path: &Path, c: &AuditConfig, from: u64, n: u64) -> Head {
-    let audit = Audit::open(path, c, AuditMetrics::unregistered()).expect("open");
+    let audit = Audit::open(path, c, AuditMetrics::unregistered(), None).expect("open");
     for i in from..from + n {
         audit
             .write(request(i, if i % 3 == 0 { "deny" } else { "allow" }))
@@ -327,7 +327,8 @@ async fn verify_names_the_first_broken_line() {
 async fn a_full_queue_drops_only_allowed_records_and_says_so() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
-    let audit = Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered()).expect("open");
+    let audit =
+        Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered(), None).expect("open");
     // Bypass the queue's capacity by counting a drop the way a full queue does.
     audit.count_drop();
     audit.count_drop();
@@ -345,7 +346,8 @@ async fn a_full_queue_drops_only_allowed_records_and_says_so() {
 async fn concurrent_writers_lose_nothing_and_keep_one_chain() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("c.jsonl");
-    let audit = Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered()).expect("open");
+    let audit =
+        Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered(), None).expect("open");
     let mut tasks = Vec::new();
     for t in 0..8u64 {
         let audit = audit.clone();
@@ -382,7 +384,7 @@ async fn a_failed_write_is_not_acknowledged() {
         return;
     }
     let metrics = AuditMetrics::unregistered();
-    let audit = Audit::open(full, &cfg(1 << 30, 1), metrics.clone()).expect("open");
+    let audit = Audit::open(full, &cfg(1 << 30, 1), metrics.clone(), None).expect("open");
     assert!(
         !audit.write(request(1, "deny")).await,
         "a failed write was acknowledged"
@@ -392,7 +394,8 @@ async fn a_failed_write_is_not_acknowledged() {
     assert_eq!(audit.head().seq, 0, "the chain did not move");
     // A working log acknowledges.
     let dir = tempfile::tempdir().expect("tempdir");
-    let ok = Audit::open(&dir.path().join("a.jsonl"), &cfg(1 << 30, 1), metrics).expect("open");
+    let ok =
+        Audit::open(&dir.path().join("a.jsonl"), &cfg(1 << 30, 1), metrics, None).expect("open");
     assert!(ok.write(request(3, "allow")).await);
 }
 

@@ -14,6 +14,8 @@ pub(crate) struct AuditMetrics {
     pub ready: IntGauge,
     /// 1 while rotation would delete records younger than `audit.retention`.
     pub retention_blocked: IntGauge,
+    /// Checkpoints (signed chain heads) written.
+    pub checkpoints: IntCounter,
 }
 
 impl AuditMetrics {
@@ -51,6 +53,11 @@ impl AuditMetrics {
                 "1 while the audit log is full and rotating it would delete records younger \
                  than audit.retention: requests are refused (503 audit_unavailable) until \
                  the oldest file ages or is archived away. An alarm.",
+            ),
+            checkpoints: counter(
+                "audit_checkpoints_total",
+                "Signed checkpoints of the audit log's hash chain written into it \
+                 (audit.checkpoint_every / audit.checkpoint_interval, and at a clean stop).",
             ),
         }
     }

@@ -10,10 +10,15 @@
 //! be dropped then, which is counted and written into the next record (`dropped_before`).
 //! One agent's repeated refusals are counted over a window and written as one record
 //! (`repeats.rs`); rotation never deletes a file younger than `audit.retention`: requests are
-//! refused instead (`retention.rs`).
+//! refused instead (`retention.rs`). Every `audit.checkpoint_every` records or
+//! `audit.checkpoint_interval` the writer signs the chain head into the log (`checkpoint.rs`).
 
 pub(crate) mod chain;
 pub(crate) mod export;
+pub mod checkpoint;
+pub mod checkpoint_key;
+mod checkpoint_schedule;
+pub mod checkpoint_verify;
 mod health;
 mod metrics;
 mod policy_entry;
@@ -30,6 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
+pub use checkpoint_key::{CheckpointKey, KeyOrigin};
 use health::Health;
 pub(crate) use health::NotReady;
 pub(crate) use metrics::AuditMetrics;
@@ -67,10 +73,12 @@ pub(crate) struct Audit {
 impl Audit {
     /// Opens (or creates) the log and starts its ticker (periodic fsync, and a backstop
     /// drain of the queue); call within the runtime.
+    /// `key`: the checkpoint key (`None`: no checkpoints, whatever `cfg` says).
     pub(crate) fn open(
         path: &Path,
         cfg: &AuditConfig,
         metrics: AuditMetrics,
+        key: Option<CheckpointKey>,
     ) -> std::io::Result<Arc<Audit>> {
         let dropped = Arc::new(AtomicU64::new(0));
         let health = Arc::new(Health::new(
@@ -89,6 +97,7 @@ impl Audit {
             dropped.clone(),
             metrics.clone(),
             health.clone(),
+            key.map(|k| (k, checkpoint_cadence(cfg))),
         )?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let audit = Arc::new(Audit {
@@ -117,6 +126,7 @@ impl Audit {
                     drop(audit.enqueue(Entry::Repeated(Box::new(e))));
                 }
                 audit.drive();
+                audit.checkpoint_if_due();
                 audit.sync_if_due();
                 audit.recheck_retention();
                 audit.health.check_space();
@@ -157,6 +167,32 @@ impl Audit {
             if self.tx.capacity() == self.tx.max_capacity() {
                 return;
             }
+        }
+    }
+
+    /// Writes a checkpoint if a record has waited `audit.checkpoint_interval` for one.
+    fn checkpoint_if_due(&self) {
+        let mut core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::WouldBlock) => return,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let Core {
+            writer, batch, buf, ..
+        } = &mut *core;
+        if writer.checkpoint_due() {
+            batch.push(Msg::Checkpoint(None));
+            writer.write_batch(batch, buf);
+        }
+    }
+
+    /// Signs the chain head now (if a record came since the last checkpoint) and waits until
+    /// that is in the file: at a clean stop, so the log ends signed.
+    pub(crate) async fn checkpoint(&self) {
+        let (done, written) = oneshot::channel();
+        if self.tx.send(Msg::Checkpoint(Some(done))).await.is_ok() {
+            self.drive();
+            let _ = written.await;
         }
     }
 
@@ -342,6 +378,19 @@ impl Audit {
     }
 }
 
+/// `[audit] checkpoint_every` and `checkpoint_interval`.
+fn checkpoint_cadence(cfg: &AuditConfig) -> checkpoint_schedule::Cadence {
+    checkpoint_schedule::Cadence {
+        every: cfg.checkpoint_every,
+        interval: cfg.checkpoint_interval,
+    }
+}
+
+/// `[audit]` asks for checkpoints (by count or by time): the daemon then needs the key.
+pub fn checkpoints_enabled(cfg: &AuditConfig) -> bool {
+    cfg.checkpoint_every > 0 || !cfg.checkpoint_interval.is_zero()
+}
+
 /// `path?query` as the audit log records it: query parameter values replaced by
 /// `[redacted]` (names kept) unless `keep_values`.
 pub(crate) fn shown_path(path: &str, query: Option<&str>, keep_values: bool) -> String {
@@ -372,3 +421,7 @@ struct Core {
 #[cfg(test)]
 #[path = "audit_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "checkpoint_tests.rs"]
+mod checkpoint_tests;

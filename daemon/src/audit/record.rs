@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
+use super::checkpoint::CheckpointEntry;
 use super::repeats::RepeatedEntry;
 use crate::record::{Record, RecordKind};
 
@@ -21,6 +22,8 @@ pub(crate) enum Entry {
     Stop(LifecycleEntry),
     /// A policy bundle applied or refused (`policy_entry.rs`).
     Policy(Box<super::PolicyEntry>),
+    /// The chain head signed (`checkpoint.rs`); made by the writer only.
+    Checkpoint(CheckpointEntry),
 }
 
 impl Entry {
@@ -75,6 +78,11 @@ impl Serialize for Entry {
             Entry::Policy(e) => Tagged {
                 kind: "policy",
                 entry: e.as_ref(),
+            }
+            .serialize(s),
+            Entry::Checkpoint(e) => Tagged {
+                kind: "checkpoint",
+                entry: e,
             }
             .serialize(s),
         }

@@ -144,7 +144,7 @@ async fn a_flood_is_its_first_record_and_one_count_and_stop_loses_none() {
         refusal_window: Duration::from_secs(10),
         ..cfg(1 << 30, 1)
     };
-    let audit = Audit::open(&path, &c, AuditMetrics::unregistered()).expect("open");
+    let audit = Audit::open(&path, &c, AuditMetrics::unregistered(), None).expect("open");
     for i in 0..500 {
         let r = dns_refusal(i, 7, &format!("n{i}.flood.test"));
         assert!(audit.write(Entry::Record(Box::new(r))).await);

@@ -167,7 +167,7 @@ mod tests {
             ..cfg(64 * 1024, 1)
         };
         let metrics = AuditMetrics::unregistered();
-        let audit = Audit::open(&path, &c, metrics.clone()).expect("open");
+        let audit = Audit::open(&path, &c, metrics.clone(), None).expect("open");
         let mut n = 0;
         while audit.ready().is_ok() {
             n += 1;

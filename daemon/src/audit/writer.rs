@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::chain::{seal_from, unseal, GENESIS};
+use super::checkpoint_key::CheckpointKey;
+use super::checkpoint_schedule::{Cadence, Checkpoints};
 use super::health::{Health, NotReady};
 use super::record::Fields;
 use super::retention;
@@ -46,6 +48,9 @@ pub(crate) enum Msg {
     },
     /// Write everything before this, fsync, then answer.
     Sync(oneshot::Sender<()>),
+    /// Sign the chain head now if a record came since the last checkpoint (`checkpoint.rs`),
+    /// then answer.
+    Checkpoint(Option<oneshot::Sender<()>>),
 }
 
 /// When the live file is rotated, and what may be deleted then.
@@ -88,6 +93,8 @@ pub(crate) struct Writer {
     leftover: Option<Running>,
     /// The export sinks, which may hold a rotation back (`rotation::ExportHold`).
     export_hold: Option<Arc<ExportHold>>,
+    /// Signing the chain head from time to time; `None`: checkpoints are off.
+    checkpoints: Option<Checkpoints>,
 }
 
 impl Writer {
@@ -97,6 +104,7 @@ impl Writer {
         dropped: Arc<AtomicU64>,
         metrics: AuditMetrics,
         health: Arc<Health>,
+        checkpoints: Option<(CheckpointKey, Cadence)>,
     ) -> io::Result<Writer> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()
@@ -108,18 +116,26 @@ impl Writer {
         let size = file.metadata()?.len();
         // The chain goes on from the last line of the live file, or of the newest rotated
         // one if the live file is empty.
-        let head = match last_head(&mut file)? {
+        let (head, last_checkpoint) = match last_head(&mut file)? {
             Some(h) => h,
             None => match File::open(rotated(path, 1)) {
                 Ok(mut f) => last_head(&mut f)?,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 Err(e) => return Err(e),
             }
-            .unwrap_or(Head {
-                seq: 0,
-                hash: GENESIS.to_string(),
-            }),
+            .unwrap_or((
+                Head {
+                    seq: 0,
+                    hash: GENESIS.to_string(),
+                },
+                None,
+            )),
         };
+        // Records after the last checkpoint (a crash before it) are signed by the next one.
+        let checkpoints = checkpoints.map(|(key, cadence)| match last_checkpoint {
+            Some(at) if at <= head.seq => Checkpoints::new(key, cadence, at + 1, head.seq - at),
+            _ => Checkpoints::new(key, cadence, head.seq + 1, 0),
+        });
         if size > 0 && !ends_with_newline(&mut file)? {
             // A line cut short (power loss mid-write): end it, so the next record starts on
             // a line of its own; `verify` reports the cut line.
@@ -139,6 +155,7 @@ impl Writer {
             health,
             leftover: None,
             export_hold: None,
+            checkpoints,
         })
     }
 
@@ -158,6 +175,8 @@ impl Writer {
         let mut syncs = Vec::new();
         let mut head = self.head.clone();
         let mut records = 0;
+        let mut tally = self.checkpoints.as_ref().map(Checkpoints::tally);
+        let mut signed = 0;
         for msg in batch.drain(..) {
             match msg {
                 Msg::Entry { time, fields, ack } => {
@@ -165,10 +184,25 @@ impl Writer {
                     head.hash = self.encode(buf, head.seq, &time, &fields, &head.hash);
                     records += 1;
                     acks.extend(ack);
+                    if let (Some(c), Some(t)) = (&self.checkpoints, &mut tally) {
+                        t.note();
+                        if c.due_by_count(t) {
+                            signed += self.checkpoint(buf, &mut head, c, t);
+                        }
+                    }
                 }
                 Msg::Sync(done) => syncs.push(done),
+                Msg::Checkpoint(done) => {
+                    if let (Some(c), Some(t)) = (&self.checkpoints, &mut tally) {
+                        if t.since > 0 {
+                            signed += self.checkpoint(buf, &mut head, c, t);
+                        }
+                    }
+                    acks.extend(done);
+                }
             }
         }
+        records += signed;
         if !buf.is_empty() {
             if self.size > 0 && self.size + buf.len() as u64 > self.rotation.max_bytes {
                 self.rotate_if_allowed();
@@ -184,6 +218,10 @@ impl Writer {
                         self.dirty_since = Instant::now();
                     }
                     self.metrics.records.inc_by(records);
+                    self.metrics.checkpoints.inc_by(signed);
+                    if let (Some(c), Some(t)) = (&mut self.checkpoints, tally) {
+                        c.commit(t, signed > 0);
+                    }
                 }
                 Err(e) => {
                     // Nothing of this batch counts: a part written is cut off again so the
@@ -208,6 +246,30 @@ impl Writer {
                 let _ = s.send(());
             }
         }
+    }
+
+    /// Appends the checkpoint signing `head` and makes it the head; returns 1 (one line).
+    fn checkpoint(
+        &self,
+        buf: &mut Vec<u8>,
+        head: &mut Head,
+        c: &Checkpoints,
+        t: &mut super::checkpoint_schedule::Tally,
+    ) -> u64 {
+        let seq = head.seq + 1;
+        let time = crate::clock::now_rfc3339();
+        let fields = c.sign(t, seq, &time, head.seq, &head.hash);
+        // `dropped_before` stays for the next record of a request: a checkpoint loses none.
+        head.hash = encode(buf, seq, &time, 0, &fields, &head.hash);
+        head.seq = seq;
+        1
+    }
+
+    /// A record has waited `audit.checkpoint_interval` for a checkpoint.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        self.checkpoints
+            .as_ref()
+            .is_some_and(|c| c.due_by_time(Instant::now()))
     }
 
     fn encode(
@@ -382,8 +444,9 @@ pub(super) fn open_log(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// The seq and hash of the file's last sealed line, if it has one.
-fn last_head(file: &mut File) -> io::Result<Option<Head>> {
+/// The seq and hash of the file's last sealed line, if it has one, and the seq of the last
+/// checkpoint in the file's last 256 KiB.
+fn last_head(file: &mut File) -> io::Result<Option<(Head, Option<u64>)>> {
     let len = file.metadata()?.len();
     let from = len.saturating_sub(256 * 1024);
     file.seek(SeekFrom::Start(from))?;
@@ -395,19 +458,22 @@ fn last_head(file: &mut File) -> io::Result<Option<Head>> {
             tail.clear();
             Ok::<_, io::Error>(0)
         })?;
+    let mut head = None;
     for line in tail.lines().rev() {
         let Some(sealed) = unseal(line) else { continue };
-        let seq = serde_json::from_str::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v["seq"].as_u64());
-        if let Some(seq) = seq {
-            return Ok(Some(Head {
-                seq,
-                hash: sealed.hash.to_string(),
-            }));
+        let v = serde_json::from_str::<serde_json::Value>(line).ok();
+        let Some(seq) = v.as_ref().and_then(|v| v["seq"].as_u64()) else {
+            continue;
+        };
+        let head = head.get_or_insert_with(|| Head {
+            seq,
+            hash: sealed.hash.to_string(),
+        });
+        if v.is_some_and(|v| v["kind"] == "checkpoint") {
+            return Ok(Some((head.clone(), Some(seq))));
         }
     }
-    Ok(None)
+    Ok(head.map(|h| (h, None)))
 }
 
 fn ends_with_newline(file: &mut File) -> io::Result<bool> {

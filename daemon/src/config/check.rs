@@ -50,6 +50,8 @@ pub enum CheckError {
     RefusalWindowTooLong,
     #[error(transparent)]
     AuditExport(#[from] super::audit_export::AuditExportError),
+    #[error("audit.checkpoint_interval must be 0 (off) or between 1s and 24h")]
+    CheckpointInterval,
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {
@@ -143,5 +145,9 @@ pub(super) fn audit(a: &AuditConfig) -> Result<(), CheckError> {
         return Err(CheckError::RefusalWindowTooLong);
     }
     super::audit_export::check(&a.export, a.enabled)?;
+    let i = a.checkpoint_interval;
+    if !i.is_zero() && (i < Duration::from_secs(1) || i > Duration::from_secs(24 * 3600)) {
+        return Err(CheckError::CheckpointInterval);
+    }
     Ok(())
 }

@@ -46,6 +46,8 @@ pub const DEFAULT_ADMIN_SOCKET: &str = "/var/run/agenshield/proxy.sock";
 pub const DEFAULT_AUDIT_LOG: &str = "/var/log/agenshield/proxy-audit.jsonl";
 /// The installed daemon's cache of the last verified policy bundle.
 pub const DEFAULT_POLICY_CACHE: &str = "/var/lib/agenshield/policy-cache";
+/// The audit checkpoint key's file name in the CA directory (its default place).
+pub const AUDIT_KEY_FILE: &str = "audit-key.pem";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -123,6 +125,8 @@ pub struct Config {
     /// The audit log's path; `None` when `audit.enabled = false`.
     pub audit_path: Option<PathBuf>,
     pub audit: AuditConfig,
+    /// The key that signs the audit log's checkpoints (`paths.audit_key`).
+    pub audit_key: PathBuf,
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
@@ -291,6 +295,11 @@ impl Config {
             ),
             None => None,
         };
+        let certs = path_or(f.paths.certs, "certs");
+        let audit_key = match f.paths.audit_key {
+            Some(p) => relative(&p),
+            None => certs.join(AUDIT_KEY_FILE),
+        };
         Ok(Config {
             source,
             state_dir,
@@ -303,7 +312,7 @@ impl Config {
             explicit_groups: f.listen.explicit_groups,
             admin,
             policies: path_or(f.paths.policies, "policies"),
-            certs: path_or(f.paths.certs, "certs"),
+            certs,
             upstream,
             resolver: f.resolver,
             dns_answers: f.dns,
@@ -316,6 +325,7 @@ impl Config {
             metrics,
             audit_path,
             audit,
+            audit_key,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
             policy_source,

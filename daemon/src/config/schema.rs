@@ -79,6 +79,12 @@ pub struct AuditConfig {
     pub refusal_window: Duration,
     /// `[[audit.export]]`: sinks the log is shipped to (`audit/export/`).
     pub export: Vec<super::AuditExport>,
+    /// A signed checkpoint of the chain after this many records (0: not by count)…
+    pub checkpoint_every: u64,
+    /// …or this long after the last one if a record came since (0: not by time); both 0:
+    /// no checkpoints. The key is `paths.audit_key`.
+    #[serde(deserialize_with = "forms::duration")]
+    pub checkpoint_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -98,6 +104,8 @@ impl Default for AuditConfig {
             retention: Duration::from_secs(24 * 60 * 60),
             refusal_window: Duration::from_secs(10),
             export: Vec::new(),
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(60),
         }
     }
 }
@@ -178,6 +186,8 @@ pub(super) struct FilePaths {
     pub(super) certs: Option<PathBuf>,
     pub(super) vault: Option<PathBuf>,
     pub(super) audit: Option<PathBuf>,
+    /// The audit checkpoint key (default: `audit-key.pem` in the CA directory).
+    pub(super) audit_key: Option<PathBuf>,
 }
 
 /// Firewall redirection of the agent users' traffic into the transparent listener.

@@ -292,3 +292,33 @@ fn nameserver_forms() {
     );
     assert!(parse_nameserver("dns.google").is_err());
 }
+
+#[test]
+fn the_audit_checkpoint_key_and_cadence_are_configured_and_checked() {
+    let cfg = Config::installed_defaults();
+    assert_eq!(
+        cfg.audit_key,
+        Path::new("/opt/agenshield/certs/audit-key.pem")
+    );
+    assert_eq!(
+        (cfg.audit.checkpoint_every, cfg.audit.checkpoint_interval),
+        (1000, Duration::from_secs(60))
+    );
+    let state = Config::defaults_in(Path::new("/state"));
+    assert_eq!(state.audit_key, Path::new("/state/certs/audit-key.pem"));
+    let cfg = Config::parse(
+        "[paths]\naudit_key = \"keys/a.pem\"\n[audit]\ncheckpoint_every = 0\ncheckpoint_interval = \"0s\"\n",
+        Path::new("/x/proxy.toml"),
+    )
+    .expect("both off");
+    assert_eq!(cfg.audit_key, Path::new("/x/keys/a.pem"));
+    for bad in ["\"500ms\"", "\"25h\""] {
+        let err = Config::parse(
+            &format!("[audit]\ncheckpoint_interval = {bad}\n"),
+            Path::new("/x/proxy.toml"),
+        )
+        .expect_err(bad)
+        .to_string();
+        assert!(err.contains("audit.checkpoint_interval"), "{err}");
+    }
+}

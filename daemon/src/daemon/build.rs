@@ -10,7 +10,7 @@ use anyhow::Context;
 use super::BadInput;
 use crate::admission::Identities;
 use crate::approvals::Approvals;
-use crate::audit::Audit;
+use crate::audit::{Audit, CheckpointKey, KeyOrigin};
 use crate::config::{Config, NameOrId};
 use crate::control::admin::{self, AdminAuth};
 use crate::control::policy_source::{PolicySource, SourceStart};
@@ -26,6 +26,34 @@ use crate::upstream::guard::Forbidden;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::trust::UpstreamTrust;
 
+/// The key that signs the audit log's checkpoints, created on the first start when absent;
+/// `None` when `[audit]` asks for none. A key that cannot be read or made stops the start:
+/// the operator asked for a signed log.
+fn checkpoint_key(cfg: &Config) -> anyhow::Result<Option<CheckpointKey>> {
+    if !crate::audit::checkpoints_enabled(&cfg.audit) {
+        tracing::info!(
+            "audit checkpoints are off (audit.checkpoint_every and checkpoint_interval are 0)"
+        );
+        return Ok(None);
+    }
+    let (key, origin) = CheckpointKey::load_or_create(&cfg.audit_key).map_err(|e| {
+        BadInput(format!(
+            "{e} (or set audit.checkpoint_every = 0 and audit.checkpoint_interval = \"0s\" for \
+             no checkpoints)"
+        ))
+    })?;
+    let verb = match origin {
+        KeyOrigin::Created => "created",
+        KeyOrigin::Loaded => "loaded",
+    };
+    println!(
+        "agenshield: audit checkpoint key {verb}: {} (key id {})",
+        cfg.audit_key.display(),
+        key.public().id()
+    );
+    Ok(Some(key))
+}
+
 /// The data path's shared state: policy, CA and leaf cache, upstream trust, dialer, clients.
 pub(super) async fn build_proxy(
     cfg: &Config,
@@ -34,8 +62,13 @@ pub(super) async fn build_proxy(
 ) -> anyhow::Result<(Proxy, Option<SourceStart>)> {
     let audit = match &cfg.audit_path {
         Some(path) => {
-            let audit = Audit::open(path, &cfg.audit, metrics.audit.clone())
-                .with_context(|| format!("opening the audit log {}", path.display()))?;
+            let audit = Audit::open(
+                path,
+                &cfg.audit,
+                metrics.audit.clone(),
+                checkpoint_key(cfg)?,
+            )
+            .with_context(|| format!("opening the audit log {}", path.display()))?;
             let export = crate::audit::export::ExportMetrics::register(
                 metrics.registry(),
                 crate::metrics::NS,

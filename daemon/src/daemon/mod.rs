@@ -254,6 +254,8 @@ pub async fn serve(
         audit
             .write(Entry::Stop(lifecycle(proxy.policy().hash())))
             .await;
+        // The log ends signed: nothing after the last checkpoint to cut unseen.
+        audit.checkpoint().await;
         audit.sync().await;
         let head = audit.head();
         tracing::info!(seq = head.seq, hash = %head.hash, "audit log closed");

@@ -144,6 +144,9 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     );
     assert_meta("/opt/agenshield/certs/ca.pem", 0o644, "root", "root");
     assert_meta("/opt/agenshield/certs/ca-key.pem", 0o600, BROKER, "root");
+    // The audit log's checkpoint key: the worker's, its public half for everyone.
+    assert_meta("/opt/agenshield/certs/audit-key.pem", 0o600, BROKER, "root");
+    assert_meta("/opt/agenshield/certs/audit-key.pub", 0o644, "root", "root");
     assert_meta(
         "/opt/agenshield/certs/agent-ca-bundle.pem",
         0o644,
@@ -169,6 +172,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         BROKER,
         ADMIN,
         "/opt/agenshield/certs/ca-key.pem",
+        "/opt/agenshield/certs/audit-key.pem",
         UNIT,
     ] {
         assert!(
@@ -197,6 +201,7 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
     // The backstop of user isolation: the agent cannot read the CA key or the config.
     for secret in [
         "/opt/agenshield/certs/ca-key.pem",
+        "/opt/agenshield/certs/audit-key.pem",
         "/opt/agenshield/config/proxy.toml",
     ] {
         let out = as_agent(&format!("cat {secret}"));
@@ -292,6 +297,15 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         ),
     };
     assert!(!out.stdout.is_empty(), "empty response");
+    // The worker started with the checkpoint key install made; `ctl audit key` exports it.
+    let (code, key) = run(&["proxy", "ctl", "audit", "key"]);
+    assert_eq!(code, 0, "{key}");
+    assert_eq!(
+        key.trim_end(),
+        std::fs::read_to_string("/opt/agenshield/certs/audit-key.pub")
+            .expect("the public half")
+            .trim_end()
+    );
     let seen = upstream.requests();
     assert!(
         seen.iter().any(|r| r.path_and_query == "/hello"),
@@ -459,7 +473,13 @@ async fn install_twice_then_agent_curl_works_with_no_flags_then_uninstall_leaves
         std::fs::remove_dir_all(LOG_DIR).expect("rm the kept log");
     }
     if !cleanup.existed.contains(&PathBuf::from(ROOT)) {
-        std::fs::remove_dir(ROOT).expect("/opt/agenshield is empty after uninstall");
+        let left = sh(&["find", ROOT]);
+        std::fs::remove_dir(ROOT).unwrap_or_else(|e| {
+            panic!(
+                "/opt/agenshield is not empty after uninstall ({e}):\n{}\n{undo}",
+                String::from_utf8_lossy(&left.stdout)
+            )
+        });
     }
 
     // Install again, and uninstall with --purge: the audit log's directory and the agent's

@@ -15,6 +15,7 @@
 mod admin_linux;
 mod agents_linux;
 mod audit_export;
+mod audit_checkpoints;
 mod budgets_linux;
 mod compat_linux;
 mod control;

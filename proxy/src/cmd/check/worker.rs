@@ -27,21 +27,45 @@ pub(super) fn audit(cfg: &Config) -> Part {
             format!("opening the audit log {}: {e}", path.display()),
         )
     };
-    match agenshield_proxy::audit::preflight(path) {
-        Ok(Some(bytes)) => part(
-            "audit",
-            Verdict::Ok,
-            format!("{} ({bytes} bytes)", path.display()),
-        ),
+    let log = match agenshield_proxy::audit::preflight(path) {
+        Ok(Some(bytes)) => format!("{} ({bytes} bytes)", path.display()),
         Ok(None) => match path.parent().map(creatable) {
-            Some(Err(e)) => failed(&e),
-            _ => part(
-                "audit",
-                Verdict::Ok,
-                format!("{} (created at start)", path.display()),
-            ),
+            Some(Err(e)) => return failed(&e),
+            _ => format!("{} (created at start)", path.display()),
         },
-        Err(e) => failed(&e),
+        Err(e) => return failed(&e),
+    };
+    match checkpoint_key(cfg) {
+        Ok(key) => part("audit", Verdict::Ok, format!("{log}; {key}")),
+        Err(e) => part("audit", Verdict::Failed, e),
+    }
+}
+
+/// What a start does with the checkpoint key: load it (refused if others may read it) or
+/// create it.
+fn checkpoint_key(cfg: &Config) -> Result<String, String> {
+    use agenshield_proxy::audit::checkpoint_key::KeyError;
+    use agenshield_proxy::audit::CheckpointKey;
+    if !agenshield_proxy::audit::checkpoints_enabled(&cfg.audit) {
+        return Ok("no checkpoints (audit.checkpoint_every and checkpoint_interval are 0)".into());
+    }
+    let key = &cfg.audit_key;
+    match CheckpointKey::load(key) {
+        Ok(k) => Ok(format!(
+            "checkpoints signed by {} (key id {})",
+            key.display(),
+            k.public().id()
+        )),
+        Err(KeyError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            match key.parent().map(creatable) {
+                Some(Err(e)) => Err(format!("the audit checkpoint key {}: {e}", key.display())),
+                _ => Ok(format!(
+                    "checkpoint key {} (created at start)",
+                    key.display()
+                )),
+            }
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `agenshield proxy ctl …`: the operator's client for the admin API, plus the offline
 //! policy commands. Exit codes: 0 ok, 1 the operation failed, 2 bad usage or bad input.
 
+mod audit_keys;
 mod ca;
 pub(crate) mod client;
 mod escape;
@@ -44,7 +45,17 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     let client = Client::new(socket);
     match args.command {
         CtlCommand::Policy(PolicyCommand::Lint { files }) => lint(cfg, &files, json),
-        CtlCommand::Audit(AuditCommand::Verify { files }) => audit_verify(cfg, files, json),
+        CtlCommand::Audit(AuditCommand::Verify {
+            files,
+            checkpoints: false,
+            ..
+        }) => audit_verify(cfg, files, json),
+        CtlCommand::Audit(AuditCommand::Verify {
+            files,
+            checkpoints: true,
+            keys,
+        }) => audit_keys::verify_checkpoints(cfg, audit_files(cfg, files), &keys, json),
+        CtlCommand::Audit(AuditCommand::Key { out }) => audit_keys::key(cfg, out.as_deref(), json),
         CtlCommand::Policy(PolicyCommand::Check {
             method,
             url,
@@ -258,19 +269,23 @@ fn load_policy(path: &Path) -> Result<Policy, agenshield_proxy::policy::PolicyEr
     }
 }
 
+/// FILEs as given, or the configured log and its rotations, oldest first.
+fn audit_files(cfg: &Config, files: Vec<PathBuf>) -> Result<Vec<PathBuf>, &'static str> {
+    use agenshield_proxy::audit::verify::rotation_set;
+    if !files.is_empty() {
+        return Ok(files);
+    }
+    match &cfg.audit_path {
+        Some(live) => Ok(rotation_set(live, cfg.audit.keep)),
+        None => Err("the audit log is off (audit.enabled = false); name a FILE"),
+    }
+}
+
 fn audit_verify(cfg: &Config, files: Vec<PathBuf>, json: bool) -> u8 {
-    use agenshield_proxy::audit::verify::{rotation_set, verify};
-    let files = if files.is_empty() {
-        match &cfg.audit_path {
-            Some(live) => rotation_set(live, cfg.audit.keep),
-            None => {
-                return output::bad_input(
-                    "the audit log is off (audit.enabled = false); name a FILE",
-                );
-            }
-        }
-    } else {
-        files
+    use agenshield_proxy::audit::verify::verify;
+    let files = match audit_files(cfg, files) {
+        Ok(f) => f,
+        Err(why) => return output::bad_input(why),
     };
     let report = match verify(&files) {
         Ok(r) => r,

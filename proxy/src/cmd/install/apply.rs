@@ -188,6 +188,25 @@ fn run(action: &Action) -> Result<Ran, ApplyError> {
                 });
             }
         }
+        Action::CreateAuditKey { path, owner } => {
+            use agenshield_proxy::audit::checkpoint_key::{public_key_path, CheckpointKey};
+            let (key, _) =
+                tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::new(), || {
+                    CheckpointKey::load_or_create(path)
+                })
+                .map_err(|e| ApplyError::Failed(e.to_string()))?;
+            ran.note = Some(format!("done (key id {})", key.public().id()));
+            let (uid, _) = ids(owner, None)?;
+            std::os::unix::fs::chown(path, Some(uid), None)
+                .map_err(io(format!("chown {}", path.display())))?;
+            for p in [path.clone(), public_key_path(path)] {
+                let bytes = std::fs::read(&p).map_err(io(format!("reading {}", p.display())))?;
+                ran.records.push(Created::File {
+                    path: p,
+                    sha256: Some(sha256_hex(&bytes)),
+                });
+            }
+        }
         // The agent's own files, in the agent's own directory: never followed (`userfile`).
         Action::AddEnvBlock { path, meta, block } => {
             let existing =

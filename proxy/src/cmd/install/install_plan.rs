@@ -153,6 +153,7 @@ pub fn plan_install(
             false,
         )?;
     }
+    audit_key_step(&mut b, serving);
     b.dir(
         "the log directory",
         Path::new(LOG_DIR),
@@ -278,6 +279,42 @@ fn ca_steps(b: &mut Builder) {
             );
             // Recorded by apply: one File record per file written.
         }
+    }
+}
+
+/// The key that signs the audit log's checkpoints, held by the user that serves (it writes
+/// the log), never readable by the agent; its public half (`ctl audit key`) readable by all.
+fn audit_key_step(b: &mut Builder, owner: &str) {
+    use agenshield_proxy::audit::checkpoint_key::public_key_path;
+    let l = b.layout;
+    let Some(key) = l.audit_key.clone() else {
+        return;
+    };
+    let key_meta = meta(0o600, owner, l.root_group);
+    let detail = format!(
+        "new ed25519 key: {} ({key_meta}) and its public half {} ({})",
+        key.display(),
+        public_key_path(&key).display(),
+        meta(0o644, "root", l.root_group)
+    );
+    let summary = "create the audit log's checkpoint signing key".to_string();
+    match b.seen.path(&key) {
+        Some(k) => {
+            b.already(summary, detail);
+            if !meta_ok(k, &key_meta) {
+                b.fix_meta("the audit checkpoint key", &key, &k.clone(), key_meta);
+            }
+        }
+        None => b.push(
+            summary,
+            detail,
+            Action::CreateAuditKey {
+                path: key,
+                owner: owner.to_string(),
+            },
+            State::Todo,
+            // Recorded by apply: one File record per file written.
+        ),
     }
 }
 
@@ -637,7 +674,10 @@ fn service_steps(b: &mut Builder, daemon_inputs_changed: bool) {
 fn agent_profile_steps(b: &mut Builder) -> Result<(), PlanError> {
     let l = b.layout;
     let protected = agenshield_pf::sandbox::seatbelt::Protected {
-        files: vec![l.certs.join("ca-key.pem"), l.config_file.clone()],
+        files: [l.certs.join("ca-key.pem"), l.config_file.clone()]
+            .into_iter()
+            .chain(l.audit_key.clone())
+            .collect(),
         dirs: vec![l.vault.clone(), l.policies.clone()],
         sockets: vec![l.admin.clone()],
     };

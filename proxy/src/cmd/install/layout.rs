@@ -109,6 +109,9 @@ pub struct Layout {
     pub audit_dir: Option<PathBuf>,
     /// `[policy.source] cache`, when a policy source is configured: the serving user's.
     pub policy_cache: Option<PathBuf>,
+    /// The key that signs the audit log's checkpoints (`None`: the log or its checkpoints
+    /// are off).
+    pub audit_key: Option<PathBuf>,
     /// The admin socket's directory.
     pub run_dir: PathBuf,
     /// The admin socket.
@@ -249,6 +252,12 @@ impl Layout {
             vault: absolute(&cfg.vault, "paths.vault")?,
             audit_dir: cfg.audit_path.as_deref().map(parent),
             policy_cache: cfg.policy_source.as_ref().map(|s| s.cache.clone()),
+            audit_key: match &cfg.audit_path {
+                Some(_) if agenshield_proxy::audit::checkpoints_enabled(&cfg.audit) => {
+                    Some(absolute(&cfg.audit_key, "paths.audit_key")?)
+                }
+                _ => None,
+            },
             run_dir: parent(&absolute(&cfg.admin, "listen.admin")?),
             admin: cfg.admin.clone(),
             bundle: cfg.certs.join(BUNDLE_FILE),
@@ -324,6 +333,12 @@ impl Layout {
             v.extend(cache.parent().map(Path::to_path_buf));
             v.push(cache.clone());
         }
+        v.extend(self.audit_key.iter().flat_map(|k| {
+            [
+                k.clone(),
+                agenshield_proxy::audit::checkpoint_key::public_key_path(k),
+            ]
+        }));
         v.extend(self.agent_dirs.iter().cloned());
         v.extend(self.blocks.iter().map(|b| b.path.clone()));
         v.extend(crate::cmd::trust::system_store::SystemStore::ALL_FILES.map(PathBuf::from));

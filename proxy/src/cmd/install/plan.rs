@@ -71,6 +71,12 @@ pub enum Action {
         dir: PathBuf,
         key_owner: String,
     },
+    /// `CheckpointKey::load_or_create(path)` (the audit log's signing key and its public half
+    /// beside it), then the key handed to `owner` (0600).
+    CreateAuditKey {
+        path: PathBuf,
+        owner: String,
+    },
     /// A directory in the agent's home, made without following links (`userfile::mkdir`).
     MakeUserDir {
         path: PathBuf,
