@@ -304,6 +304,10 @@ mod tests {
         let p = store.reload_with(None).expect("composes now");
         assert!(!p.is_unavailable());
         assert_eq!(get(&p, "a.test"), Action::Allow);
-        assert_eq!(get(&p, "evil.test"), Action::Deny, "local allow still left out");
+        assert_eq!(
+            get(&p, "evil.test"),
+            Action::Deny,
+            "local allow still left out"
+        );
     }
 }

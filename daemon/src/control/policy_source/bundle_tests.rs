@@ -182,8 +182,5 @@ fn a_revision_toml_cannot_hold_is_an_error_not_a_panic() {
         files: vec![("a.toml".into(), "version = 1\n".into())],
     };
     let got = std::panic::catch_unwind(|| b.write(Vec::new()));
-    assert!(
-        matches!(got, Ok(Err(BundleError::Manifest(_)))),
-        "{got:?}"
-    );
+    assert!(matches!(got, Ok(Err(BundleError::Manifest(_)))), "{got:?}");
 }

@@ -212,7 +212,9 @@ impl Fetcher {
             .await
             .map_err(|e| FetchError::Unreachable(format!("{}: {e}", sig_path.display())))?;
         if !meta.is_file() || !sig_meta.is_file() {
-            return Err(unreachable(&"not a regular file (the bundle or its signature)"));
+            return Err(unreachable(
+                &"not a regular file (the bundle or its signature)",
+            ));
         }
         let now = Some(file_etag(&meta, &sig_meta));
         if now.as_deref() == etag {
