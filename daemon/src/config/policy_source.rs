@@ -83,6 +83,12 @@ impl BundleUrl {
                 if url.fragment().is_some() {
                     return Err(bad("no fragment"));
                 }
+                if url.query().is_some() {
+                    return Err(bad(
+                        "no query: the URL is shown in records, logs and `ctl status` (a \
+                         token there would leak), and the signature is at URL + \".minisig\"",
+                    ));
+                }
                 Ok(BundleUrl::Https(url))
             }
             "file" => {
@@ -211,7 +217,15 @@ mod tests {
 
     #[test]
     fn plain_http_and_other_schemes_are_refused() {
-        for url in ["http://x/b", "ftp://x/b", "https://u:p@x/b", "nonsense"] {
+        // A query: it would end up in every record, log line and `ctl status` (an object
+        // store's presigned token), and `.minisig` would be appended to it, not the path.
+        for url in [
+            "http://x/b",
+            "ftp://x/b",
+            "https://u:p@x/b",
+            "nonsense",
+            "https://x/b.tar.gz?X-Amz-Signature=abc",
+        ] {
             let text = format!("[source]\nurl = {url:?}\npublic_key = \"/k\"\n");
             assert!(
                 matches!(parse(&text), Err(PolicySourceError::Url { .. })),

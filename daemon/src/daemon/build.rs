@@ -111,19 +111,17 @@ pub(super) async fn build_proxy(
             let layering = Some(Layering {
                 require_first_sync: sc.require_first_sync,
             });
-            let store = match PolicyStore::load_layered(
-                &cfg.policies,
-                secrets.clone(),
-                layering,
-                start.layer(),
-            ) {
-                Err(e) if start.layer().is_some() => {
-                    start.drop_layer(e.to_string());
-                    PolicyStore::load_layered(&cfg.policies, secrets, layering, None)
-                }
-                other => other,
+            // A cached bundle that does not compose with the local directory leaves the
+            // store refusing everything (not the local files alone) until it does.
+            let (store, dropped) =
+                PolicyStore::start_layered(&cfg.policies, secrets, layering, start.layer())
+                    .map_err(|e| BadInput(format!("policy: {e}")))?;
+            if let Some(e) = dropped {
+                start.drop_layer(format!(
+                    "{e}; every agent request is refused (policy_unavailable) until the local \
+                     policy directory composes with the bundle"
+                ));
             }
-            .map_err(|e| BadInput(format!("policy: {e}")))?;
             (store, Some(start))
         }
     };

@@ -90,6 +90,41 @@ impl PolicyStore {
         })
     }
 
+    /// [`Self::load_layered`] at start, with the cached (verified) `bundle`. When it does not
+    /// compose with the local directory, the store keeps the bundle layer (the rollback
+    /// floor; a fixed directory composes with it at the next reload) and refuses everything
+    /// meanwhile ([`Policy::unavailable`]): the local directory alone would let through what
+    /// the bundle's `local` mode leaves out. The composition error is returned beside it.
+    pub(crate) fn start_layered(
+        dir: &Path,
+        secrets: SecretCheck,
+        layering: Option<Layering>,
+        bundle: Option<Arc<BundleLayer>>,
+    ) -> Result<(PolicyStore, Option<PolicyError>), PolicyError> {
+        match Self::load_layered(dir, secrets.clone(), layering, bundle.clone()) {
+            Err(e) if bundle.is_some() => {
+                let store = PolicyStore {
+                    watch: Arc::default(),
+                    dir: dir.to_path_buf(),
+                    secrets,
+                    current: ArcSwap::from_pointee(Policy::unavailable()),
+                    state: Mutex::new((
+                        now_rfc3339(),
+                        Some(ReloadFailure {
+                            at: now_rfc3339(),
+                            message: e.to_string(),
+                        }),
+                    )),
+                    layering,
+                    layers: Mutex::new((bundle, Vec::new())),
+                    source: Mutex::new(None),
+                };
+                Ok((store, Some(e)))
+            }
+            other => other.map(|s| (s, None)),
+        }
+    }
+
     /// The policy in force now.
     pub(crate) fn current(&self) -> Arc<Policy> {
         self.current.load_full()
@@ -202,4 +237,77 @@ fn build(
         policy.check_secrets(secrets)?;
     }
     Ok((policy, dropped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Action, LocalMode, PolicySource, RequestFacts, Scheme};
+
+    fn get(p: &Policy, host: &str) -> Action {
+        p.decide(&RequestFacts {
+            host,
+            port: 443,
+            scheme: Scheme::Https,
+            method: Some("GET"),
+            path: Some("/"),
+            agent: None,
+        })
+        .action
+    }
+
+    /// A cached deny-only bundle that does not compose with the local directory (here a
+    /// local rule reusing a bundle rule's id) must not leave the local directory alone in
+    /// force: its allow rules are exactly what the bundle said to leave out.
+    #[test]
+    fn a_start_bundle_that_does_not_compose_fails_closed_not_to_the_local_files() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let local = tmp.path().join("local.toml");
+        std::fs::write(
+            &local,
+            "version = 1\n[[rule]]\nid = \"central\"\naction = \"deny\"\nhosts = [\"x.test\"]\n\
+             [[rule]]\nid = \"evil\"\naction = \"allow\"\nhosts = [\"*\"]\n",
+        )
+        .expect("write");
+        let bundle = Arc::new(BundleLayer {
+            sources: vec![PolicySource {
+                name: "bundle:r1/main.toml".into(),
+                text: "version = 1\n[[rule]]\nid = \"central\"\naction = \"allow\"\nhosts = [\"a.test\"]\n".into(),
+            }],
+            local: LocalMode::DenyOnly,
+            revision: 1,
+            sha256: "00".into(),
+            created_at: "2026-12-07T00:00:00Z".into(),
+        });
+        let layering = Some(Layering {
+            require_first_sync: false,
+        });
+        let secrets: SecretCheck = Arc::new(|_: &str| true);
+        let (store, err) =
+            PolicyStore::start_layered(tmp.path(), secrets, layering, Some(bundle.clone()))
+                .expect("a store");
+        assert!(err.is_some(), "the composition error is reported");
+        let p = store.current();
+        assert!(p.is_unavailable(), "fail closed, not the local files alone");
+        assert_eq!(get(&p, "evil.test"), Action::Deny);
+        assert_eq!(
+            store.bundle().map(|b| b.sha256.clone()),
+            Some("00".into()),
+            "the bundle layer stays (rollback floor; a fixed directory composes with it)"
+        );
+        std::fs::write(
+            &local,
+            "version = 1\n[[rule]]\nid = \"local-deny\"\naction = \"deny\"\nhosts = [\"x.test\"]\n\
+             [[rule]]\nid = \"evil\"\naction = \"allow\"\nhosts = [\"*\"]\n",
+        )
+        .expect("write");
+        let p = store.reload_with(None).expect("composes now");
+        assert!(!p.is_unavailable());
+        assert_eq!(get(&p, "a.test"), Action::Allow);
+        assert_eq!(
+            get(&p, "evil.test"),
+            Action::Deny,
+            "local allow still left out"
+        );
+    }
 }

@@ -123,6 +123,9 @@ impl Bundle {
     /// regular file owned by 0:0, mode 0644, dated `created_at` (so the same directory and
     /// manifest give the same bytes).
     pub fn write(&self, out: impl Write) -> Result<(), BundleError> {
+        if i64::try_from(self.manifest.revision).is_err() {
+            return Err(ManifestError::RevisionTooLarge(self.manifest.revision).into());
+        }
         let mtime = time::OffsetDateTime::parse(
             &self.manifest.created_at,
             &time::format_description::well_known::Rfc3339,

@@ -168,3 +168,19 @@ fn garbage_is_not_a_bundle() {
     let b = gz.finish().expect("gzip");
     assert!(Bundle::read(&b, MAX).is_err());
 }
+
+/// TOML integers are i64: a revision above that cannot be written (and no daemon could
+/// read it); `agenshield proxy policy bundle --revision` gets an error, not a panic.
+#[test]
+fn a_revision_toml_cannot_hold_is_an_error_not_a_panic() {
+    let b = Bundle {
+        manifest: Manifest {
+            revision: u64::MAX,
+            created_at: "2026-12-07T00:00:00Z".into(),
+            local: LocalMode::Merge,
+        },
+        files: vec![("a.toml".into(), "version = 1\n".into())],
+    };
+    let got = std::panic::catch_unwind(|| b.write(Vec::new()));
+    assert!(matches!(got, Ok(Err(BundleError::Manifest(_)))), "{got:?}");
+}

@@ -211,6 +211,11 @@ impl Fetcher {
         let sig_meta = tokio::fs::metadata(&sig_path)
             .await
             .map_err(|e| FetchError::Unreachable(format!("{}: {e}", sig_path.display())))?;
+        if !meta.is_file() || !sig_meta.is_file() {
+            return Err(unreachable(
+                &"not a regular file (the bundle or its signature)",
+            ));
+        }
         let now = Some(file_etag(&meta, &sig_meta));
         if now.as_deref() == etag {
             return Ok(Fetched::NotModified);
@@ -268,7 +273,21 @@ impl ReadError {
 /// Reads at most `max` bytes of `path`; more is [`ReadError::TooLarge`].
 async fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     use tokio::io::AsyncReadExt;
-    let f = tokio::fs::File::open(path).await.map_err(ReadError::Io)?;
+    // Non-blocking open, then the opened file itself checked: a FIFO (or a device) would
+    // block a thread of the blocking pool past the deadline, one more at every sync.
+    let f = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .await
+        .map_err(ReadError::Io)?;
+    let meta = f.metadata().await.map_err(ReadError::Io)?;
+    if !meta.is_file() {
+        return Err(ReadError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
     let mut out = Vec::new();
     f.take(max + 1)
         .read_to_end(&mut out)
@@ -278,4 +297,45 @@ async fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
         return Err(ReadError::TooLarge);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetcher(path: &Path) -> Fetcher {
+        let tls = crate::upstream::trust::UpstreamTrust::load(&[] as &[PathBuf])
+            .and_then(|t| t.client_config())
+            .expect("tls");
+        Fetcher::new(
+            BundleUrl::File(path.to_path_buf()),
+            tls,
+            4096,
+            Duration::from_secs(1),
+        )
+    }
+
+    /// A FIFO (or any file that is not a regular one) at the bundle's path is refused at
+    /// once: opening it would block a thread of the blocking pool for good (the deadline
+    /// drops the future, not the thread), one more at every sync.
+    #[tokio::test]
+    async fn a_fifo_is_refused_without_blocking() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("b.tar.gz");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+        std::fs::write(tmp.path().join("b.tar.gz.minisig"), b"sig").expect("sig");
+        let got = fetcher(&path).fetch(None).await;
+        // Unblock a reader stuck in open(2), if any, so the runtime can stop.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&path);
+        match got {
+            Err(FetchError::Unreachable(why)) => {
+                assert!(why.contains("not a regular file"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

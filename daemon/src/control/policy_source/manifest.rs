@@ -27,6 +27,8 @@ pub enum ManifestError {
     CreatedAt(String),
     #[error("manifest.toml: revision must be at least 1")]
     RevisionZero,
+    #[error("manifest.toml: revision {0} is above {max} (TOML integers are 64-bit signed)", max = i64::MAX)]
+    RevisionTooLarge(u64),
 }
 
 impl Manifest {

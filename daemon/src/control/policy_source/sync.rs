@@ -360,7 +360,8 @@ impl SourceStart {
         self.cache_outcome.as_ref().and_then(|(_, _, l)| l.clone())
     }
 
-    /// The cached bundle did not compose with the local directory: start without it.
+    /// The cached bundle did not compose with the local directory: recorded as refused (the
+    /// store keeps its layer and refuses every request until the directory composes).
     pub(crate) fn drop_layer(&mut self, why: String) {
         if let Some((outcome, refused, layer)) = &mut self.cache_outcome {
             *refused = Some(Refused {
