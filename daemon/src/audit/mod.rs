@@ -14,11 +14,11 @@
 //! `audit.checkpoint_interval` the writer signs the chain head into the log (`checkpoint.rs`).
 
 pub(crate) mod chain;
-pub(crate) mod export;
 pub mod checkpoint;
 pub mod checkpoint_key;
 mod checkpoint_schedule;
 pub mod checkpoint_verify;
+pub(crate) mod export;
 mod health;
 mod metrics;
 mod policy_entry;

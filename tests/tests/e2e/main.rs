@@ -14,8 +14,8 @@
 
 mod admin_linux;
 mod agents_linux;
-mod audit_export;
 mod audit_checkpoints;
+mod audit_export;
 mod budgets_linux;
 mod compat_linux;
 mod control;

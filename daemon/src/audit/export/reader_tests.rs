@@ -21,7 +21,7 @@ async fn a_reader_follows_appends_and_rotations_in_order_and_resumes_at_its_curs
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
     let c = cfg(64 * 1024, 5);
-    let audit = Audit::open(&path, &c, AuditMetrics::unregistered()).expect("open");
+    let audit = Audit::open(&path, &c, AuditMetrics::unregistered(), None).expect("open");
     let (mut r, resumed) = LogReader::open(&path, 5, None).expect("reader");
     assert_eq!(resumed, Resumed::Fresh);
     let mut seen = Vec::new();
@@ -83,7 +83,8 @@ async fn a_reader_follows_appends_and_rotations_in_order_and_resumes_at_its_curs
 async fn an_uncommitted_batch_comes_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
-    let audit = Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered()).expect("open");
+    let audit =
+        Audit::open(&path, &cfg(1 << 30, 1), AuditMetrics::unregistered(), None).expect("open");
     for n in 1..=3 {
         assert!(audit.write(request(n, "allow")).await);
     }
@@ -116,7 +117,13 @@ async fn rotation_waits_for_a_sink_up_to_its_max_hold_then_counts_what_it_lost()
 
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.jsonl");
-    let audit = Audit::open(&path, &cfg(64 * 1024, 1), AuditMetrics::unregistered()).expect("open");
+    let audit = Audit::open(
+        &path,
+        &cfg(64 * 1024, 1),
+        AuditMetrics::unregistered(),
+        None,
+    )
+    .expect("open");
     let shipped = Arc::new(AtomicU64::new(0));
     let dropped = prometheus::IntCounter::new("d", "d").expect("counter");
     let hold = Arc::new(ExportHold::new(vec![HeldFor {
