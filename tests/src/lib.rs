@@ -12,5 +12,6 @@ pub mod installation;
 pub mod netlab;
 pub mod pki;
 pub mod prometheus;
+pub mod redis;
 pub mod upstream;
 pub mod world;

@@ -48,6 +48,8 @@ pub enum CheckError {
     AuditFileTooSmall,
     #[error("audit.refusal_window must be at most 1h (a count is written when it closes)")]
     RefusalWindowTooLong,
+    #[error(transparent)]
+    RateLimit(#[from] super::ratelimit::StoreConfigError),
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {

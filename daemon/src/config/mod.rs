@@ -9,12 +9,17 @@ use std::path::{Path, PathBuf};
 mod check;
 mod dns;
 mod forms;
+mod ratelimit;
 mod removed;
 mod schema;
 mod upstream_proxy;
 pub use check::CheckError;
 pub use dns::{DeniedAnswer, DnsConfig};
 pub use forms::{parse_nameserver, FormError};
+pub use ratelimit::{
+    FleetKey, OnStoreError, RateLimitConfig, StoreConfigError, StoreUrl, MAX_STORE_TIMEOUT,
+    MIN_STORE_TIMEOUT,
+};
 pub use removed::RemovedKey;
 use schema::FileConfig;
 pub use schema::{
@@ -111,6 +116,8 @@ pub struct Config {
     /// The audit log's path; `None` when `audit.enabled = false`.
     pub audit_path: Option<PathBuf>,
     pub audit: AuditConfig,
+    /// `[ratelimit]`: the shared store of `scope = "fleet"` rates (paths made absolute).
+    pub ratelimit: RateLimitConfig,
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
@@ -235,6 +242,12 @@ impl Config {
             Some(text) => check::metrics(text).map_err(|e| invalid(e.into()))?,
         };
         check::audit(&f.audit).map_err(|e| invalid(e.into()))?;
+        ratelimit::check(&f.ratelimit).map_err(|e| invalid(CheckError::from(e).into()))?;
+        let ratelimit = RateLimitConfig {
+            password_file: f.ratelimit.password_file.as_deref().map(relative),
+            ca: f.ratelimit.ca.as_deref().map(relative),
+            ..f.ratelimit
+        };
         let dns_is_default = f.listen.dns.is_none();
         let dns = f.listen.dns.unwrap_or_else(default_dns);
         let transparent_is_default = f.listen.transparent.is_none();
@@ -285,6 +298,7 @@ impl Config {
             metrics,
             audit_path,
             audit: f.audit,
+            ratelimit,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
             not_yet_effective: not_yet,

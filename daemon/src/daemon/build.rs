@@ -17,6 +17,7 @@ use crate::daemon::firewall;
 use crate::metrics::Metrics;
 use crate::policy::PolicyStore;
 use crate::proxy::{Proxy, ProxyParts};
+use crate::ratelimit::FleetLimiter;
 use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
@@ -55,8 +56,14 @@ pub(super) async fn build_proxy(
         "secrets loaded"
     );
     let known = vault.clone();
-    let policies = PolicyStore::load(&cfg.policies, Arc::new(move |n: &str| known.contains(n)))
-        .map_err(|e| BadInput(format!("policy: {e}")))?;
+    let fleet_store = cfg.ratelimit.store.is_some();
+    let policies = PolicyStore::load(
+        &cfg.policies,
+        Arc::new(move |n: &str| known.contains(n)),
+        fleet_store,
+    )
+    .map_err(|e| BadInput(format!("policy: {e}")))?;
+    let fleet = fleet_limiter(cfg, &vault, &metrics)?;
     let policy = policies.current();
     tracing::info!(
         dir = ?cfg.policies,
@@ -127,7 +134,52 @@ pub(super) async fn build_proxy(
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
         denied_names: cfg.dns_answers.denied,
+        fleet,
     }))
+}
+
+/// `[ratelimit] store`'s limiter, connecting in the background from now on (a store that is
+/// down at start is an outage like any other, not a failed start).
+fn fleet_limiter(
+    cfg: &Config,
+    vault: &Vault,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<FleetLimiter>> {
+    let password = match &cfg.ratelimit.password_secret {
+        None => None,
+        Some(name) => {
+            let secrets = vault.current();
+            let secret = secrets.get(name).ok_or_else(|| {
+                BadInput(format!(
+                    "ratelimit.password_secret: no secret {name:?} in the store \
+                     (agenshield proxy ctl secrets set {name})"
+                ))
+            })?;
+            let text = std::str::from_utf8(secret.value.expose()).map_err(|_| {
+                BadInput(format!(
+                    "ratelimit.password_secret: secret {name:?} is not UTF-8"
+                ))
+            })?;
+            Some(text.to_string())
+        }
+    };
+    let fleet = FleetLimiter::new(
+        &cfg.ratelimit,
+        password,
+        metrics.registry(),
+        crate::metrics::NS,
+    )
+    .map_err(|e| BadInput(e.to_string()))?;
+    if let (Some(f), Some(store)) = (&fleet, &cfg.ratelimit.store) {
+        f.start();
+        tracing::info!(
+            %store,
+            on_store_error = cfg.ratelimit.on_store_error.as_str(),
+            timeout_ms = cfg.ratelimit.timeout.as_millis(),
+            "fleet rate limits count in the shared store"
+        );
+    }
+    Ok(fleet)
 }
 
 /// Who may use which listener (see `conn::identity`): agent users, the explicit listener's

@@ -68,7 +68,9 @@ pub use inject::{
 };
 pub use load::load_files;
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
-pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
+pub use rate::{
+    Obligations, RateLimit, RateScope, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS,
+};
 pub(crate) use secret_name::is_name_byte;
 pub use secret_name::SecretName;
 pub use toml_file::MAX_ID_LEN as MAX_RULE_ID_LEN;
@@ -104,6 +106,8 @@ pub struct Policy {
     ignored: usize,
     secret_refs: Vec<SecretRef>,
     secret_rates: Vec<SecretRate>,
+    /// Rules whose rate says `scope = "fleet"`, and where.
+    fleet_rules: Vec<compile::FleetRule>,
     /// Some rule says `tls = "passthrough"`.
     passthrough: bool,
 }
@@ -202,6 +206,7 @@ impl Policy {
             ignored: compiled.ignored,
             secret_refs: compiled.secret_refs,
             secret_rates: compiled.secret_rates,
+            fleet_rules: compiled.fleet_rules,
         };
         tracing::debug!(
             hash = %policy.hash,
@@ -294,6 +299,26 @@ impl Policy {
             .iter()
             .find(|r| &*r.secret == secret)
             .map(|r| r.rate)
+    }
+
+    /// A rule whose rate says `scope = "fleet"` needs a shared store (`[ratelimit] store`):
+    /// without one it is an error naming the first such rule.
+    pub fn check_fleet(&self, store_configured: bool) -> Result<(), PolicyError> {
+        match self.fleet_rules.first() {
+            Some(r) if !store_configured => Err(PolicyError::Rule {
+                at: r.at.clone(),
+                rule: r.rule.to_string(),
+                message: "`rate.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
+                          = \"redis://…\"` in proxy.toml, or write `scope = \"local\"`"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether some rule's rate is fleet-wide.
+    pub fn has_fleet_rules(&self) -> bool {
+        !self.fleet_rules.is_empty()
     }
 
     /// Checks every secret the policy names against the store: a rule that binds a missing

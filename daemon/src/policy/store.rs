@@ -39,18 +39,26 @@ pub(crate) struct PolicyStore {
     pub watch: Arc<WatchHealth>,
     dir: PathBuf,
     secrets: SecretCheck,
+    /// `[ratelimit] store` is set: rules may say `rate.scope = "fleet"`.
+    fleet_store: bool,
     current: ArcSwap<Policy>,
     state: Mutex<(String, Option<ReloadFailure>)>,
 }
 
 impl PolicyStore {
-    pub(crate) fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
+    pub(crate) fn load(
+        dir: &Path,
+        secrets: SecretCheck,
+        fleet_store: bool,
+    ) -> Result<PolicyStore, PolicyError> {
         let policy = Policy::load_dir(dir)?;
         policy.check_secrets(&*secrets)?;
+        policy.check_fleet(fleet_store)?;
         Ok(PolicyStore {
             watch: Arc::default(),
             dir: dir.to_path_buf(),
             secrets,
+            fleet_store,
             current: ArcSwap::from_pointee(policy),
             state: Mutex::new((now_rfc3339(), None)),
         })
@@ -64,8 +72,11 @@ impl PolicyStore {
     /// Re-reads the directory. On success the new policy is in force for every request that
     /// starts after this returns; on failure nothing changes but the recorded error.
     pub(crate) fn reload(&self) -> Result<Arc<Policy>, PolicyError> {
-        let loaded =
-            Policy::load_dir(&self.dir).and_then(|p| p.check_secrets(&*self.secrets).map(|()| p));
+        let loaded = Policy::load_dir(&self.dir).and_then(|p| {
+            p.check_secrets(&*self.secrets)?;
+            p.check_fleet(self.fleet_store)?;
+            Ok(p)
+        });
         match loaded {
             Ok(p) => {
                 let p = Arc::new(p);

@@ -12,6 +12,9 @@ use super::Verdict;
 pub(crate) enum ErrorCode {
     PolicyDenied,
     RateLimited,
+    /// A `scope = "fleet"` rate's store did not answer in time and `ratelimit.on_store_error
+    /// = "deny"`.
+    RateLimitStoreUnavailable,
     /// The proxy is at its connection limit.
     Busy,
     HostMismatch,
@@ -63,9 +66,10 @@ pub(crate) enum ErrorCode {
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 25] = [
+    pub(crate) const ALL: [ErrorCode; 26] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
+        ErrorCode::RateLimitStoreUnavailable,
         ErrorCode::Busy,
         ErrorCode::HostMismatch,
         ErrorCode::DestinationForbidden,
@@ -105,7 +109,9 @@ impl ErrorCode {
             | ErrorCode::SecretNotForUser => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
-            ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::RateLimited
+            | ErrorCode::RateLimitStoreUnavailable
+            | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -137,9 +143,10 @@ impl ErrorCode {
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser => Verdict::Deny,
-            ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
-                Verdict::Limited
-            }
+            ErrorCode::RateLimited
+            | ErrorCode::RateLimitStoreUnavailable
+            | ErrorCode::Busy
+            | ErrorCode::ConnectionBudget => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -156,6 +163,7 @@ impl ErrorCode {
         match self {
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::RateLimitStoreUnavailable => "rate_limit_store_unavailable",
             ErrorCode::Busy => "busy",
             ErrorCode::HostMismatch => "host_mismatch",
             ErrorCode::DestinationForbidden => "destination_forbidden",
@@ -190,6 +198,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::RateLimitStoreUnavailable
                 | ErrorCode::Busy
                 | ErrorCode::ConnectionBudget
         )
