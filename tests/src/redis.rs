@@ -38,6 +38,8 @@ pub struct RedisServer {
     pub addr: SocketAddr,
     /// `Some`: TLS on `addr` (and no plain port), with this leaf's files.
     tls: Option<(PathBuf, PathBuf)>,
+    /// `requirepass`, if any.
+    password: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -57,16 +59,16 @@ fn free_port() -> u16 {
 impl RedisServer {
     /// Plain TCP on a free loopback port.
     pub fn start() -> RedisServer {
-        Self::start_with(None)
+        Self::start_with(None, None)
     }
 
-    /// TLS only (`rediss://`), with `leaf` as the server's certificate; clients are not
-    /// asked for one.
-    pub fn start_tls(leaf: &TestLeaf) -> RedisServer {
-        Self::start_with(Some(leaf))
+    /// TLS only (`rediss://`), with `leaf` as the server's certificate (clients are not
+    /// asked for one), and `password` required of clients if given.
+    pub fn start_tls(leaf: &TestLeaf, password: Option<&str>) -> RedisServer {
+        Self::start_with(Some(leaf), password)
     }
 
-    fn start_with(leaf: Option<&TestLeaf>) -> RedisServer {
+    fn start_with(leaf: Option<&TestLeaf>, password: Option<&str>) -> RedisServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let tls = leaf.map(|leaf| {
             let (chain, key) = (dir.path().join("redis.pem"), dir.path().join("redis.key"));
@@ -80,6 +82,7 @@ impl RedisServer {
             child: None,
             addr,
             tls,
+            password: password.map(str::to_string),
             dir,
         };
         server.spawn();
@@ -101,6 +104,9 @@ impl RedisServer {
                     .arg(key)
                     .args(["--tls-auth-clients", "no"]);
             }
+        }
+        if let Some(pw) = &self.password {
+            cmd.args(["--requirepass", pw]);
         }
         let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log");
         let child = cmd

@@ -11,7 +11,7 @@ use crate::config::RateLimitConfig;
 
 /// Why the store's client could not be set up (at start: the daemon does not start).
 #[derive(Debug, thiserror::Error)]
-pub enum StoreSetupError {
+pub(crate) enum StoreSetupError {
     #[error("ratelimit.password_file {path}: {source}")]
     PasswordFile {
         path: PathBuf,

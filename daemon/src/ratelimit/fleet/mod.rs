@@ -26,7 +26,7 @@ use std::time::Duration;
 use prometheus::Registry;
 use redis::Script;
 
-pub use client::StoreSetupError;
+pub(crate) use client::StoreSetupError;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
 
 use super::{AgentKey, RateLimit};
@@ -136,10 +136,5 @@ impl FleetLimiter {
             OnStoreError::Local => FleetVerdict::Local(reason),
             OnStoreError::Deny => FleetVerdict::Refused(reason),
         }
-    }
-
-    /// Whether the store is in an outage now (for `ctl status`-like views and tests).
-    pub(crate) fn is_down(&self) -> bool {
-        self.outage.is_down()
     }
 }

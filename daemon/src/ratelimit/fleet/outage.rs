@@ -94,8 +94,4 @@ impl Outage {
             "fleet rate-limit store reachable again; fleet rate limits count in it again"
         );
     }
-
-    pub(super) fn is_down(&self) -> bool {
-        self.down.load(Ordering::Acquire)
-    }
 }
