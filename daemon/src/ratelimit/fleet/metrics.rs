@@ -93,9 +93,4 @@ impl FleetMetrics {
         self.errors.with_label_values(&[reason.as_str()]).inc();
         self.fallbacks.with_label_values(&[mode.as_str()]).inc();
     }
-
-    #[cfg(test)]
-    pub(crate) fn unregistered() -> FleetMetrics {
-        FleetMetrics::register(&Registry::new(), "agenshield_proxy")
-    }
 }
