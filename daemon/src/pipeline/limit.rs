@@ -19,7 +19,7 @@ use crate::policy::{Decision, RateScope};
 use crate::proxy::Proxy;
 use crate::ratelimit::fleet::StoreErrorReason;
 use crate::ratelimit::{AgentKey, ConcurrencyPermit, FleetVerdict, LimitKey, Limited};
-use crate::record::ErrorCode;
+use crate::record::{ErrorCode, LimitScope};
 
 pub(super) async fn check(ctx: &mut RequestCtx) -> Result<(), Refusal> {
     let decision = ctx.decision.as_ref().expect("the decide phase ran");
@@ -145,6 +145,7 @@ async fn fleet(
             let secs = secs_up(wait);
             Err(Refusal {
                 retry_after: Some(secs),
+                limit_scope: Some(LimitScope::Fleet),
                 ..Refusal::new(
                     ErrorCode::RateLimited,
                     format!(
@@ -156,6 +157,7 @@ async fn fleet(
         }
         FleetVerdict::Refused(reason) => Err(Refusal {
             retry_after: Some(1),
+            limit_scope: Some(LimitScope::Fleet),
             ..Refusal::new(
                 ErrorCode::RateLimitStoreUnavailable,
                 format!(
@@ -180,17 +182,21 @@ fn secs_up(d: Duration) -> u64 {
 
 fn rate_refusal(l: &Limited, host: &str, agent: AgentKey, fleet_fallback: bool) -> Refusal {
     let secs = l.retry_after_secs();
-    let scope = if fleet_fallback {
-        " (local fallback of a fleet rate: its store is unreachable)"
+    let (scope, shown) = if fleet_fallback {
+        (
+            LimitScope::LocalFallback,
+            " (local fallback of a fleet rate: its store is unreachable)",
+        )
     } else {
-        ""
+        (LimitScope::Local, "")
     };
     Refusal {
         retry_after: Some(secs),
+        limit_scope: Some(scope),
         ..Refusal::new(
             ErrorCode::RateLimited,
             format!(
-                "rate limit of {}{scope} reached for {host} by {agent}; retry in {secs} s",
+                "rate limit of {}{shown} reached for {host} by {agent}; retry in {secs} s",
                 l.key
             ),
         )

@@ -169,10 +169,7 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
     assert_eq!(refused.len(), 7 - allowed[0], "{refused:?}");
     for r in &refused {
         assert_eq!(r["rule"], "fleet-api", "{r}");
-        assert!(
-            r["reason"].as_str().is_some_and(|m| m.contains("fleet rate limit")),
-            "{r}"
-        );
+        assert_eq!(r["limit_scope"], "fleet", "{r}");
     }
     assert_eq!(
         metric(&a, "agenshield_proxy_ratelimit_store_fallbacks_total{mode=\"deny\"}").await,
@@ -218,6 +215,8 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
         statuses.push(out.status);
     }
     assert_eq!(statuses, [200, 200, 200, 429], "local fallback bucket of 3");
+    let audit = std::fs::read_to_string(local.daemon.audit_path()).unwrap_or_default();
+    assert!(audit.contains("\"limit_scope\":\"local_fallback\""), "{audit}");
     let (out, _) = get(&deny, "fleet.test").await;
     assert_eq!(out.status, 429, "{out:?}");
     assert_eq!(error_code(&out), "rate_limit_store_unavailable", "{out:?}");
