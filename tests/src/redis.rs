@@ -75,9 +75,7 @@ impl RedisServer {
             leaf.write_pems(&chain, &key).expect("write leaf");
             (chain, key)
         });
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("addr");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let mut server = RedisServer {
             child: None,
             addr,
@@ -134,12 +132,19 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("redis-server did not listen within 10 s; its log:\n{}", self.log());
+        panic!(
+            "redis-server did not listen within 10 s; its log:\n{}",
+            self.log()
+        );
     }
 
     /// `redis://127.0.0.1:PORT/0` (or `rediss://`).
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://{}/0", self.addr)
     }
 

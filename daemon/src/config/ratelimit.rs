@@ -96,9 +96,7 @@ pub struct StoreUrl(url::Url);
 /// Why `ratelimit.store` (or another `[ratelimit]` key) is refused. Never shows a password.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreConfigError {
-    #[error(
-        "ratelimit.store: {shown:?} is not a URL like \"redis://127.0.0.1:6379/0\": {error}"
-    )]
+    #[error("ratelimit.store: {shown:?} is not a URL like \"redis://127.0.0.1:6379/0\": {error}")]
     NotAUrl {
         shown: String,
         error: url::ParseError,
@@ -284,15 +282,27 @@ mod tests {
             ("store = \"redis:///0\"", "host is missing"),
             ("store = \"redis://127.0.0.1/zero\"", "database number"),
             ("store = \"redis://127.0.0.1/0?protocol=resp3\"", "no query"),
-            ("timeout = \"0s\"", "ratelimit.timeout must be between 1ms and 1s"),
-            ("timeout = \"5s\"", "ratelimit.timeout must be between 1ms and 1s"),
+            (
+                "timeout = \"0s\"",
+                "ratelimit.timeout must be between 1ms and 1s",
+            ),
+            (
+                "timeout = \"5s\"",
+                "ratelimit.timeout must be between 1ms and 1s",
+            ),
             ("timeout = 5", "not a duration"),
             ("key_prefix = \"\"", "key_prefix"),
             ("key_prefix = \"a b\"", "key_prefix"),
             ("on_store_error = \"allow\"", "local"),
             ("fleet_key = \"rule\"", "agent"),
-            ("password_file = \"/pw\"", "ratelimit.password_file is set but ratelimit.store"),
-            ("ca = \"/ca.pem\"", "ratelimit.ca is set but ratelimit.store"),
+            (
+                "password_file = \"/pw\"",
+                "ratelimit.password_file is set but ratelimit.store",
+            ),
+            (
+                "ca = \"/ca.pem\"",
+                "ratelimit.ca is set but ratelimit.store",
+            ),
             (
                 "store = \"redis://h\"\npassword_file = \"/a\"\npassword_secret = \"b\"",
                 "one password source",

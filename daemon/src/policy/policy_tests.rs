@@ -366,12 +366,22 @@ fn a_fleet_rate_needs_a_store_and_the_error_names_the_rule() {
     p.check_fleet(true).expect("with a store");
     let e = p.check_fleet(false).expect_err("no store").to_string();
     assert!(e.starts_with("table.toml:7:"), "{e}");
-    assert!(e.contains("shared-api") && e.contains("[ratelimit] store"), "{e}");
+    assert!(
+        e.contains("shared-api") && e.contains("[ratelimit] store"),
+        "{e}"
+    );
     let d = decide_url(&p, "GET", "https://api.example.com/").expect("valid");
-    assert_eq!(d.obligations.rate.map(|r| r.scope), Some(super::RateScope::Fleet));
+    assert_eq!(
+        d.obligations.rate.map(|r| r.scope),
+        Some(super::RateScope::Fleet)
+    );
     let d = decide_url(&p, "GET", "https://b.example.com/").expect("valid");
-    assert_eq!(d.obligations.rate.map(|r| r.scope), Some(super::RateScope::Local));
-    let local_only = policy("version = 1\n[[rule]]\nid = \"x\"\nhosts = [\"x.test\"]\naction = \"allow\"\n");
+    assert_eq!(
+        d.obligations.rate.map(|r| r.scope),
+        Some(super::RateScope::Local)
+    );
+    let local_only =
+        policy("version = 1\n[[rule]]\nid = \"x\"\nhosts = [\"x.test\"]\naction = \"allow\"\n");
     assert!(!local_only.has_fleet_rules());
     local_only.check_fleet(false).expect("nothing fleet-wide");
 }
@@ -385,6 +395,11 @@ fn a_secret_rate_cannot_be_fleet_wide() {
         name: "table.toml".into(),
         text: text.into(),
     };
-    let e = Policy::from_sources(&[src]).expect_err("refused").to_string();
-    assert!(e.contains("[secrets.key]") && e.contains("rule's rate only"), "{e}");
+    let e = Policy::from_sources(&[src])
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("[secrets.key]") && e.contains("rule's rate only"),
+        "{e}"
+    );
 }

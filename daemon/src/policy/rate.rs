@@ -239,9 +239,15 @@ mod tests {
         assert_eq!(fleet.scope, RateScope::Fleet);
         assert_eq!((fleet.requests, fleet.burst), (5, 5));
         let bad = rate("requests = 5\nper = \"1m\"\nscope = \"global\"").expect_err("bad");
-        assert!(bad.contains("\"global\"") && bad.contains("\"fleet\""), "{bad}");
+        assert!(
+            bad.contains("\"global\"") && bad.contains("\"fleet\""),
+            "{bad}"
+        );
         let typed = rate("requests = 5\nper = \"1m\"\nscope = 1").expect_err("not a string");
-        assert!(typed.contains("scope") || typed.contains("string"), "{typed}");
+        assert!(
+            typed.contains("scope") || typed.contains("string"),
+            "{typed}"
+        );
     }
 
     #[test]

@@ -87,8 +87,8 @@ fn message(out: &CurlOut) -> String {
 
 /// `agenshield_proxy_NAME` as the daemon's `/metrics` shows it (0 when absent).
 async fn metric(w: &World, series: &str) -> f64 {
-    let out = agenshield_e2e::curl::curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false)
-        .await;
+    let out =
+        agenshield_e2e::curl::curl(&[&format!("http://{}/metrics", w.daemon.metrics)], false).await;
     out.text()
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
@@ -123,7 +123,13 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
     let store = RedisServer::start();
     // `deny` and the longest deadline: a slow answer refuses rather than passes, so the count
     // of allowed requests is exactly the limit.
-    let lines = || store_lines(&store.url(), "shared:", &["on_store_error = \"deny\"", "timeout = \"1s\""]);
+    let lines = || {
+        store_lines(
+            &store.url(),
+            "shared:",
+            &["on_store_error = \"deny\"", "timeout = \"1s\""],
+        )
+    };
     let a = world("fleet-a", 5, lines()).await;
     let b = world("fleet-b", 5, lines()).await;
     wait_store_up(&a).await;
@@ -143,8 +149,15 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
             other => panic!("unexpected {other}: {out:?}"),
         }
     }
-    assert_eq!(allowed[0] + allowed[1], 5, "allowed per daemon: {allowed:?}");
-    assert!(allowed[0] > 0 && allowed[1] > 0, "both daemons served: {allowed:?}");
+    assert_eq!(
+        allowed[0] + allowed[1],
+        5,
+        "allowed per daemon: {allowed:?}"
+    );
+    assert!(
+        allowed[0] > 0 && allowed[1] > 0,
+        "both daemons served: {allowed:?}"
+    );
     assert_eq!(a.requests().len() + b.requests().len(), 5);
     // A rule without a fleet rate is untouched by the shared count.
     for w in [&a, &b] {
@@ -172,7 +185,11 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
         assert_eq!(r["limit_scope"], "fleet", "{r}");
     }
     assert_eq!(
-        metric(&a, "agenshield_proxy_ratelimit_store_fallbacks_total{mode=\"deny\"}").await,
+        metric(
+            &a,
+            "agenshield_proxy_ratelimit_store_fallbacks_total{mode=\"deny\"}"
+        )
+        .await,
         0.0
     );
 }
@@ -188,13 +205,21 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     let local = world(
         "outage-local",
         3,
-        store_lines(&store.url(), "outage:", &[deadline[0], "on_store_error = \"local\""]),
+        store_lines(
+            &store.url(),
+            "outage:",
+            &[deadline[0], "on_store_error = \"local\""],
+        ),
     )
     .await;
     let deny = world(
         "outage-deny",
         3,
-        store_lines(&store.url(), "outage:", &[deadline[0], "on_store_error = \"deny\""]),
+        store_lines(
+            &store.url(),
+            "outage:",
+            &[deadline[0], "on_store_error = \"deny\""],
+        ),
     )
     .await;
     wait_store_up(&local).await;
@@ -210,23 +235,37 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
         let (out, _) = get(&local, "fleet.test").await;
         if out.status == 429 {
             assert_eq!(error_code(&out), "rate_limited", "{out:?}");
-            assert!(message(&out).contains("local fallback of a fleet rate"), "{out:?}");
+            assert!(
+                message(&out).contains("local fallback of a fleet rate"),
+                "{out:?}"
+            );
         }
         statuses.push(out.status);
     }
     assert_eq!(statuses, [200, 200, 200, 429], "local fallback bucket of 3");
     let audit = std::fs::read_to_string(local.daemon.audit_path()).unwrap_or_default();
-    assert!(audit.contains("\"limit_scope\":\"local_fallback\""), "{audit}");
+    assert!(
+        audit.contains("\"limit_scope\":\"local_fallback\""),
+        "{audit}"
+    );
     let (out, _) = get(&deny, "fleet.test").await;
     assert_eq!(out.status, 429, "{out:?}");
     assert_eq!(error_code(&out), "rate_limit_store_unavailable", "{out:?}");
     assert_eq!(out.json()["rule_id"], "fleet-api", "{out:?}");
     assert!(
-        metric(&local, "agenshield_proxy_ratelimit_store_errors_total{reason=\"timeout\"}").await
+        metric(
+            &local,
+            "agenshield_proxy_ratelimit_store_errors_total{reason=\"timeout\"}"
+        )
+        .await
             >= 4.0
     );
     assert!(
-        metric(&deny, "agenshield_proxy_ratelimit_store_fallbacks_total{mode=\"deny\"}").await
+        metric(
+            &deny,
+            "agenshield_proxy_ratelimit_store_fallbacks_total{mode=\"deny\"}"
+        )
+        .await
             >= 1.0
     );
     store.pause(false);
@@ -240,7 +279,10 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     }
     let (out, _) = get(&local, "fleet.test").await;
     assert_eq!(out.status, 429, "the local bucket is still spent: {out:?}");
-    assert_eq!(metric(&local, "agenshield_proxy_ratelimit_store_up").await, 0.0);
+    assert_eq!(
+        metric(&local, "agenshield_proxy_ratelimit_store_up").await,
+        0.0
+    );
 
     // Back (empty: no persistence): the store is used again, so the fleet bucket, not the
     // spent local one, decides; and `deny` lets requests through again.
@@ -261,7 +303,10 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
         // queued checks between them), never as one per request.
         assert!((1..=2).contains(&down), "{down} outage lines:\n{logs}");
         assert!((1..=2).contains(&back), "{back} recovery lines:\n{logs}");
-        assert!(!logs.contains("redis://") || !logs.contains('@'), "no credentials logged");
+        assert!(
+            !logs.contains("redis://") || !logs.contains('@'),
+            "no credentials logged"
+        );
     }
 }
 
@@ -301,10 +346,17 @@ async fn a_fleet_limit_over_rediss_with_the_stores_own_ca() {
         get(&w, "fleet.test").await.0,
     ];
     assert_eq!(statuses.each_ref().map(|o| o.status), [200, 200, 429]);
-    assert!(message(&statuses[2]).contains("fleet rate limit"), "{:?}", statuses[2]);
+    assert!(
+        message(&statuses[2]).contains("fleet rate limit"),
+        "{:?}",
+        statuses[2]
+    );
     // The store's password is nowhere the daemon writes.
     let written = w.daemon.everything_written().await;
-    assert!(!written.contains(PASSWORD), "the store's password was written somewhere");
+    assert!(
+        !written.contains(PASSWORD),
+        "the store's password was written somewhere"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,7 +370,9 @@ async fn a_wrong_store_password_is_an_outage_not_a_pass() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_file = dir.path().join("redis-ca.pem");
     ca.write_pem(&ca_file).expect("CA");
-    let url = store.url().replace("rediss://", "rediss://:wrong-pw-77aa31@");
+    let url = store
+        .url()
+        .replace("rediss://", "rediss://:wrong-pw-77aa31@");
     let w = world(
         "fleet-auth",
         2,
@@ -335,8 +389,14 @@ async fn a_wrong_store_password_is_an_outage_not_a_pass() {
     let (out, _) = get(&w, "fleet.test").await;
     assert_eq!(error_code(&out), "rate_limit_store_unavailable", "{out:?}");
     let written = w.daemon.everything_written().await;
-    assert!(!written.contains("wrong-pw-77aa31"), "the URL's password was written somewhere");
-    assert!(written.contains("fleet rate-limit store unreachable"), "{written}");
+    assert!(
+        !written.contains("wrong-pw-77aa31"),
+        "the URL's password was written somewhere"
+    );
+    assert!(
+        written.contains("fleet rate-limit store unreachable"),
+        "{written}"
+    );
 }
 
 #[tokio::test]

@@ -100,7 +100,13 @@ mod tests {
             "agenshield:rl:3:api:agent:unknown"
         );
         assert_eq!(
-            key(p, "api", FleetKey::Host, AgentKey::Uid(1000), "API.Example.com"),
+            key(
+                p,
+                "api",
+                FleetKey::Host,
+                AgentKey::Uid(1000),
+                "API.Example.com"
+            ),
             "agenshield:rl:3:api:host:api.example.com"
         );
         // A rule id that contains another key's tail cannot collide with it.

@@ -77,9 +77,12 @@ fn read_password(path: &PathBuf) -> Result<String, StoreSetupError> {
         path: path.clone(),
         source,
     })?;
-    let text =
-        String::from_utf8(bytes).map_err(|_| StoreSetupError::PasswordText(path.clone()))?;
-    let line = text.lines().next().unwrap_or_default().trim_end_matches('\r');
+    let text = String::from_utf8(bytes).map_err(|_| StoreSetupError::PasswordText(path.clone()))?;
+    let line = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('\r');
     if line.is_empty() {
         return Err(StoreSetupError::PasswordText(path.clone()));
     }

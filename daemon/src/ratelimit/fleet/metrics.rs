@@ -71,10 +71,10 @@ impl FleetMetrics {
         ))
         .expect("valid metric definition");
         for m in [&errors, &fallbacks] {
-            r.register(Box::new(m.clone()))
-                .expect("unique metric name");
+            r.register(Box::new(m.clone())).expect("unique metric name");
         }
-        r.register(Box::new(up.clone())).expect("unique metric name");
+        r.register(Box::new(up.clone()))
+            .expect("unique metric name");
         // Series that exist from the start, so dashboards show zeros rather than gaps.
         for reason in StoreErrorReason::ALL {
             errors.with_label_values(&[reason.as_str()]);

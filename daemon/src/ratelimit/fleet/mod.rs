@@ -71,7 +71,11 @@ impl FleetLimiter {
         let Some(client) = client::client(cfg, password)? else {
             return Ok(None);
         };
-        let shown = cfg.store.as_ref().map(ToString::to_string).unwrap_or_default();
+        let shown = cfg
+            .store
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
         let metrics = FleetMetrics::register(registry, namespace);
         let outage = Arc::new(Outage::new(shown, cfg.on_store_error, metrics));
         Ok(Some(FleetLimiter {
@@ -108,11 +112,8 @@ impl FleetLimiter {
         call.arg(rate.requests)
             .arg(bucket_script::unit_us(&rate))
             .arg(rate.burst);
-        let answer = tokio::time::timeout(
-            self.timeout,
-            call.invoke_async::<(i64, i64)>(&mut conn),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await;
         match answer {
             Ok(Ok(reply)) => {
                 self.outage.answered();
