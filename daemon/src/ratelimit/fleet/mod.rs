@@ -3,8 +3,8 @@
 //!
 //! # Never a hang, never a silent pass
 //! A check is one atomic script (`bucket_script.rs`: EVALSHA, EVAL on NOSCRIPT) with a
-//! deadline (`ratelimit.timeout`, a few milliseconds). With no connection (`store.rs` keeps
-//! it up in the background) it fails at once. Without an answer, the rule's request is
+//! deadline (`ratelimit.timeout`, a few milliseconds), on its thread's own connection. With
+//! no connection (`store.rs` keeps one per thread up in the background) it fails at once. Without an answer, the rule's request is
 //! decided as `ratelimit.on_store_error` says: `local`, counted in this daemon's own bucket
 //! for the rule (as a `scope = "local"` rate would be); `deny`, refused with its own error
 //! code. Either way the outage is a metric and one log line (`outage.rs`), and the store is
@@ -89,10 +89,10 @@ impl FleetLimiter {
         }))
     }
 
-    /// Starts keeping the connection up, on the current runtime (the main one: the
-    /// connection's driver runs there, whichever shard a check comes from).
+    /// Starts keeping a connection up on every connection thread and on the current runtime
+    /// (call it on the main one).
     pub(crate) fn start(&self) {
-        tokio::spawn(self.store.clone().maintain());
+        self.store.start();
     }
 
     /// Takes one token from the fleet's bucket for `rule` (and the agent or `host`), or says
@@ -116,7 +116,7 @@ impl FleetLimiter {
             tokio::time::timeout(self.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await;
         match answer {
             Ok(Ok(reply)) => {
-                self.outage.answered();
+                self.outage.answered(|| self.store.all_connected());
                 match bucket_script::parse_reply(reply) {
                     None => FleetVerdict::Allowed,
                     Some(wait) => FleetVerdict::Limited(wait),

@@ -67,9 +67,15 @@ impl Outage {
         );
     }
 
-    /// A check was answered: ends an outage, if there was one (one atomic load otherwise).
-    pub(super) fn answered(&self) {
-        if self.down.load(Ordering::Acquire) {
+    /// The connections were dropped (one broke): not up until every one is back.
+    pub(super) fn disconnected(&self) {
+        self.metrics.up.set(0);
+    }
+
+    /// A check was answered: ends an outage, if there was one and every thread has its
+    /// connection (`all_connected`, asked only then; one atomic load otherwise).
+    pub(super) fn answered(&self, all_connected: impl FnOnce() -> bool) {
+        if self.down.load(Ordering::Acquire) && all_connected() {
             self.back();
         }
     }
