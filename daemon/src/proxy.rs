@@ -12,7 +12,7 @@ use crate::config::Limits;
 use crate::events::Events;
 use crate::metrics::Metrics;
 use crate::policy::{Policy, PolicyStore};
-use crate::ratelimit::{ConcurrencyCaps, Limiter};
+use crate::ratelimit::{ConcurrencyCaps, FleetLimiter, Limiter};
 use crate::secrets::Vault;
 use crate::server_tls::InterceptTls;
 use crate::tunnels::Tunnels;
@@ -29,6 +29,8 @@ pub(crate) struct Proxy {
     pub events: Events,
     pub approvals: Approvals,
     pub limiter: Limiter,
+    /// The shared store's buckets, for `scope = "fleet"` rates (`[ratelimit] store`).
+    pub fleet: Option<FleetLimiter>,
     pub caps: ConcurrencyCaps,
     pub vault: Arc<Vault>,
     /// Bytes of each request body the leak guard reads.
@@ -72,6 +74,8 @@ pub(crate) struct ProxyParts {
     pub denied_names: crate::config::DeniedAnswer,
     /// The DNS stub's series.
     pub dns_metrics: crate::dns_state::DnsMetrics,
+    /// `[ratelimit] store`'s buckets, if one is set.
+    pub fleet: Option<FleetLimiter>,
 }
 
 impl Proxy {
@@ -86,6 +90,7 @@ impl Proxy {
             events: Events::default(),
             approvals: p.approvals,
             limiter: Limiter::new(),
+            fleet: p.fleet,
             caps: ConcurrencyCaps::new(),
             vault: p.vault,
             scan_body_bytes: p.scan_body_bytes,

@@ -25,6 +25,8 @@ pub struct DaemonOptions {
     pub limits: Vec<String>,
     /// `[dns]` lines, e.g. `denied = "nxdomain"`.
     pub dns: Vec<String>,
+    /// `[ratelimit]` lines, e.g. `store = "redis://127.0.0.1:6379/0"`.
+    pub ratelimit: Vec<String>,
     /// Ranges the private-address guard lets through, besides 127.0.0.0/8.
     pub allow_private: Vec<String>,
     /// Also listen on [::1] (transparent).
@@ -539,6 +541,9 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     }
     if let Some(t) = &opts.approvals_timeout {
         let _ = writeln!(c, "[approvals]\ntimeout = {t:?}\n");
+    }
+    if !opts.ratelimit.is_empty() {
+        let _ = writeln!(c, "[ratelimit]\n{}\n", opts.ratelimit.join("\n"));
     }
     // By default the discard port on loopback: a name missing from the table fails fast
     // and locally.

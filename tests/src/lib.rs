@@ -14,6 +14,7 @@ pub mod netlab;
 pub mod ocsf;
 pub mod pki;
 pub mod prometheus;
+pub mod redis;
 pub mod rsyslog;
 pub mod upstream;
 pub mod world;

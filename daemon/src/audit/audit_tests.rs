@@ -43,6 +43,7 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         ms: 12.5,
         incomplete: false,
         would_deny: false,
+        limit_scope: None,
         end: None,
         dns: None,
         reason: None,

@@ -228,6 +228,7 @@ fn before_upstream(code: ErrorCode) -> bool {
     match code {
         ErrorCode::PolicyDenied
         | ErrorCode::RateLimited
+        | ErrorCode::RateLimitStoreUnavailable
         | ErrorCode::Busy
         | ErrorCode::HostMismatch
         | ErrorCode::DestinationForbidden

@@ -52,6 +52,8 @@ pub enum CheckError {
     AuditExport(#[from] super::audit_export::AuditExportError),
     #[error("audit.checkpoint_interval must be 0 (off) or between 1s and 24h")]
     CheckpointInterval,
+    #[error(transparent)]
+    RateLimit(#[from] super::ratelimit::StoreConfigError),
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {

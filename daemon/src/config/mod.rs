@@ -11,6 +11,7 @@ mod check;
 mod dns;
 mod forms;
 mod policy_source;
+mod ratelimit;
 mod removed;
 mod schema;
 mod upstream_proxy;
@@ -22,6 +23,10 @@ pub use dns::{DeniedAnswer, DnsConfig};
 pub use forms::{parse_nameserver, FormError};
 pub use policy_source::{
     BundleUrl, PolicySourceConfig, PolicySourceError, MAX_BUNDLE_SIZE, MIN_BUNDLE_SIZE,
+};
+pub use ratelimit::{
+    FleetKey, OnStoreError, RateLimitConfig, StoreConfigError, StoreUrl, MAX_STORE_TIMEOUT,
+    MIN_STORE_TIMEOUT,
 };
 pub use removed::RemovedKey;
 use schema::FileConfig;
@@ -127,6 +132,8 @@ pub struct Config {
     pub audit: AuditConfig,
     /// The key that signs the audit log's checkpoints (`paths.audit_key`).
     pub audit_key: PathBuf,
+    /// `[ratelimit]`: the shared store of `scope = "fleet"` rates (paths made absolute).
+    pub ratelimit: RateLimitConfig,
     pub testing: Testing,
     /// `daemon.worker_user`: the unprivileged user a root start serves as (see `privsep`).
     pub worker_user: Option<AgentUser>,
@@ -253,6 +260,12 @@ impl Config {
             Some(text) => check::metrics(text).map_err(|e| invalid(e.into()))?,
         };
         check::audit(&f.audit).map_err(|e| invalid(e.into()))?;
+        ratelimit::check(&f.ratelimit).map_err(|e| invalid(CheckError::from(e).into()))?;
+        let ratelimit = RateLimitConfig {
+            password_file: f.ratelimit.password_file.as_deref().map(relative),
+            ca: f.ratelimit.ca.as_deref().map(relative),
+            ..f.ratelimit
+        };
         let dns_is_default = f.listen.dns.is_none();
         let dns = f.listen.dns.unwrap_or_else(default_dns);
         let transparent_is_default = f.listen.transparent.is_none();
@@ -326,6 +339,7 @@ impl Config {
             audit_path,
             audit,
             audit_key,
+            ratelimit,
             testing: f.testing,
             worker_user: f.daemon.worker_user,
             policy_source,

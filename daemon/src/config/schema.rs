@@ -41,6 +41,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) audit: AuditConfig,
     #[serde(default)]
+    pub(super) ratelimit: super::RateLimitConfig,
+    #[serde(default)]
     pub(super) daemon: DaemonSection,
     #[serde(default)]
     pub(super) testing: Testing,

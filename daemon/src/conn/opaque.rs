@@ -171,7 +171,7 @@ where
             .decided(Protocol::Tcp, shown.clone(), rule, at)
     };
     drop(secrets);
-    let permit = match admit(&proxy, &ctx, &tcp, &shown) {
+    let permit = match admit(&proxy, &ctx, &tcp, &shown).await {
         Ok(permit) => permit,
         Err(r) => {
             refuse(&proxy, rec, &r, tcp.started).await;
@@ -242,7 +242,7 @@ impl Splice<'_> {
 }
 
 /// The audit log's readiness, the policy's outcome, then the rule's limits.
-fn admit(
+async fn admit(
     proxy: &Proxy,
     ctx: &ConnCtx,
     tcp: &TcpDecision,
@@ -251,7 +251,7 @@ fn admit(
     record::ready(proxy)?;
     let d = tcp.decision.as_ref().map_err(Clone::clone)?;
     decide::connection_outcome(d, shown, ctx.dest.port)?;
-    limit::connection(proxy, d, &tcp.host, ctx.agent_uid)
+    limit::connection(proxy, d, &tcp.host, ctx.agent_uid).await
 }
 
 pub(super) async fn refuse(proxy: &Arc<Proxy>, rec: Record, r: &Refusal, started: Instant) {

@@ -126,9 +126,11 @@ async fn splice<S>(
             .decided(Protocol::TlsPassthrough, shown, rule, at)
     };
     drop(secrets);
-    let permit = match record::ready(&proxy)
-        .and_then(|()| limit::connection(&proxy, &decision, &sni, ctx.agent_uid))
-    {
+    let admitted = match record::ready(&proxy) {
+        Ok(()) => limit::connection(&proxy, &decision, &sni, ctx.agent_uid).await,
+        Err(r) => Err(r),
+    };
+    let permit = match admitted {
         Ok(permit) => permit,
         Err(r) => return refuse(&proxy, rec, &r, started).await,
     };

@@ -18,6 +18,7 @@ use crate::daemon::firewall;
 use crate::metrics::Metrics;
 use crate::policy::{Layering, PolicyStore};
 use crate::proxy::{Proxy, ProxyParts};
+use crate::ratelimit::FleetLimiter;
 use crate::secrets::Vault;
 use crate::upstream::client::Forwarder;
 use crate::upstream::dial::Dialer;
@@ -97,10 +98,11 @@ pub(super) async fn build_proxy(
         "secrets loaded"
     );
     let known = vault.clone();
+    let fleet_store = cfg.ratelimit.store.is_some();
     let secrets: crate::policy::SecretCheck = Arc::new(move |n: &str| known.contains(n));
     let (policies, source) = match &cfg.policy_source {
         None => (
-            PolicyStore::load(&cfg.policies, secrets)
+            PolicyStore::load(&cfg.policies, secrets, fleet_store)
                 .map_err(|e| BadInput(format!("policy: {e}")))?,
             None,
         ),
@@ -113,9 +115,14 @@ pub(super) async fn build_proxy(
             });
             // A cached bundle that does not compose with the local directory leaves the
             // store refusing everything (not the local files alone) until it does.
-            let (store, dropped) =
-                PolicyStore::start_layered(&cfg.policies, secrets, layering, start.layer())
-                    .map_err(|e| BadInput(format!("policy: {e}")))?;
+            let (store, dropped) = PolicyStore::start_layered(
+                &cfg.policies,
+                secrets,
+                fleet_store,
+                layering,
+                start.layer(),
+            )
+            .map_err(|e| BadInput(format!("policy: {e}")))?;
             if let Some(e) = dropped {
                 start.drop_layer(format!(
                     "{e}; every agent request is refused (policy_unavailable) until the local \
@@ -125,6 +132,7 @@ pub(super) async fn build_proxy(
             (store, Some(start))
         }
     };
+    let fleet = fleet_limiter(cfg, &vault, &metrics)?;
     let policy = policies.current();
     tracing::info!(
         dir = ?cfg.policies,
@@ -195,8 +203,53 @@ pub(super) async fn build_proxy(
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
         denied_names: cfg.dns_answers.denied,
+        fleet,
     });
     Ok((proxy, source))
+}
+
+/// `[ratelimit] store`'s limiter, connecting in the background from now on (a store that is
+/// down at start is an outage like any other, not a failed start).
+fn fleet_limiter(
+    cfg: &Config,
+    vault: &Vault,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<FleetLimiter>> {
+    let password = match &cfg.ratelimit.password_secret {
+        None => None,
+        Some(name) => {
+            let secrets = vault.current();
+            let secret = secrets.get(name).ok_or_else(|| {
+                BadInput(format!(
+                    "ratelimit.password_secret: no secret {name:?} in the store \
+                     (agenshield proxy ctl secrets set {name})"
+                ))
+            })?;
+            let text = std::str::from_utf8(secret.value.expose()).map_err(|_| {
+                BadInput(format!(
+                    "ratelimit.password_secret: secret {name:?} is not UTF-8"
+                ))
+            })?;
+            Some(text.to_string())
+        }
+    };
+    let fleet = FleetLimiter::new(
+        &cfg.ratelimit,
+        password,
+        metrics.registry(),
+        crate::metrics::NS,
+    )
+    .map_err(|e| BadInput(e.to_string()))?;
+    if let (Some(f), Some(store)) = (&fleet, &cfg.ratelimit.store) {
+        f.start();
+        tracing::info!(
+            %store,
+            on_store_error = cfg.ratelimit.on_store_error.as_str(),
+            timeout_ms = cfg.ratelimit.timeout.as_millis(),
+            "fleet rate limits count in the shared store"
+        );
+    }
+    Ok(fleet)
 }
 
 /// Who may use which listener (see `conn::identity`): agent users, the explicit listener's

@@ -115,7 +115,7 @@ async fn phases(
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
     secrets::inspect(ctx, &req).await?;
-    limit::check(ctx)?;
+    limit::check(ctx).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
     forward::respond(ctx, forwarded)

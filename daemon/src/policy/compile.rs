@@ -11,7 +11,7 @@ use super::index::HostIndex;
 use super::inject::{SecretRate, SecretRef};
 use super::matcher::CompiledRule;
 use super::model::{DefaultAction, ParsedSource};
-use super::rate::compile_rate;
+use super::rate::{compile_rate, RateScope};
 use super::rule::compile_rule;
 use super::{json, toml_file, Action, Mode, PolicySource};
 
@@ -29,6 +29,14 @@ pub(crate) struct Compiled {
     pub secret_rates: Vec<SecretRate>,
     /// What deny-only sources said and was left out (`layers.rs`), one line each.
     pub dropped: Vec<String>,
+    pub fleet_rules: Vec<FleetRule>,
+}
+
+/// A rule whose rate is kept in the fleet's shared store, and where its `scope` is written.
+#[derive(Debug, Clone)]
+pub(crate) struct FleetRule {
+    pub rule: std::sync::Arc<str>,
+    pub at: Location,
 }
 
 /// A policy-wide key (`default`, `mode`) and the file that set it first.
@@ -69,6 +77,7 @@ pub(crate) fn compile(
     let (mut rule_count, mut ignored) = (0, 0);
     let mut secret_refs = Vec::new();
     let mut secret_rates: Vec<SecretRate> = Vec::new();
+    let mut fleet_rules = Vec::new();
     // Rule errors are collected, so one run of lint shows every rule that needs fixing.
     let mut errors: Vec<PolicyError> = Vec::new();
 
@@ -112,6 +121,15 @@ pub(crate) fn compile(
                     message: e.to_string(),
                 }
             })?;
+            if let (RateScope::Fleet, Some(scope)) = (rate.scope, &settings.rate.get_ref().scope) {
+                return Err(PolicyError::Invalid {
+                    at: at(scope.span()),
+                    message: format!(
+                        "[secrets.{name}]: `scope = \"fleet\"` applies to a rule's rate only; \
+                         a secret's rate is kept per agent"
+                    ),
+                });
+            }
             secret_rates.push(SecretRate {
                 secret: name.as_str().into(),
                 rate,
@@ -142,6 +160,12 @@ pub(crate) fn compile(
                 rule: rule_id.clone(),
                 at: at(u.span),
             }));
+            if let Some(scope) = fleet_scope(def) {
+                fleet_rules.push(FleetRule {
+                    rule: rule_id.clone(),
+                    at: at(scope),
+                });
+            }
             ids.insert(def.id.get_ref().clone(), (file_idx, def.id.span()));
             rule_count += 1;
             for (part_idx, (rule, hosts)) in parts.into_iter().enumerate() {
@@ -179,6 +203,7 @@ pub(crate) fn compile(
         secret_refs,
         secret_rates,
         dropped,
+        fleet_rules,
     })
 }
 
@@ -207,6 +232,12 @@ fn keep_denies_only(parsed: &mut ParsedSource, name: &str, dropped: &mut Vec<Str
         }
         keep
     });
+}
+
+/// The span of `scope = "fleet"` in a rule's rate (the rule compiled, so it is valid).
+fn fleet_scope(def: &super::model::RuleDef) -> Option<Range<usize>> {
+    let scope = def.rate.as_ref()?.get_ref().scope.as_ref()?;
+    (scope.get_ref() == RateScope::Fleet.as_str()).then(|| scope.span())
 }
 
 fn merge_setting<T: Copy + PartialEq>(

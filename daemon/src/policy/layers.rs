@@ -116,6 +116,7 @@ impl Policy {
             secret_rates: Vec::new(),
             passthrough: false,
             unavailable: true,
+            fleet_rules: Vec::new(),
         }
     }
 

@@ -72,7 +72,9 @@ pub use inject::{
 pub use layers::{Composed, LocalMode};
 pub use load::{list_dir, load_files};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
-pub use rate::{Obligations, RateLimit, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS};
+pub use rate::{
+    Obligations, RateLimit, RateScope, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS,
+};
 pub(crate) use secret_name::is_name_byte;
 pub use secret_name::SecretName;
 pub use toml_file::MAX_ID_LEN as MAX_RULE_ID_LEN;
@@ -108,6 +110,8 @@ pub struct Policy {
     ignored: usize,
     secret_refs: Vec<SecretRef>,
     secret_rates: Vec<SecretRate>,
+    /// Rules whose rate says `scope = "fleet"`, and where.
+    fleet_rules: Vec<compile::FleetRule>,
     /// Some rule says `tls = "passthrough"`.
     passthrough: bool,
     /// No policy yet (`[policy.source] require_first_sync` before the first bundle): every
@@ -218,6 +222,7 @@ impl Policy {
             secret_refs: compiled.secret_refs,
             secret_rates: compiled.secret_rates,
             unavailable: false,
+            fleet_rules: compiled.fleet_rules,
         };
         tracing::debug!(
             hash = %policy.hash,
@@ -310,6 +315,26 @@ impl Policy {
             .iter()
             .find(|r| &*r.secret == secret)
             .map(|r| r.rate)
+    }
+
+    /// A rule whose rate says `scope = "fleet"` needs a shared store (`[ratelimit] store`):
+    /// without one it is an error naming the first such rule.
+    pub fn check_fleet(&self, store_configured: bool) -> Result<(), PolicyError> {
+        match self.fleet_rules.first() {
+            Some(r) if !store_configured => Err(PolicyError::Rule {
+                at: r.at.clone(),
+                rule: r.rule.to_string(),
+                message: "`rate.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
+                          = \"redis://…\"` in proxy.toml, or write `scope = \"local\"`"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether some rule's rate is fleet-wide.
+    pub fn has_fleet_rules(&self) -> bool {
+        !self.fleet_rules.is_empty()
     }
 
     /// Checks every secret the policy names against the store: a rule that binds a missing

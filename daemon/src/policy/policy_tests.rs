@@ -354,3 +354,52 @@ fn every_bad_rule_of_a_file_is_reported() {
     );
     assert!(lines[2].contains("duplicate rule id `ok`"), "{e}");
 }
+
+#[test]
+fn a_fleet_rate_needs_a_store_and_the_error_names_the_rule() {
+    let text = "version = 1\n\n[[rule]]\nid = \"shared-api\"\nhosts = [\"api.example.com\"]\n\
+                action = \"allow\"\nrate = { requests = 5, per = \"1m\", scope = \"fleet\" }\n\n\
+                [[rule]]\nid = \"local-api\"\nhosts = [\"b.example.com\"]\naction = \"allow\"\n\
+                rate = { requests = 5, per = \"1m\" }\n";
+    let p = policy(text);
+    assert!(p.has_fleet_rules());
+    p.check_fleet(true).expect("with a store");
+    let e = p.check_fleet(false).expect_err("no store").to_string();
+    assert!(e.starts_with("table.toml:7:"), "{e}");
+    assert!(
+        e.contains("shared-api") && e.contains("[ratelimit] store"),
+        "{e}"
+    );
+    let d = decide_url(&p, "GET", "https://api.example.com/").expect("valid");
+    assert_eq!(
+        d.obligations.rate.map(|r| r.scope),
+        Some(super::RateScope::Fleet)
+    );
+    let d = decide_url(&p, "GET", "https://b.example.com/").expect("valid");
+    assert_eq!(
+        d.obligations.rate.map(|r| r.scope),
+        Some(super::RateScope::Local)
+    );
+    let local_only =
+        policy("version = 1\n[[rule]]\nid = \"x\"\nhosts = [\"x.test\"]\naction = \"allow\"\n");
+    assert!(!local_only.has_fleet_rules());
+    local_only.check_fleet(false).expect("nothing fleet-wide");
+}
+
+#[test]
+fn a_secret_rate_cannot_be_fleet_wide() {
+    let text = "version = 1\n[[rule]]\nid = \"k\"\nhosts = [\"k.test\"]\naction = \"allow\"\n\
+                inject = [{ header = \"Authorization\", value = \"Bearer ${secret:key}\" }]\n\
+                [secrets.key]\nrate = { requests = 5, per = \"1m\", scope = \"fleet\" }\n";
+    let src = PolicySource {
+        name: "table.toml".into(),
+        text: text.into(),
+    };
+    let e = Policy::from_sources(&[src])
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("[secrets.key]") && e.contains("rule's rate only"),
+        "{e}"
+    );
+}

@@ -4,6 +4,10 @@
 //! `rate = { requests = R, per = P, burst = B }` is a token bucket: it holds at most `B`
 //! tokens (default `R`) and starts full; one token is added every `P / R`; each request
 //! takes one, and a request finding the bucket empty is refused (429 + Retry-After).
+//!
+//! `scope = "local"` (the default) keeps the bucket in this daemon; `scope = "fleet"` keeps it
+//! in the shared store (`[ratelimit] store`), so every daemon under the same policy spends
+//! from one bucket per rule (and agent or host, as `[ratelimit] fleet_key` says).
 
 use std::fmt;
 use std::ops::Range;
@@ -26,6 +30,27 @@ pub struct RateLimit {
     pub per: Duration,
     /// Bucket capacity: the most requests allowed back to back. `burst` if given, else `requests`.
     pub burst: u32,
+    /// Where the bucket lives: this daemon, or the fleet's shared store.
+    pub scope: RateScope,
+}
+
+/// Where a rule's bucket is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RateScope {
+    /// In this daemon (one bucket per agent uid).
+    #[default]
+    Local,
+    /// In the shared store (`[ratelimit] store`): one bucket for the whole fleet.
+    Fleet,
+}
+
+impl RateScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateScope::Local => "local",
+            RateScope::Fleet => "fleet",
+        }
+    }
 }
 
 impl RateLimit {
@@ -56,6 +81,7 @@ pub(crate) struct RateFile {
     pub requests: Spanned<i64>,
     pub per: Spanned<String>,
     pub burst: Option<Spanned<i64>>,
+    pub scope: Option<Spanned<String>>,
 }
 
 /// Why a written `rate` is refused.
@@ -75,6 +101,8 @@ pub(crate) enum RateError {
     Per(String),
     #[error("`rate.per` {0:?} must be between 1s and 24h")]
     PerOutOfRange(String),
+    #[error("unknown `rate.scope` {0:?}, expected \"local\" or \"fleet\"")]
+    Scope(String),
 }
 
 /// Validates a written rate; the error carries the span of the offending value.
@@ -95,11 +123,25 @@ pub(crate) fn compile_rate(r: &RateFile) -> Result<RateLimit, (Range<usize>, Rat
         Some(b) => count(b, "rate.burst")?,
         None => requests,
     };
+    let scope = match &r.scope {
+        None => RateScope::Local,
+        Some(s) => parse_scope(s.get_ref()).map_err(|e| (s.span(), e))?,
+    };
     Ok(RateLimit {
         requests,
         per,
         burst,
+        scope,
     })
+}
+
+/// `"local"` or `"fleet"`.
+pub(crate) fn parse_scope(s: &str) -> Result<RateScope, RateError> {
+    match s {
+        "local" => Ok(RateScope::Local),
+        "fleet" => Ok(RateScope::Fleet),
+        other => Err(RateError::Scope(other.to_owned())),
+    }
 }
 
 /// `"30s"`, `"1m"`, `"2h"` (whole numbers) or `"second"`, `"minute"`, `"hour"`.
@@ -154,18 +196,27 @@ impl fmt::Display for RateLimit {
             self.requests,
             format_per(self.per),
             self.burst
-        )
+        )?;
+        match self.scope {
+            RateScope::Local => Ok(()),
+            RateScope::Fleet => f.write_str(", fleet-wide"),
+        }
     }
 }
 
-/// `{"requests":60,"per":"1m","burst":10}`: `per` as written, not serde's `{secs,nanos}`.
+/// `{"requests":60,"per":"1m","burst":10}`: `per` as written, not serde's `{secs,nanos}`;
+/// `"scope":"fleet"` only for a fleet rate (a local one reads as it always did).
 impl Serialize for RateLimit {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("RateLimit", 3)?;
+        let fleet = self.scope == RateScope::Fleet;
+        let mut st = s.serialize_struct("RateLimit", 3 + usize::from(fleet))?;
         st.serialize_field("requests", &self.requests)?;
         st.serialize_field("per", &format_per(self.per))?;
         st.serialize_field("burst", &self.burst)?;
+        if fleet {
+            st.serialize_field("scope", self.scope.as_str())?;
+        }
         st.end()
     }
 }
@@ -173,6 +224,31 @@ impl Serialize for RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scope_is_local_unless_fleet_is_written() {
+        let rate = |text: &str| -> Result<RateLimit, String> {
+            let f: RateFile = toml::from_str(text).map_err(|e| e.to_string())?;
+            compile_rate(&f).map_err(|(_, e)| e.to_string())
+        };
+        let local = rate("requests = 5\nper = \"1m\"").expect("local");
+        assert_eq!(local.scope, RateScope::Local);
+        let explicit = rate("requests = 5\nper = \"1m\"\nscope = \"local\"").expect("local");
+        assert_eq!(explicit, local);
+        let fleet = rate("requests = 5\nper = \"1m\"\nscope = \"fleet\"").expect("fleet");
+        assert_eq!(fleet.scope, RateScope::Fleet);
+        assert_eq!((fleet.requests, fleet.burst), (5, 5));
+        let bad = rate("requests = 5\nper = \"1m\"\nscope = \"global\"").expect_err("bad");
+        assert!(
+            bad.contains("\"global\"") && bad.contains("\"fleet\""),
+            "{bad}"
+        );
+        let typed = rate("requests = 5\nper = \"1m\"\nscope = 1").expect_err("not a string");
+        assert!(
+            typed.contains("scope") || typed.contains("string"),
+            "{typed}"
+        );
+    }
 
     #[test]
     fn per_forms() {
@@ -207,6 +283,7 @@ mod tests {
             requests: 60,
             per: Duration::from_secs(60),
             burst: 10,
+            scope: RateScope::Local,
         };
         assert_eq!(r.to_string(), "60 per 1m, burst 10");
         assert_eq!(r.token_interval(), Duration::from_secs(1));
@@ -224,6 +301,15 @@ mod tests {
             r#"{"rate":null,"max_concurrent":null}"#
         );
         assert_eq!(format_per(Duration::from_secs(90)), "90s");
+        let fleet = RateLimit {
+            scope: RateScope::Fleet,
+            ..r
+        };
+        assert_eq!(fleet.to_string(), "60 per 1m, burst 10, fleet-wide");
+        assert_eq!(
+            serde_json::to_string(&fleet).expect("serializes"),
+            r#"{"requests":60,"per":"1m","burst":10,"scope":"fleet"}"#
+        );
         assert_eq!(format_per(Duration::from_secs(7200)), "2h");
     }
 }

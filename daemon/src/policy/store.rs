@@ -53,6 +53,8 @@ pub(crate) struct PolicyStore {
     pub watch: Arc<WatchHealth>,
     dir: PathBuf,
     secrets: SecretCheck,
+    /// `[ratelimit] store` is set: rules may say `rate.scope = "fleet"`.
+    fleet_store: bool,
     current: ArcSwap<Policy>,
     state: Mutex<(String, Option<ReloadFailure>)>,
     /// `Some` when a policy source is configured.
@@ -64,24 +66,31 @@ pub(crate) struct PolicyStore {
 }
 
 impl PolicyStore {
-    pub(crate) fn load(dir: &Path, secrets: SecretCheck) -> Result<PolicyStore, PolicyError> {
-        Self::load_layered(dir, secrets, None, None)
+    pub(crate) fn load(
+        dir: &Path,
+        secrets: SecretCheck,
+        fleet_store: bool,
+    ) -> Result<PolicyStore, PolicyError> {
+        Self::load_layered(dir, secrets, fleet_store, None, None)
     }
 
     /// With `layering` (a policy source is configured), the policy is `bundle` composed with
     /// the local directory; before any bundle, the directory alone or, with
-    /// `require_first_sync`, [`Policy::unavailable`].
+    /// `require_first_sync`, [`Policy::unavailable`]. `fleet_store`: whether `[ratelimit]
+    /// store` is configured (a `scope = "fleet"` rate without it is refused).
     pub(crate) fn load_layered(
         dir: &Path,
         secrets: SecretCheck,
+        fleet_store: bool,
         layering: Option<Layering>,
         bundle: Option<Arc<BundleLayer>>,
     ) -> Result<PolicyStore, PolicyError> {
-        let (policy, dropped) = build(dir, &*secrets, layering, bundle.as_deref())?;
+        let (policy, dropped) = build(dir, &*secrets, fleet_store, layering, bundle.as_deref())?;
         Ok(PolicyStore {
             watch: Arc::default(),
             dir: dir.to_path_buf(),
             secrets,
+            fleet_store,
             current: ArcSwap::from_pointee(policy),
             state: Mutex::new((now_rfc3339(), None)),
             layering,
@@ -98,15 +107,17 @@ impl PolicyStore {
     pub(crate) fn start_layered(
         dir: &Path,
         secrets: SecretCheck,
+        fleet_store: bool,
         layering: Option<Layering>,
         bundle: Option<Arc<BundleLayer>>,
     ) -> Result<(PolicyStore, Option<PolicyError>), PolicyError> {
-        match Self::load_layered(dir, secrets.clone(), layering, bundle.clone()) {
+        match Self::load_layered(dir, secrets.clone(), fleet_store, layering, bundle.clone()) {
             Err(e) if bundle.is_some() => {
                 let store = PolicyStore {
                     watch: Arc::default(),
                     dir: dir.to_path_buf(),
                     secrets,
+                    fleet_store,
                     current: ArcSwap::from_pointee(Policy::unavailable()),
                     state: Mutex::new((
                         now_rfc3339(),
@@ -140,7 +151,13 @@ impl PolicyStore {
     ) -> Result<Arc<Policy>, PolicyError> {
         let mut layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
         let layer = bundle.clone().or_else(|| layers.0.clone());
-        let loaded = build(&self.dir, &*self.secrets, self.layering, layer.as_deref());
+        let loaded = build(
+            &self.dir,
+            &*self.secrets,
+            self.fleet_store,
+            self.layering,
+            layer.as_deref(),
+        );
         match loaded {
             Ok((p, dropped)) => {
                 let p = Arc::new(p);
@@ -217,6 +234,7 @@ impl PolicyStore {
 fn build(
     dir: &Path,
     secrets: &(dyn Fn(&str) -> bool + Send + Sync),
+    fleet_store: bool,
     layering: Option<Layering>,
     bundle: Option<&BundleLayer>,
 ) -> Result<(Policy, Vec<String>), PolicyError> {
@@ -235,6 +253,7 @@ fn build(
     };
     if !policy.is_unavailable() {
         policy.check_secrets(secrets)?;
+        policy.check_fleet(fleet_store)?;
     }
     Ok((policy, dropped))
 }

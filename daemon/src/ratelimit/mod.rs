@@ -34,11 +34,17 @@
 //!   (at most once a second, so a flood of new hosts cannot make each call O(n)); if the
 //!   table is still full, requests needing a *new* bucket are refused (fail closed).
 //!
+//! # Fleet scope
+//! A rule whose rate says `scope = "fleet"` counts in the shared store instead (`fleet/`),
+//! and falls back to its bucket here only when the store does not answer in time and
+//! `ratelimit.on_store_error = "local"`.
+//!
 //! Concurrency caps need no sweep: an (agent, host) entry is removed as soon as its last
 //! in-flight permit (or failed attempt) goes away, so memory is O(requests in flight).
 
 mod bucket;
 mod concurrency;
+pub(crate) mod fleet;
 mod limiter;
 
 use std::fmt;
@@ -46,6 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use concurrency::{ConcurrencyCaps, ConcurrencyPermit};
+pub(crate) use fleet::{FleetLimiter, FleetVerdict};
 pub(crate) use limiter::Limiter;
 
 /// `requests` tokens per `per`, holding at most `burst`. Identical to the policy's struct.

@@ -115,6 +115,7 @@ impl RecordBase {
             ms: 0.0,
             incomplete: false,
             would_deny: false,
+            limit_scope: None,
             end: None,
             dns: None,
             reason: None,
@@ -166,6 +167,7 @@ impl Record {
     pub(crate) fn refused(mut self, r: &Refusal) -> Record {
         self.decision = r.verdict;
         self.error_code = Some(r.code);
+        self.limit_scope = r.limit_scope;
         self.reason = Some(r.message.clone());
         self
     }

@@ -12,6 +12,9 @@ use super::Verdict;
 pub(crate) enum ErrorCode {
     PolicyDenied,
     RateLimited,
+    /// A `scope = "fleet"` rate's store did not answer in time and `ratelimit.on_store_error
+    /// = "deny"`.
+    RateLimitStoreUnavailable,
     /// The proxy is at its connection limit.
     Busy,
     HostMismatch,
@@ -65,9 +68,10 @@ pub(crate) enum ErrorCode {
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 26] = [
+    pub(crate) const ALL: [ErrorCode; 27] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
+        ErrorCode::RateLimitStoreUnavailable,
         ErrorCode::Busy,
         ErrorCode::HostMismatch,
         ErrorCode::DestinationForbidden,
@@ -109,7 +113,9 @@ impl ErrorCode {
             | ErrorCode::PolicyUnavailable => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
-            ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::RateLimited
+            | ErrorCode::RateLimitStoreUnavailable
+            | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -142,9 +148,10 @@ impl ErrorCode {
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser
             | ErrorCode::PolicyUnavailable => Verdict::Deny,
-            ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
-                Verdict::Limited
-            }
+            ErrorCode::RateLimited
+            | ErrorCode::RateLimitStoreUnavailable
+            | ErrorCode::Busy
+            | ErrorCode::ConnectionBudget => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -161,6 +168,7 @@ impl ErrorCode {
         match self {
             ErrorCode::PolicyDenied => "policy_denied",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::RateLimitStoreUnavailable => "rate_limit_store_unavailable",
             ErrorCode::Busy => "busy",
             ErrorCode::HostMismatch => "host_mismatch",
             ErrorCode::DestinationForbidden => "destination_forbidden",
@@ -196,6 +204,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::RateLimitStoreUnavailable
                 | ErrorCode::Busy
                 | ErrorCode::ConnectionBudget
         )

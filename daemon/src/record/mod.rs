@@ -27,7 +27,7 @@ pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
-pub(crate) use refusal::Refusal;
+pub(crate) use refusal::{LimitScope, Refusal};
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
 /// handshake): in logs, metrics and tail. The audit log writes `null`.
@@ -237,6 +237,9 @@ pub(crate) struct Record {
     /// refused. Written only when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub would_deny: bool,
+    /// Refused by a rate: whose bucket (`local`, `fleet`, `local_fallback`). Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_scope: Option<LimitScope>,
     /// Close records: how the tunnel ended.
     pub end: Option<End>,
     /// DNS query records only: the question and the answer.
@@ -310,6 +313,7 @@ impl Record {
             reason: None,
             status: None,
             error_code: None,
+            limit_scope: None,
             ..self.clone()
         }
     }

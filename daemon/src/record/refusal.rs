@@ -1,7 +1,19 @@
 //! A refusal, before it is rendered (`pipeline::refusal::render`) or recorded: one type for
 //! everything the agent is refused, whichever layer refused it.
 
+use serde::Serialize;
+
 use super::{ErrorCode, Verdict};
+
+/// Which bucket refused a request under a rate: this daemon's, the fleet's shared one, or this
+/// daemon's standing in for a fleet rate whose store did not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum LimitScope {
+    Local,
+    Fleet,
+    LocalFallback,
+}
 
 /// A refusal, before it is rendered.
 #[derive(Debug, Clone)]
@@ -15,6 +27,8 @@ pub(crate) struct Refusal {
     pub explanation: String,
     /// Seconds until a retry may succeed (rate limits): sent as `Retry-After`.
     pub retry_after: Option<u64>,
+    /// A rate's refusal: whose bucket refused (recorded as `limit_scope`).
+    pub limit_scope: Option<LimitScope>,
 }
 
 impl Refusal {
@@ -27,6 +41,7 @@ impl Refusal {
             message,
             rule_id: None,
             retry_after: None,
+            limit_scope: None,
         }
     }
 }

@@ -133,6 +133,26 @@ where
     s.handles[i].spawn(async move { make().await });
 }
 
+/// Runs `make(slot)`'s future on every shard (slot = that shard's [`current`]) and on the
+/// caller's runtime (slot 0), for state kept per shard: one of each per thread that serves.
+pub(crate) fn spawn_each<M, F>(make: M)
+where
+    M: Fn(usize) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let make = std::sync::Arc::new(make);
+    for (i, h) in shards().handles.iter().enumerate() {
+        let make = make.clone();
+        h.spawn(async move { make(i + 1).await });
+    }
+    tokio::spawn(make(0));
+}
+
+/// How many slots [`spawn_each`] fills: one per shard, and the caller's runtime.
+pub(crate) fn slots() -> usize {
+    shards().handles.len() + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ mod dns_linux;
 mod doctor_linux;
 mod edges_linux;
 mod exec_linux;
+mod fleet_limits;
 mod goaway_retry;
 mod grafana;
 mod hardening;

@@ -176,6 +176,10 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
         would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
+        limit_scope: match ending {
+            Ending::Refused(r) => r.limit_scope,
+            _ => None,
+        },
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }

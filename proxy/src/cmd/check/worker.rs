@@ -95,6 +95,9 @@ pub(super) type Loaded = ((Policy, bool), String);
 pub(super) fn policy(cfg: &Config, seeds: bool) -> Result<Loaded, String> {
     if !seeds {
         let p = Policy::load_dir(&cfg.policies).map_err(|e| e.to_string())?;
+        // A `scope = "fleet"` rate needs `[ratelimit] store`, as `run` checks at load.
+        p.check_fleet(cfg.ratelimit.store.is_some())
+            .map_err(|e| e.to_string())?;
         let line = format!(
             "{}: {} rules, {}",
             cfg.policies.display(),

@@ -348,6 +348,11 @@ fn lint(cfg: &Config, files: &[PathBuf], json: bool) -> u8 {
     };
     // Secret references are checked against the vault when it can be read from here.
     let result = result.and_then(|(what, p)| {
+        // The configured directory is what `run` loads: a `scope = "fleet"` rate needs
+        // `[ratelimit] store` there (files given by name may be meant for another host).
+        if files.is_empty() {
+            p.check_fleet(cfg.ratelimit.store.is_some())?;
+        }
         let note = match secret_names(cfg) {
             Ok(names) => {
                 p.check_secrets(&|n| names.binary_search_by(|x| x.as_str().cmp(n)).is_ok())?;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# What a fleet rate limit costs on the data path: the harness's plain `agenshield` row beside
+# `agenshield_fleet`, the same daemon and policy with the rule's rate kept in a real
+# redis-server on loopback (`rate = { …, scope = "fleet" }`, `[ratelimit] store`), one atomic
+# script per request. The limit is far above what the run can reach, so nothing is refused:
+# the figure is the price of the check itself. One run; the fleet row's ratio is against the
+# plain `agenshield` row (its baseline), keep-alive req/s, goal >= 0.9.
+#
+#   flock /tmp/lead-bench.lock sudo bench/fleet.sh
+#   REPEATS=3 DUR=10 flock /tmp/lead-bench.lock sudo bench/fleet.sh
+#   AGENSHIELD_BIN=/path/to/agenshield flock /tmp/lead-bench.lock sudo bench/fleet.sh   # no build
+#
+# Needs root, nginx-light, wrk, nghttp2-client, nftables, redis-server. Traffic stays on
+# loopback (the harness's 127.0.0.2; redis on 127.0.0.1).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=harness.sh
+. "$here/harness.sh"
+command -v redis-server >/dev/null || { echo "bench: needs redis-server" >&2; exit 2; }
+if [ -z "${AGENSHIELD_BIN:-}" ]; then
+  (cd "$root" && cargo build --release -q -p agenshield-proxy)
+  AGENSHIELD_BIN="$root/target/release/agenshield"
+fi
+AGENSHIELD_BIN=$(agent_bin "$AGENSHIELD_BIN")
+export AGENSHIELD_BIN
+ROWS="${ROWS:-direct agenshield agenshield_fleet}"
+export RESULTS_MD="${RESULTS_MD:-$here/results-fleet-$(date -u +%Y-%m-%d).md}"
+
+# shellcheck source=/dev/null
+source "$harness"   # defines the harness's functions without running it
+
+# The store: a redis-server of our own on a free loopback port, no persistence, stopped with
+# the harness's teardown.
+REDIS_PORT=${REDIS_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+REDIS_DIR=$(mktemp -d /tmp/agenshield-bench-redis.XXXXXX)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$REDIS_DIR" >"$REDIS_DIR/redis.log" 2>&1 &
+REDIS_PID=$!
+for _ in $(seq 1 100); do
+  redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$REDIS_PORT" ping >/dev/null || { echo "bench: redis-server did not start" >&2; exit 2; }
+eval "$(declare -f teardown | sed '1s/^teardown/harness_teardown/')"
+teardown() {
+  harness_teardown
+  kill "$REDIS_PID" 2>/dev/null
+  wait "$REDIS_PID" 2>/dev/null
+  rm -rf "$REDIS_DIR"
+  return 0
+}
+
+# ---- HOOK: audit export sink ----------------------------------------------------------------
+# The issue's figure has a syslog export on as well: once `[[audit.export]]` is merged, set
+# SYSLOG_URL (e.g. tcp://127.0.0.1:10514, an rsyslog the lead starts) and this block goes into
+# the fleet row's proxy.toml, so that row runs with both a fleet limit and a syslog sink.
+export_sink_config() {
+  [ -n "${SYSLOG_URL:-}" ] || return 0
+  cat <<EXPORT
+[[audit.export]]
+type = "syslog"
+url = "$SYSLOG_URL"
+format = "agenshield"
+EXPORT
+}
+# ---- end of HOOK ----------------------------------------------------------------------------
+
+row_agenshield_fleet() {
+  local d=$S/agenshield_fleet
+  mkdir -p "$d/policies" "$d/state"
+  cat >"$d/policies/bench.toml" <<POLICY
+version = 1
+default = "deny"
+mode = "enforce"
+
+[[rule]]
+id = "bench-upstream"
+hosts = ["$UP"]
+ports = [$UP_TLS, $UP_HTTP]
+action = "allow"
+rate = { requests = 1000000, per = "1s", scope = "fleet" }
+POLICY
+  cat >"$d/proxy.toml" <<CONFIG
+[listen]
+transparent = ["127.0.0.1:15001"]
+
+[paths]
+policies = "$d/policies"
+certs = "$d/state/certs"
+vault = "$d/state/vault"
+audit = "$d/state/audit.jsonl"
+
+[upstream]
+extra_ca = ["$S/ca/ca.pem"]
+allow_private = ["127.0.0.0/8"]
+
+[ratelimit]
+store = "redis://127.0.0.1:$REDIS_PORT/0"
+key_prefix = "bench:$REP:"
+$(export_sink_config)
+CONFIG
+  ROW_DESC="$("$AGENSHIELD_BIN" --version 2>/dev/null | head -n1), transparent, fleet rate limit in redis-server :$REDIS_PORT${SYSLOG_URL:+, syslog export to $SYSLOG_URL}"
+  ROW_PORT=15001
+  ROW_BASELINE=agenshield
+  start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
+}
+
+main

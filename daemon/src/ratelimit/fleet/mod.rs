@@ -1,0 +1,141 @@
+//! Fleet-wide rate limits: a rule whose rate says `scope = "fleet"` spends from one token
+//! bucket in the shared store (Redis), so every daemon under the same policy counts together.
+//!
+//! # Never a hang, never a silent pass
+//! A check is one atomic script (`bucket_script.rs`: EVALSHA, EVAL on NOSCRIPT) with a
+//! deadline (`ratelimit.timeout`, a few milliseconds), on its thread's own connection. With
+//! no connection (`store.rs` keeps one per thread up in the background) it fails at once. Without an answer, the rule's request is
+//! decided as `ratelimit.on_store_error` says: `local`, counted in this daemon's own bucket
+//! for the rule (as a `scope = "local"` rate would be); `deny`, refused with its own error
+//! code. Either way the outage is a metric and one log line (`outage.rs`), and the store is
+//! used again as soon as it answers. Local rules never touch any of this.
+//!
+//! # Keys
+//! A bucket is per rule and per agent uid or destination host (`ratelimit.fleet_key`), keyed
+//! by the rule's id as written, so every host running the same policy names the same key.
+
+mod bucket_script;
+mod client;
+mod metrics;
+mod outage;
+mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::Registry;
+use redis::Script;
+
+pub(crate) use client::StoreSetupError;
+pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
+
+use super::{AgentKey, RateLimit};
+use crate::config::{FleetKey, OnStoreError, RateLimitConfig};
+use outage::Outage;
+use store::Store;
+
+/// What a fleet check decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FleetVerdict {
+    /// A token was taken from the fleet's bucket.
+    Allowed,
+    /// The fleet's bucket is empty; a token will be there after this long.
+    Limited(Duration),
+    /// The store did not answer; `on_store_error = "local"`: count in the local bucket.
+    Local(StoreErrorReason),
+    /// The store did not answer; `on_store_error = "deny"`: refuse.
+    Refused(StoreErrorReason),
+}
+
+/// The fleet's buckets, shared by every daemon that names the same store.
+pub(crate) struct FleetLimiter {
+    store: Arc<Store>,
+    outage: Arc<Outage>,
+    script: Script,
+    timeout: Duration,
+    prefix: String,
+    by: FleetKey,
+    on_error: OnStoreError,
+}
+
+impl FleetLimiter {
+    /// The limiter for `cfg.store`, or `None` without one. `password`: the vault's
+    /// (`password_secret`), looked up by the caller. Its series go into `registry`, named
+    /// under `namespace`. Nothing connects until [`FleetLimiter::start`].
+    pub(crate) fn new(
+        cfg: &RateLimitConfig,
+        password: Option<String>,
+        registry: &Registry,
+        namespace: &str,
+    ) -> Result<Option<FleetLimiter>, StoreSetupError> {
+        let Some(client) = client::client(cfg, password)? else {
+            return Ok(None);
+        };
+        let shown = cfg
+            .store
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let metrics = FleetMetrics::register(registry, namespace);
+        let outage = Arc::new(Outage::new(shown, cfg.on_store_error, metrics));
+        Ok(Some(FleetLimiter {
+            store: Arc::new(Store::new(client, outage.clone())),
+            outage,
+            script: Script::new(bucket_script::TOKEN_BUCKET),
+            timeout: cfg.timeout,
+            prefix: cfg.key_prefix.clone(),
+            by: cfg.fleet_key,
+            on_error: cfg.on_store_error,
+        }))
+    }
+
+    /// Starts keeping a connection up on every connection thread and on the current runtime
+    /// (call it on the main one).
+    pub(crate) fn start(&self) {
+        self.store.start();
+    }
+
+    /// Takes one token from the fleet's bucket for `rule` (and the agent or `host`), or says
+    /// why not, within `ratelimit.timeout`.
+    pub(crate) async fn check(
+        &self,
+        rule: &str,
+        agent: AgentKey,
+        host: &str,
+        rate: RateLimit,
+    ) -> FleetVerdict {
+        let Some(mut conn) = self.store.connection() else {
+            return self.failed(StoreErrorReason::Unreachable, "not connected");
+        };
+        let key = bucket_script::key(&self.prefix, rule, self.by, agent, host);
+        let mut call = self.script.key(key);
+        call.arg(rate.requests)
+            .arg(bucket_script::unit_us(&rate))
+            .arg(rate.burst);
+        let answer =
+            tokio::time::timeout(self.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await;
+        match answer {
+            Ok(Ok(reply)) => {
+                self.outage.answered(|| self.store.all_connected());
+                match bucket_script::parse_reply(reply) {
+                    None => FleetVerdict::Allowed,
+                    Some(wait) => FleetVerdict::Limited(wait),
+                }
+            }
+            Ok(Err(e)) if e.is_io_error() || e.is_unrecoverable_error() => {
+                self.store.broke();
+                self.failed(StoreErrorReason::Io, &e.to_string())
+            }
+            Ok(Err(e)) => self.failed(StoreErrorReason::Reply, &e.to_string()),
+            Err(_) => self.failed(StoreErrorReason::Timeout, "no answer in time"),
+        }
+    }
+
+    fn failed(&self, reason: StoreErrorReason, detail: &str) -> FleetVerdict {
+        self.outage.check_failed(reason, detail);
+        match self.on_error {
+            OnStoreError::Local => FleetVerdict::Local(reason),
+            OnStoreError::Deny => FleetVerdict::Refused(reason),
+        }
+    }
+}
