@@ -303,7 +303,7 @@ mod tests {
         });
         let secrets: SecretCheck = Arc::new(|_: &str| true);
         let (store, err) =
-            PolicyStore::start_layered(tmp.path(), secrets, layering, Some(bundle.clone()))
+            PolicyStore::start_layered(tmp.path(), secrets, false, layering, Some(bundle.clone()))
                 .expect("a store");
         assert!(err.is_some(), "the composition error is reported");
         let p = store.current();
