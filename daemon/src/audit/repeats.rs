@@ -245,7 +245,8 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::QueryTypeRefused
         | ErrorCode::UnknownUser
         | ErrorCode::UserNotAdmitted
-        | ErrorCode::SecretNotForUser => true,
+        | ErrorCode::SecretNotForUser
+        | ErrorCode::CredentialExfiltration => true,
         // Our resolver was asked: the name left the machine.
         ErrorCode::UpstreamDns
         | ErrorCode::UpstreamConnect

@@ -58,12 +58,15 @@ pub(crate) enum ErrorCode {
     UserNotAdmitted,
     /// The rule binds secrets and the request's user is not an agent user the rule serves.
     SecretNotForUser,
+    /// A well-known credential (an API key, a token, a private key) headed somewhere other
+    /// than its home, or not in a credential header there (`dlp/`).
+    CredentialExfiltration,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 25] = [
+    pub(crate) const ALL: [ErrorCode; 26] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::Busy,
@@ -89,6 +92,7 @@ impl ErrorCode {
         ErrorCode::UnknownUser,
         ErrorCode::UserNotAdmitted,
         ErrorCode::SecretNotForUser,
+        ErrorCode::CredentialExfiltration,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -102,7 +106,8 @@ impl ErrorCode {
             | ErrorCode::QueryTypeRefused
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
-            | ErrorCode::SecretNotForUser => StatusCode::FORBIDDEN,
+            | ErrorCode::SecretNotForUser
+            | ErrorCode::CredentialExfiltration => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
@@ -136,7 +141,8 @@ impl ErrorCode {
             | ErrorCode::QueryTypeRefused
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
-            | ErrorCode::SecretNotForUser => Verdict::Deny,
+            | ErrorCode::SecretNotForUser
+            | ErrorCode::CredentialExfiltration => Verdict::Deny,
             ErrorCode::RateLimited | ErrorCode::Busy | ErrorCode::ConnectionBudget => {
                 Verdict::Limited
             }
@@ -179,6 +185,7 @@ impl ErrorCode {
             ErrorCode::UnknownUser => "unknown_user",
             ErrorCode::UserNotAdmitted => "user_not_admitted",
             ErrorCode::SecretNotForUser => "secret_not_for_user",
+            ErrorCode::CredentialExfiltration => "credential_exfiltration",
         }
     }
 
