@@ -26,7 +26,9 @@ impl AllowList {
         I: IntoIterator<Item = V>,
         V: AsRef<[u8]>,
     {
-        let defaults = AWS_EXAMPLE_KEYS.iter().map(|v| detector.fingerprint(v.as_bytes()));
+        let defaults = AWS_EXAMPLE_KEYS
+            .iter()
+            .map(|v| detector.fingerprint(v.as_bytes()));
         let extra = extra.into_iter().map(|v| detector.fingerprint(v.as_ref()));
         AllowList {
             set: defaults.chain(extra).collect(),

@@ -34,6 +34,9 @@ mod tests {
         let n = c.iter().fold(0u64, |acc, b| {
             acc * 62 + BASE62.iter().position(|x| x == b).unwrap_or(0) as u64
         });
-        assert_eq!(n, u64::from(crc32fast::hash(b"abcdefghijklmnopqrstuvwxyz0123")));
+        assert_eq!(
+            n,
+            u64::from(crc32fast::hash(b"abcdefghijklmnopqrstuvwxyz0123"))
+        );
     }
 }

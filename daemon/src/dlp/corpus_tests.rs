@@ -13,15 +13,63 @@ use super::testgen::{pick, rng, BASE62, URL64};
 
 const HEX: &[u8] = b"0123456789abcdef";
 const WORDS: &[&str] = &[
-    "the", "risk-free", "task-runner", "desk-lamp", "mask-image", "skip", "token", "secret",
-    "key", "private", "public", "BEGIN", "ask-user", "disk-usage", "kiosk-mode", "AKIAK",
-    "eyes", "service", "account", "private_key_id", "bearer", "slack", "hooks", "github",
-    "gitlab", "stripe", "live", "sk", "glpat", "xoxb", "AIza", "openai", "anthropic",
+    "the",
+    "risk-free",
+    "task-runner",
+    "desk-lamp",
+    "mask-image",
+    "skip",
+    "token",
+    "secret",
+    "key",
+    "private",
+    "public",
+    "BEGIN",
+    "ask-user",
+    "disk-usage",
+    "kiosk-mode",
+    "AKIAK",
+    "eyes",
+    "service",
+    "account",
+    "private_key_id",
+    "bearer",
+    "slack",
+    "hooks",
+    "github",
+    "gitlab",
+    "stripe",
+    "live",
+    "sk",
+    "glpat",
+    "xoxb",
+    "AIza",
+    "openai",
+    "anthropic",
 ];
 const PACKAGES: &[&str] = &[
-    "lodash", "react", "@types/node", "express", "typescript", "left-pad", "chalk", "zod",
-    "requests", "numpy", "django", "flask", "serde", "tokio", "rand", "clap", "hyper",
-    "sk-learn-utils", "eyJ-parser", "aws-sdk", "@aws-sdk/client-s3", "ghp-tools",
+    "lodash",
+    "react",
+    "@types/node",
+    "express",
+    "typescript",
+    "left-pad",
+    "chalk",
+    "zod",
+    "requests",
+    "numpy",
+    "django",
+    "flask",
+    "serde",
+    "tokio",
+    "rand",
+    "clap",
+    "hyper",
+    "sk-learn-utils",
+    "eyJ-parser",
+    "aws-sdk",
+    "@aws-sdk/client-s3",
+    "ghp-tools",
 ];
 
 fn hex(rng: &mut StdRng, n: usize) -> String {
@@ -37,7 +85,14 @@ fn random_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
 }
 
 fn uuid(rng: &mut StdRng) -> String {
-    format!("{}-{}-4{}-a{}-{}", hex(rng, 8), hex(rng, 4), hex(rng, 3), hex(rng, 3), hex(rng, 12))
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        hex(rng, 8),
+        hex(rng, 4),
+        hex(rng, 3),
+        hex(rng, 3),
+        hex(rng, 12)
+    )
 }
 
 fn sentence(rng: &mut StdRng, n: usize) -> String {
@@ -49,9 +104,17 @@ fn sentence(rng: &mut StdRng, n: usize) -> String {
 
 fn npm(rng: &mut StdRng, i: usize) -> Vec<String> {
     let name = PACKAGES[i % PACKAGES.len()];
-    let v = format!("{}.{}.{}", rng.random_range(0..20), rng.random_range(0..50), rng.random_range(0..99));
+    let v = format!(
+        "{}.{}.{}",
+        rng.random_range(0..20),
+        rng.random_range(0..50),
+        rng.random_range(0..99)
+    );
     let integrity = format!("sha512-{}", b64(&random_bytes(rng, 64)));
-    let tarball = format!("https://registry.npmjs.org/{name}/-/{}-{v}.tgz", name.rsplit('/').next().unwrap_or(name));
+    let tarball = format!(
+        "https://registry.npmjs.org/{name}/-/{}-{v}.tgz",
+        name.rsplit('/').next().unwrap_or(name)
+    );
     let packument = serde_json::json!({
         "name": name,
         "dist-tags": { "latest": v },
@@ -63,7 +126,11 @@ fn npm(rng: &mut StdRng, i: usize) -> Vec<String> {
             "_npmUser": { "name": "maintainer", "email": "m@example.org" }
         }}
     });
-    vec![tarball, packument.to_string(), format!("GET /{} HTTP/1.1", name.replace('/', "%2F"))]
+    vec![
+        tarball,
+        packument.to_string(),
+        format!("GET /{} HTTP/1.1", name.replace('/', "%2F")),
+    ]
 }
 
 fn pypi(rng: &mut StdRng, i: usize) -> Vec<String> {
@@ -244,10 +311,19 @@ fn ordinary_traffic_has_no_findings() {
     for (i, (kind, bytes)) in corpus.iter().enumerate() {
         d.scan(bytes, &mut out);
         if !out.is_empty() || out.decode_capped {
-            bad.push(format!("#{i} {kind}: {:?} capped={}", out, out.decode_capped));
+            bad.push(format!(
+                "#{i} {kind}: {:?} capped={}",
+                out, out.decode_capped
+            ));
         }
     }
-    assert!(bad.is_empty(), "{} of {} inputs had findings:\n{}", bad.len(), corpus.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} inputs had findings:\n{}",
+        bad.len(),
+        corpus.len(),
+        bad.join("\n")
+    );
 }
 
 /// For the throughput test: the corpus, concatenated.

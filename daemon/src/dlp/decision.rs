@@ -37,7 +37,10 @@ pub(crate) enum Place {
 impl Place {
     /// The place of a header, by name.
     pub(crate) fn header(name: &str) -> Place {
-        if CREDENTIAL_HEADERS.iter().any(|h| h.eq_ignore_ascii_case(name)) {
+        if CREDENTIAL_HEADERS
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+        {
             Place::CredentialHeader
         } else {
             Place::OtherHeader

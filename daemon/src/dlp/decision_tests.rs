@@ -47,14 +47,34 @@ fn each_format_passes_home_in_a_credential_header_and_nowhere_else() {
     for format in Format::ALL {
         let f = find(&d, &testgen::value(format, 11), format);
         let refused = Decision::Exfiltration { format };
-        for elsewhere in ["evil.example", "api.github.com.evil.example", "paste.example.org"] {
-            assert_eq!(decide(&f, elsewhere, Place::CredentialHeader, &allow), refused);
+        for elsewhere in [
+            "evil.example",
+            "api.github.com.evil.example",
+            "paste.example.org",
+        ] {
+            assert_eq!(
+                decide(&f, elsewhere, Place::CredentialHeader, &allow),
+                refused
+            );
         }
         match home_of(format) {
             Some(home) => {
-                assert_eq!(decide(&f, home, Place::CredentialHeader, &allow), Decision::Home, "{format:?}");
-                for place in [Place::Body, Place::OtherHeader, Place::WebSocket, Place::DnsName] {
-                    assert_eq!(decide(&f, home, place, &allow), refused, "{format:?} {place:?}");
+                assert_eq!(
+                    decide(&f, home, Place::CredentialHeader, &allow),
+                    Decision::Home,
+                    "{format:?}"
+                );
+                for place in [
+                    Place::Body,
+                    Place::OtherHeader,
+                    Place::WebSocket,
+                    Place::DnsName,
+                ] {
+                    assert_eq!(
+                        decide(&f, home, place, &allow),
+                        refused,
+                        "{format:?} {place:?}"
+                    );
                 }
             }
             None => {
@@ -86,7 +106,11 @@ fn home_hosts_follow_the_table() {
         (Format::GoogleApiKey, "maps.googleapis.com", true),
         (Format::GoogleApiKey, "googleapis.com", false),
         (Format::AwsAccessKeyId, "s3.eu-west-1.amazonaws.com", true),
-        (Format::AwsAccessKeyId, "s3.cn-north-1.amazonaws.com.cn", true),
+        (
+            Format::AwsAccessKeyId,
+            "s3.cn-north-1.amazonaws.com.cn",
+            true,
+        ),
         (Format::AwsAccessKeyId, "amazonaws.com.evil.example", false),
         (Format::Jwt, "api.github.com", false),
         (Format::OpenSshPrivateKey, "github.com", false),
@@ -100,14 +124,41 @@ fn home_hosts_follow_the_table() {
 fn query_and_path_carry_only_the_formats_that_use_them() {
     let d = Detector::new();
     let allow = AllowList::new(&d, Vec::<String>::new());
-    let google = find(&d, &testgen::value(Format::GoogleApiKey, 1), Format::GoogleApiKey);
-    assert_eq!(decide(&google, "maps.googleapis.com", Place::Query, &allow), Decision::Home);
-    let aws = find(&d, &testgen::value(Format::AwsAccessKeyId, 1), Format::AwsAccessKeyId);
-    assert_eq!(decide(&aws, "bucket.s3.amazonaws.com", Place::Query, &allow), Decision::Home);
-    let hook = find(&d, &testgen::value(Format::SlackWebhook, 1), Format::SlackWebhook);
-    assert_eq!(decide(&hook, "hooks.slack.com", Place::Path, &allow), Decision::Home);
-    let gh = find(&d, &testgen::value(Format::GitHubToken, 1), Format::GitHubToken);
-    let refused = Decision::Exfiltration { format: Format::GitHubToken };
+    let google = find(
+        &d,
+        &testgen::value(Format::GoogleApiKey, 1),
+        Format::GoogleApiKey,
+    );
+    assert_eq!(
+        decide(&google, "maps.googleapis.com", Place::Query, &allow),
+        Decision::Home
+    );
+    let aws = find(
+        &d,
+        &testgen::value(Format::AwsAccessKeyId, 1),
+        Format::AwsAccessKeyId,
+    );
+    assert_eq!(
+        decide(&aws, "bucket.s3.amazonaws.com", Place::Query, &allow),
+        Decision::Home
+    );
+    let hook = find(
+        &d,
+        &testgen::value(Format::SlackWebhook, 1),
+        Format::SlackWebhook,
+    );
+    assert_eq!(
+        decide(&hook, "hooks.slack.com", Place::Path, &allow),
+        Decision::Home
+    );
+    let gh = find(
+        &d,
+        &testgen::value(Format::GitHubToken, 1),
+        Format::GitHubToken,
+    );
+    let refused = Decision::Exfiltration {
+        format: Format::GitHubToken,
+    };
     assert_eq!(decide(&gh, "api.github.com", Place::Query, &allow), refused);
     assert_eq!(decide(&gh, "api.github.com", Place::Path, &allow), refused);
 }
@@ -121,7 +172,10 @@ fn aws_documentation_keys_are_allowed_everywhere_out_of_the_box() {
     d.scan(text.as_bytes(), &mut out);
     assert_eq!(out.len(), 2);
     for f in out.iter() {
-        assert_eq!(decide(f, "evil.example", Place::Body, &allow), Decision::Allowed);
+        assert_eq!(
+            decide(f, "evil.example", Place::Body, &allow),
+            Decision::Allowed
+        );
     }
 }
 
@@ -132,15 +186,23 @@ fn dlp_allow_values_pass_and_others_of_the_same_format_do_not() {
     let other = testgen::value(Format::StripeKey, 6);
     let allow = AllowList::new(&d, [listed.as_str()]);
     let f = find(&d, &listed, Format::StripeKey);
-    assert_eq!(decide(&f, "evil.example", Place::Body, &allow), Decision::Allowed);
+    assert_eq!(
+        decide(&f, "evil.example", Place::Body, &allow),
+        Decision::Allowed
+    );
     // Found under an encoding, the decoded value is what is compared.
     let hex: String = listed.bytes().map(|b| format!("{b:02x}")).collect();
     let f = find(&d, &hex, Format::StripeKey);
-    assert_eq!(decide(&f, "evil.example", Place::Body, &allow), Decision::Allowed);
+    assert_eq!(
+        decide(&f, "evil.example", Place::Body, &allow),
+        Decision::Allowed
+    );
     let f = find(&d, &other, Format::StripeKey);
     assert_eq!(
         decide(&f, "evil.example", Place::Body, &allow),
-        Decision::Exfiltration { format: Format::StripeKey }
+        Decision::Exfiltration {
+            format: Format::StripeKey
+        }
     );
     // The list shows no value.
     assert!(!format!("{allow:?}").contains(&listed[..12]));
@@ -148,7 +210,12 @@ fn dlp_allow_values_pass_and_others_of_the_same_format_do_not() {
 
 #[test]
 fn credential_headers_are_a_fixed_list() {
-    for h in ["Authorization", "x-api-key", "X-Goog-Api-Key", "PRIVATE-TOKEN"] {
+    for h in [
+        "Authorization",
+        "x-api-key",
+        "X-Goog-Api-Key",
+        "PRIVATE-TOKEN",
+    ] {
         assert_eq!(Place::header(h), Place::CredentialHeader, "{h}");
     }
     for h in ["Proxy-Authorization", "Cookie", "X-Note", "User-Agent"] {
@@ -158,7 +225,10 @@ fn credential_headers_are_a_fixed_list() {
 
 #[test]
 fn exfiltration_is_a_403_deny_named_credential_exfiltration() {
-    let e = Decision::Exfiltration { format: Format::Jwt }.error_code();
+    let e = Decision::Exfiltration {
+        format: Format::Jwt,
+    }
+    .error_code();
     assert_eq!(e, Some(ErrorCode::CredentialExfiltration));
     let e = ErrorCode::CredentialExfiltration;
     assert_eq!(e.as_str(), "credential_exfiltration");

@@ -33,6 +33,9 @@ const OVERLAP: usize = 24 * 1024;
 const WORK_FACTOR: usize = 6;
 const WORK_SLACK: usize = 64 * 1024;
 
+/// Called with each decoded run: its encoding, its range in the input, the decoded bytes.
+pub(super) type OnRun<'a> = &'a mut dyn FnMut(Encoding, Range<usize>, &[u8]);
+
 /// The decoding work one scan may do.
 #[derive(Debug)]
 pub(super) struct DecodeBudget {
@@ -69,7 +72,7 @@ pub(super) fn each_run(
     bytes: &[u8],
     budget: &mut DecodeBudget,
     scratch: &mut Vec<u8>,
-    f: &mut dyn FnMut(Encoding, Range<usize>, &[u8]),
+    f: OnRun<'_>,
 ) {
     if memchr::memchr(b'%', bytes).is_some() {
         percent_runs(bytes, budget, scratch, f);
@@ -86,8 +89,21 @@ fn is_text_delimiter(b: u8) -> bool {
     b.is_ascii_whitespace()
         || matches!(
             b,
-            b'"' | b'\'' | b'&' | b'<' | b'>' | b'(' | b')' | b',' | b';' | b'{' | b'}' | b'['
-                | b']' | b'|' | b'`' | b'\\'
+            b'"' | b'\''
+                | b'&'
+                | b'<'
+                | b'>'
+                | b'('
+                | b')'
+                | b','
+                | b';'
+                | b'{'
+                | b'}'
+                | b'['
+                | b']'
+                | b'|'
+                | b'`'
+                | b'\\'
         )
 }
 
@@ -108,12 +124,7 @@ fn split_runs(bytes: &[u8], delimiter: fn(u8) -> bool) -> impl Iterator<Item = R
     })
 }
 
-fn percent_runs(
-    bytes: &[u8],
-    budget: &mut DecodeBudget,
-    scratch: &mut Vec<u8>,
-    f: &mut dyn FnMut(Encoding, Range<usize>, &[u8]),
-) {
+fn percent_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
     for run in split_runs(bytes, is_text_delimiter) {
         let s = &bytes[run.clone()];
         let escaped = s
@@ -132,18 +143,13 @@ fn percent_runs(
 }
 
 /// JSON strings (between unescaped quotes) that hold `\uXXXX` or `\/` escapes.
-fn json_runs(
-    bytes: &[u8],
-    budget: &mut DecodeBudget,
-    scratch: &mut Vec<u8>,
-    f: &mut dyn FnMut(Encoding, Range<usize>, &[u8]),
-) {
+fn json_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
     let mut start = 0;
     let mut i = 0;
     while i <= bytes.len() {
         let end_here = i == bytes.len() || bytes[i] == b'"';
         if !end_here {
-            i += if bytes[i] == b'\\' { 2 } else { 1 };
+            i = (i + if bytes[i] == b'\\' { 2 } else { 1 }).min(bytes.len());
             continue;
         }
         let run = start..i.min(bytes.len());
@@ -221,12 +227,7 @@ fn is_base64_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_')
 }
 
-fn base64_hex_runs(
-    bytes: &[u8],
-    budget: &mut DecodeBudget,
-    scratch: &mut Vec<u8>,
-    f: &mut dyn FnMut(Encoding, Range<usize>, &[u8]),
-) {
+fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
     for run in split_runs(bytes, |b| !is_base64_byte(b)) {
         if run.len() < MIN_BASE64_RUN {
             continue;
@@ -254,7 +255,7 @@ fn decode_run(
     run: Range<usize>,
     budget: &mut DecodeBudget,
     scratch: &mut Vec<u8>,
-    f: &mut dyn FnMut(Encoding, Range<usize>, &[u8]),
+    f: OnRun<'_>,
 ) -> bool {
     let s = &bytes[run.clone()];
     let hex = s.iter().all(u8::is_ascii_hexdigit);
@@ -270,7 +271,11 @@ fn decode_run(
     loop {
         let end = (at + CHUNK).min(s.len());
         let chunk = &s[at..end];
-        let cost = if hex { chunk.len() / 2 } else { chunk.len() / 4 * 3 + 2 };
+        let cost = if hex {
+            chunk.len() / 2
+        } else {
+            chunk.len() / 4 * 3 + 2
+        };
         if !budget.take(cost) {
             return false;
         }
@@ -281,7 +286,11 @@ fn decode_run(
             base64_decode(chunk, url, scratch)
         };
         if ok && !scratch.is_empty() {
-            f(if hex { Encoding::Hex } else { Encoding::Base64 }, run.clone(), scratch);
+            f(
+                if hex { Encoding::Hex } else { Encoding::Base64 },
+                run.clone(),
+                scratch,
+            );
         }
         if end == s.len() {
             return true;
@@ -308,7 +317,11 @@ fn base64_decode(s: &[u8], url: bool, out: &mut Vec<u8>) -> bool {
         .with_decode_allow_trailing_bits(true);
     const STD: GeneralPurpose = GeneralPurpose::new(&alphabet::STANDARD, CONFIG);
     const URL: GeneralPurpose = GeneralPurpose::new(&alphabet::URL_SAFE, CONFIG);
-    let s = if s.len() % 4 == 1 { &s[..s.len() - 1] } else { s };
+    let s = if s.len() % 4 == 1 {
+        &s[..s.len() - 1]
+    } else {
+        s
+    };
     let engine = if url { &URL } else { &STD };
     engine.decode_vec(s, out).is_ok()
 }

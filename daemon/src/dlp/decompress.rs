@@ -63,19 +63,16 @@ pub(crate) fn decompress_capped(
             return Ok(Bytes::copy_from_slice(bytes));
         }
         ContentEncoding::Gzip => read_capped(flate2::read::MultiGzDecoder::new(bytes), cap),
-        ContentEncoding::Deflate => {
-            match read_capped(flate2::read::ZlibDecoder::new(bytes), cap) {
-                Err(ReadError::Io(_)) => read_capped(flate2::read::DeflateDecoder::new(bytes), cap),
-                other => other,
-            }
-        }
+        ContentEncoding::Deflate => match read_capped(flate2::read::ZlibDecoder::new(bytes), cap) {
+            Err(ReadError::Io(_)) => read_capped(flate2::read::DeflateDecoder::new(bytes), cap),
+            other => other,
+        },
         ContentEncoding::Brotli => read_capped(brotli::Decompressor::new(bytes, 4096), cap),
         ContentEncoding::Zstd => {
-            let decoder = ruzstd::decoding::StreamingDecoder::new(bytes).map_err(|_| {
-                DlpError::Corrupt {
+            let decoder =
+                ruzstd::decoding::StreamingDecoder::new(bytes).map_err(|_| DlpError::Corrupt {
                     encoding: encoding.as_str(),
-                }
-            })?;
+                })?;
             read_capped(decoder, cap)
         }
     };

@@ -75,15 +75,32 @@ fn a_body_over_the_cap_is_refused_without_inflating_it_all() {
 #[test]
 fn garbage_and_unknown_codings_are_refused() {
     let junk = b"this is not compressed at all, not even a little".to_vec();
-    for enc in [ContentEncoding::Gzip, ContentEncoding::Deflate, ContentEncoding::Brotli, ContentEncoding::Zstd] {
+    for enc in [
+        ContentEncoding::Gzip,
+        ContentEncoding::Deflate,
+        ContentEncoding::Brotli,
+        ContentEncoding::Zstd,
+    ] {
         assert!(
-            matches!(decompress_capped(enc, &junk, 1 << 20), Err(DlpError::Corrupt { .. })),
+            matches!(
+                decompress_capped(enc, &junk, 1 << 20),
+                Err(DlpError::Corrupt { .. })
+            ),
             "{enc:?}"
         );
     }
-    assert_eq!(ContentEncoding::from_token(" GZIP "), Ok(ContentEncoding::Gzip));
-    assert_eq!(ContentEncoding::from_token("x-gzip"), Ok(ContentEncoding::Gzip));
-    assert_eq!(ContentEncoding::from_token("br"), Ok(ContentEncoding::Brotli));
+    assert_eq!(
+        ContentEncoding::from_token(" GZIP "),
+        Ok(ContentEncoding::Gzip)
+    );
+    assert_eq!(
+        ContentEncoding::from_token("x-gzip"),
+        Ok(ContentEncoding::Gzip)
+    );
+    assert_eq!(
+        ContentEncoding::from_token("br"),
+        Ok(ContentEncoding::Brotli)
+    );
     assert!(matches!(
         ContentEncoding::from_token("compress"),
         Err(DlpError::UnknownEncoding(_))
@@ -100,5 +117,8 @@ fn a_credential_in_a_gzip_body_is_found_once_decompressed() {
     let mut out = Findings::default();
     let plain = decompress_capped(ContentEncoding::Gzip, &body, 1 << 20).expect("gzip");
     d.scan(&plain, &mut out);
-    assert_eq!(out.iter().map(|f| f.format).collect::<Vec<_>>(), vec![Format::AnthropicKey]);
+    assert_eq!(
+        out.iter().map(|f| f.format).collect::<Vec<_>>(),
+        vec![Format::AnthropicKey]
+    );
 }

@@ -156,9 +156,14 @@ impl Detector {
         self.scan_layer(bytes, Encoding::Raw, None, out);
         let mut budget = DecodeBudget::for_input(bytes.len());
         let mut scratch = std::mem::take(&mut out.scratch);
-        decode::each_run(bytes, &mut budget, &mut scratch, &mut |encoding, run, decoded| {
-            self.scan_layer(decoded, encoding, Some(run), out);
-        });
+        decode::each_run(
+            bytes,
+            &mut budget,
+            &mut scratch,
+            &mut |encoding, run, decoded| {
+                self.scan_layer(decoded, encoding, Some(run), out);
+            },
+        );
         out.decode_capped = budget.exhausted();
         out.scratch = scratch;
     }

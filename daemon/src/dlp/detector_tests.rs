@@ -45,7 +45,9 @@ fn every_format_is_found_raw_and_under_every_encoding() {
                         _ => continue,
                     };
                     assert!(
-                        found.iter().any(|f| f.format == format && f.encoding == enc),
+                        found
+                            .iter()
+                            .any(|f| f.format == format && f.encoding == enc),
                         "{format:?} not found as {enc:?} under {w:?}"
                     );
                 }
@@ -58,7 +60,12 @@ fn every_format_is_found_raw_and_under_every_encoding() {
 #[test]
 fn raw_findings_point_at_the_value() {
     let d = Detector::new();
-    for format in [Format::GitHubToken, Format::GoogleApiKey, Format::Jwt, Format::StripeKey] {
+    for format in [
+        Format::GitHubToken,
+        Format::GoogleApiKey,
+        Format::Jwt,
+        Format::StripeKey,
+    ] {
         let value = testgen::value(format, 7);
         let text = format!("Authorization: Bearer {value}\r\n");
         let found = scan(&d, &text);
@@ -97,8 +104,14 @@ fn a_token_inside_a_longer_word_is_not_a_finding() {
     assert!(scan(&d, &format!("{google}x")).is_empty());
     assert!(scan(&d, &format!("q{google}")).is_empty());
     // After an escape the token is on its own.
-    assert_eq!(formats(&scan(&d, &format!("a%3D{key}"))), vec![Format::AwsAccessKeyId]);
-    assert_eq!(formats(&scan(&d, &format!("\"\\n{key}\""))), vec![Format::AwsAccessKeyId]);
+    assert_eq!(
+        formats(&scan(&d, &format!("a%3D{key}"))),
+        vec![Format::AwsAccessKeyId]
+    );
+    assert_eq!(
+        formats(&scan(&d, &format!("\"\\n{key}\""))),
+        vec![Format::AwsAccessKeyId]
+    );
 }
 
 #[test]
@@ -200,7 +213,9 @@ fn decoding_work_is_capped_and_reported() {
     let mut scratch = Vec::new();
     let big = "QUFB".repeat(64 * 1024);
     let mut calls = 0;
-    super::decode::each_run(big.as_bytes(), &mut budget, &mut scratch, &mut |_, _, _| calls += 1);
+    super::decode::each_run(big.as_bytes(), &mut budget, &mut scratch, &mut |_, _, _| {
+        calls += 1
+    });
     assert!(budget.exhausted());
     assert!(calls <= 2, "{calls}");
 }

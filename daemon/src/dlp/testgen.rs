@@ -9,8 +9,7 @@ use super::checksum::github_checksum;
 use super::format::Format;
 
 pub(super) const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-pub(super) const URL64: &[u8] =
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+pub(super) const URL64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 const STD64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 const BASE32: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
@@ -177,15 +176,21 @@ pub(super) fn wrap(value: &str, wrap: Wrap) -> String {
             format!("/v1/items?token={enc}&page=2")
         }
         Wrap::PercentForm => {
-            let enc = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC);
+            let enc =
+                percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC);
             format!("name=build&secret={enc}&submit=1")
         }
         Wrap::JsonUnicode => {
-            let enc: String = value.chars().map(|c| format!("\\u{:04x}", u32::from(c))).collect();
+            let enc: String = value
+                .chars()
+                .map(|c| format!("\\u{:04x}", u32::from(c)))
+                .collect();
             format!("{{\"config\": \"{enc}\", \"n\": 1}}")
         }
         Wrap::JsonSlashes => {
-            let s = serde_json::to_string(value).unwrap_or_default().replace('/', "\\/");
+            let s = serde_json::to_string(value)
+                .unwrap_or_default()
+                .replace('/', "\\/");
             format!("{{\"config\": {s}}}")
         }
         Wrap::Base64 => format!(

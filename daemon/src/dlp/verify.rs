@@ -33,7 +33,13 @@ pub(super) struct Hit {
 
 /// Verifies the candidate `marker` matched at `at..at + len` and emits what it finds (an
 /// AWS key id may bring its secret key along).
-pub(super) fn verify(marker: Marker, hay: &[u8], at: usize, len: usize, emit: &mut impl FnMut(Hit)) {
+pub(super) fn verify(
+    marker: Marker,
+    hay: &[u8],
+    at: usize,
+    len: usize,
+    emit: &mut impl FnMut(Hit),
+) {
     let hit = |format, range| Hit { format, range };
     match marker {
         Marker::AwsKeyId => {
@@ -165,7 +171,12 @@ fn mixed(s: &[u8]) -> bool {
 
 fn aws_key_id(hay: &[u8], at: usize) -> Option<usize> {
     let ok = |b: u8| b.is_ascii_uppercase() || b.is_ascii_digit();
-    let n = hay.get(at + 4..)?.iter().take(17).take_while(|b| ok(**b)).count();
+    let n = hay
+        .get(at + 4..)?
+        .iter()
+        .take(17)
+        .take_while(|b| ok(**b))
+        .count();
     (left_boundary(hay, at) && n == 16 && !hay.get(at + 20).is_some_and(|b| is_alnum(*b)))
         .then_some(at + 20)
 }
@@ -183,7 +194,8 @@ fn aws_secret_at(hay: &[u8], at: usize) -> Option<Range<usize>> {
         && before_ok
         && s.iter().any(u8::is_ascii_uppercase)
         && s.iter().any(u8::is_ascii_lowercase)
-        && s.iter().any(|b| b.is_ascii_digit() || *b == b'/' || *b == b'+'))
+        && s.iter()
+            .any(|b| b.is_ascii_digit() || *b == b'/' || *b == b'+'))
     .then_some(at..end)
 }
 
@@ -207,13 +219,18 @@ fn aws_secret_in(hay: &[u8], window: Range<usize>) -> Option<Range<usize>> {
 fn aws_secret_after_name(hay: &[u8], from: usize) -> Option<Range<usize>> {
     let sep = |b: u8| matches!(b, b'"' | b'\'' | b':' | b'=' | b'>' | b' ' | b'\t' | b'\\');
     let skip = run(hay, from, 16, sep);
-    (skip <= 16).then(|| aws_secret_at(hay, from + skip)).flatten()
+    (skip <= 16)
+        .then(|| aws_secret_at(hay, from + skip))
+        .flatten()
 }
 
 /// `gh?_` + 30 random base62 + 6 base62 of their CRC32.
 fn github_classic(hay: &[u8], at: usize) -> Option<usize> {
     let body = at + 4;
-    if !left_boundary(hay, at) || run(hay, body, 36, is_alnum) != 36 || hay.get(body + 36) == Some(&b'_') {
+    if !left_boundary(hay, at)
+        || run(hay, body, 36, is_alnum) != 36
+        || hay.get(body + 36) == Some(&b'_')
+    {
         return None;
     }
     github_checksum_ok(&hay[body..body + 30], &hay[body + 30..body + 36]).then_some(body + 36)
@@ -235,7 +252,12 @@ fn github_fine_grained(hay: &[u8], at: usize, len: usize) -> Option<usize> {
 fn gitlab(hay: &[u8], at: usize, len: usize) -> Option<usize> {
     let ok = |b: u8| is_url64(b) || b == b'.';
     let from = at + len;
-    let mut n = hay.get(from..)?.iter().take(TOKEN_MAX + 1).take_while(|b| ok(**b)).count();
+    let mut n = hay
+        .get(from..)?
+        .iter()
+        .take(TOKEN_MAX + 1)
+        .take_while(|b| ok(**b))
+        .count();
     while n > 0 && hay[from + n - 1] == b'.' {
         n -= 1;
     }
@@ -247,7 +269,12 @@ fn gitlab(hay: &[u8], at: usize, len: usize) -> Option<usize> {
 fn slack(hay: &[u8], at: usize, len: usize) -> Option<usize> {
     let from = at + len;
     let ok = |b: u8| is_alnum(b) || b == b'-';
-    let n = hay.get(from..)?.iter().take(TOKEN_MAX + 1).take_while(|b| ok(**b)).count();
+    let n = hay
+        .get(from..)?
+        .iter()
+        .take(TOKEN_MAX + 1)
+        .take_while(|b| ok(**b))
+        .count();
     let s = &hay[from..from + n];
     let first = s.split(|b| *b == b'-').next().unwrap_or(&[]);
     let parts = s.split(|b| *b == b'-').filter(|p| !p.is_empty()).count();
@@ -293,7 +320,10 @@ fn sk_dash(hay: &[u8], at: usize) -> Option<(Format, usize)> {
     let s = &hay[from..from + n];
     if let Some(rest) = s.strip_prefix(b"ant-") {
         let word = rest.iter().take_while(|b| b.is_ascii_lowercase()).count();
-        let digits = rest[word..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let digits = rest[word..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
         let key = rest.get(word + digits + 1..).unwrap_or(&[]);
         let ok = word >= 3
             && digits == 2
@@ -321,7 +351,10 @@ fn service_account(hay: &[u8], at: usize, len: usize) -> bool {
         return false;
     }
     let before = &hay[at.saturating_sub(48)..at];
-    if !before.windows(6).any(|w| w == b"\"type\"" || w == b"\"type\\") {
+    if !before
+        .windows(6)
+        .any(|w| w == b"\"type\"" || w == b"\"type\\")
+    {
         return false;
     }
     let lo = at.saturating_sub(SERVICE_ACCOUNT_WINDOW);
@@ -338,7 +371,9 @@ fn pem(hay: &[u8], at: usize, len: usize) -> Option<(Format, usize)> {
         return None;
     }
     let label_start = i + 1;
-    let label_len = run(hay, label_start, 40, |b| b.is_ascii_uppercase() || b == b' ' || b == b'+');
+    let label_len = run(hay, label_start, 40, |b| {
+        b.is_ascii_uppercase() || b == b' ' || b == b'+'
+    });
     let label: Vec<u8> = hay[label_start..label_start + label_len.min(40)]
         .iter()
         .map(|b| if *b == b'+' { b' ' } else { *b })
@@ -384,7 +419,7 @@ fn jwt(hay: &[u8], at: usize) -> Option<usize> {
     }
     let h = run(hay, at, JWT_HEADER_MAX, is_url64);
     let p_at = at + h + 1;
-    if h < 10 || h > JWT_HEADER_MAX || hay.get(at + h) != Some(&b'.') {
+    if !(10..=JWT_HEADER_MAX).contains(&h) || hay.get(at + h) != Some(&b'.') {
         return None;
     }
     let p = run(hay, p_at, 64 * 1024, is_url64);
