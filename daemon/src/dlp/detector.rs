@@ -72,7 +72,7 @@ impl fmt::Debug for Finding {
 }
 
 /// What one scan found (reused across scans: `scan` clears it).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Findings {
     list: Vec<Finding>,
     /// More than [`MAX_FINDINGS`]: the rest were not listed.
@@ -81,6 +81,17 @@ pub(crate) struct Findings {
     /// decoded was scanned raw only. A caller that must be sure refuses.
     pub decode_capped: bool,
     scratch: Vec<u8>,
+}
+
+/// The findings only: the decoding scratch (which held decoded input) is never shown.
+impl fmt::Debug for Findings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Findings")
+            .field("list", &self.list)
+            .field("truncated", &self.truncated)
+            .field("decode_capped", &self.decode_capped)
+            .finish()
+    }
 }
 
 impl Findings {
@@ -165,6 +176,8 @@ impl Detector {
             },
         );
         out.decode_capped = budget.exhausted();
+        // Decoded input stays no longer than the scan; the capacity is kept for the next.
+        scratch.clear();
         out.scratch = scratch;
     }
 

@@ -176,6 +176,12 @@ fn a_finding_prints_format_and_length_only() {
     assert!(shown.contains(&format!("len: {}", value.len())), "{shown}");
     assert!(!shown.contains(&value[..20]), "{shown}");
     assert!(!shown.contains("T3BlbkFJ"), "{shown}");
+    // Not even the decoding scratch, which held the value decoded.
+    let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
+    let found = scan(&d, &hex);
+    assert_eq!(found.len(), 1);
+    let shown = format!("{found:?}");
+    assert!(!shown.contains("scratch"), "{shown}");
 }
 
 #[test]
