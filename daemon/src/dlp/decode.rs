@@ -74,63 +74,96 @@ pub(super) fn each_run(
     scratch: &mut Vec<u8>,
     f: OnRun<'_>,
 ) {
-    if memchr::memchr(b'%', bytes).is_some() {
-        percent_runs(bytes, budget, scratch, f);
-    }
-    if memchr::memchr(b'\\', bytes).is_some() {
-        json_runs(bytes, budget, scratch, f);
-    }
+    percent_runs(bytes, budget, scratch, f);
+    json_runs(bytes, budget, scratch, f);
     base64_hex_runs(bytes, budget, scratch, f);
 }
 
-/// Bytes that end a URL-ish run: whitespace, quotes, brackets, and the separators of forms,
-/// headers and markup.
-fn is_text_delimiter(b: u8) -> bool {
-    b.is_ascii_whitespace()
-        || matches!(
-            b,
-            b'"' | b'\''
-                | b'&'
-                | b'<'
-                | b'>'
-                | b'('
-                | b')'
-                | b','
-                | b';'
-                | b'{'
-                | b'}'
-                | b'['
-                | b']'
-                | b'|'
-                | b'`'
-                | b'\\'
-        )
-}
+/// Byte classes, one table lookup per byte in the hot loops.
+const B64: u8 = 1;
+const HEX: u8 = 2;
+/// `-` and `_`: base64url only.
+const URL_ONLY: u8 = 4;
+/// `+` and `/`: standard base64 only.
+const STD_ONLY: u8 = 8;
+/// Ends a URL-ish run: whitespace, quotes, brackets, the separators of forms, headers and
+/// markup.
+const DELIM: u8 = 16;
 
-fn split_runs(bytes: &[u8], delimiter: fn(u8) -> bool) -> impl Iterator<Item = Range<usize>> + '_ {
+static CLASS: [u8; 256] = classes();
+
+const fn classes() -> [u8; 256] {
+    let mut t = [0u8; 256];
     let mut i = 0;
-    std::iter::from_fn(move || {
-        while i < bytes.len() && delimiter(bytes[i]) {
-            i += 1;
+    while i < 256 {
+        let b = i as u8;
+        let mut c = 0;
+        if b.is_ascii_alphanumeric() {
+            c |= B64;
         }
-        if i >= bytes.len() {
-            return None;
+        if b.is_ascii_hexdigit() {
+            c |= HEX;
         }
-        let start = i;
-        while i < bytes.len() && !delimiter(bytes[i]) {
-            i += 1;
+        if b == b'-' || b == b'_' {
+            c |= B64 | URL_ONLY;
         }
-        Some(start..i)
-    })
+        if b == b'+' || b == b'/' {
+            c |= B64 | STD_ONLY;
+        }
+        if b.is_ascii_whitespace()
+            || matches!(
+                b,
+                b'"' | b'\''
+                    | b'&'
+                    | b'<'
+                    | b'>'
+                    | b'('
+                    | b')'
+                    | b','
+                    | b';'
+                    | b'{'
+                    | b'}'
+                    | b'['
+                    | b']'
+                    | b'|'
+                    | b'`'
+                    | b'\\'
+            )
+        {
+            c |= DELIM;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
 }
 
+fn class(b: u8) -> u8 {
+    CLASS[usize::from(b)]
+}
+
+/// The runs around `%XX` escapes: found from the escapes (`memchr`), each run (between
+/// delimiters) visited once, so text without escapes costs one `memchr`.
 fn percent_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
-    for run in split_runs(bytes, is_text_delimiter) {
-        let s = &bytes[run.clone()];
-        let escaped = s
-            .windows(3)
-            .any(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit());
-        if s.len() < MIN_TEXT_RUN || !escaped {
+    let mut done = 0;
+    for p in memchr::memchr_iter(b'%', bytes) {
+        let escape = p >= done
+            && bytes.get(p + 1).is_some_and(u8::is_ascii_hexdigit)
+            && bytes.get(p + 2).is_some_and(u8::is_ascii_hexdigit);
+        if !escape {
+            continue;
+        }
+        let start = bytes[done..p]
+            .iter()
+            .rposition(|b| class(*b) & DELIM != 0)
+            .map_or(done, |i| done + i + 1);
+        let end = bytes[p..]
+            .iter()
+            .position(|b| class(*b) & DELIM != 0)
+            .map_or(bytes.len(), |i| p + i);
+        done = end;
+        let s = &bytes[start..end];
+        if s.len() < MIN_TEXT_RUN {
             continue;
         }
         if !budget.take(s.len()) {
@@ -138,32 +171,36 @@ fn percent_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, 
         }
         scratch.clear();
         scratch.extend(percent_encoding::percent_decode(s));
-        f(Encoding::Percent, run, scratch);
+        f(Encoding::Percent, start..end, scratch);
     }
 }
 
-/// JSON strings (between unescaped quotes) that hold `\uXXXX` or `\/` escapes.
+/// The JSON strings (between unescaped quotes) around `\uXXXX` and `\/` escapes, found
+/// from the backslashes.
 fn json_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
-    let mut start = 0;
-    let mut i = 0;
-    while i <= bytes.len() {
-        let end_here = i == bytes.len() || bytes[i] == b'"';
-        if !end_here {
-            i = (i + if bytes[i] == b'\\' { 2 } else { 1 }).min(bytes.len());
+    let mut done = 0;
+    for p in memchr::memchr_iter(b'\\', bytes) {
+        if p < done || !matches!(bytes.get(p + 1), Some(b'u' | b'/')) {
             continue;
         }
-        let run = start..i.min(bytes.len());
-        let s = &bytes[run.clone()];
-        let escaped = s.windows(2).any(|w| w == b"\\u" || w == b"\\/");
-        if s.len() >= MIN_TEXT_RUN && escaped {
-            if !budget.take(s.len()) {
-                return;
-            }
-            json_unescape(s, scratch);
-            f(Encoding::JsonEscape, run, scratch);
+        let unescaped_quote = |i: usize| bytes[i] == b'"' && (i == 0 || bytes[i - 1] != b'\\');
+        let start = (done..p)
+            .rev()
+            .find(|i| unescaped_quote(*i))
+            .map_or(done, |i| i + 1);
+        let end = (p..bytes.len())
+            .find(|i| unescaped_quote(*i))
+            .unwrap_or(bytes.len());
+        done = end;
+        let s = &bytes[start..end];
+        if s.len() < MIN_TEXT_RUN {
+            continue;
         }
-        i += 1;
-        start = i;
+        if !budget.take(s.len()) {
+            return;
+        }
+        json_unescape(s, scratch);
+        f(Encoding::JsonEscape, start..end, scratch);
     }
 }
 
@@ -223,24 +260,47 @@ fn hex4(s: &[u8], i: usize) -> Option<u16> {
     u16::from_str_radix(text, 16).ok()
 }
 
-fn is_base64_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_')
-}
-
 fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
-    for run in split_runs(bytes, |b| !is_base64_byte(b)) {
-        if run.len() < MIN_BASE64_RUN {
+    let n = bytes.len();
+    let mut i = 0;
+    while i < n {
+        while i < n && class(bytes[i]) & B64 == 0 {
+            i += 1;
+        }
+        let start = i;
+        let (mut all, mut any) = (u8::MAX, 0u8);
+        while i < n {
+            let c = class(bytes[i]);
+            if c & B64 == 0 {
+                break;
+            }
+            all &= c;
+            any |= c;
+            i += 1;
+        }
+        if i - start < MIN_BASE64_RUN {
             continue;
         }
-        if !decode_run(bytes, run.clone(), budget, scratch, f) {
+        let run = start..i;
+        if !decode_run(bytes, run.clone(), all, any, budget, scratch, f) {
             return;
         }
-        // A base64 segment of a URL path (`/v1/<base64>/x`): decode each segment too.
-        let s = &bytes[run.clone()];
-        if memchr::memchr(b'/', s).is_some() {
-            for seg in split_runs(s, |b| b == b'/') {
-                let seg = run.start + seg.start..run.start + seg.end;
-                if seg.len() >= MIN_BASE64_RUN && !decode_run(bytes, seg, budget, scratch, f) {
+        // A URL path (`/v1/<base64>/x`): its segments are decoded one by one too.
+        if bytes[start] == b'/' || (any & URL_ONLY != 0 && any & STD_ONLY != 0) {
+            let mut seg_start = start;
+            for j in start..=i {
+                if j < i && bytes[j] != b'/' {
+                    continue;
+                }
+                let seg = seg_start..j;
+                seg_start = j + 1;
+                if seg.len() < MIN_BASE64_RUN || seg.len() == run.len() {
+                    continue;
+                }
+                let (all, any) = bytes[seg.clone()]
+                    .iter()
+                    .fold((u8::MAX, 0u8), |(a, o), b| (a & class(*b), o | class(*b)));
+                if !decode_run(bytes, seg, all, any, budget, scratch, f) {
                     return;
                 }
             }
@@ -248,23 +308,24 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
     }
 }
 
-/// Decodes one run as hex (all hex digits, 40 or more) or base64 (one alphabet), in chunks.
-/// False when the budget ran out.
+/// Decodes one run as hex (all hex digits, 40 or more) or base64 (one alphabet), in chunks;
+/// `all`/`any` are the AND/OR of its byte classes. False when the budget ran out.
 fn decode_run(
     bytes: &[u8],
     run: Range<usize>,
+    all: u8,
+    any: u8,
     budget: &mut DecodeBudget,
     scratch: &mut Vec<u8>,
     f: OnRun<'_>,
 ) -> bool {
     let s = &bytes[run.clone()];
-    let hex = s.iter().all(u8::is_ascii_hexdigit);
+    let hex = all & HEX != 0;
     if hex && s.len() < MIN_HEX_RUN {
         return true;
     }
-    let url = s.iter().any(|b| matches!(b, b'-' | b'_'));
-    let std = s.iter().any(|b| matches!(b, b'+' | b'/'));
-    if !hex && url && std {
+    let url = any & URL_ONLY != 0;
+    if !hex && url && any & STD_ONLY != 0 {
         return true; // not one base64 alphabet
     }
     let mut at = 0;
@@ -286,11 +347,8 @@ fn decode_run(
             base64_decode(chunk, url, scratch)
         };
         if ok && !scratch.is_empty() {
-            f(
-                if hex { Encoding::Hex } else { Encoding::Base64 },
-                run.clone(),
-                scratch,
-            );
+            let encoding = if hex { Encoding::Hex } else { Encoding::Base64 };
+            f(encoding, run.clone(), scratch);
         }
         if end == s.len() {
             return true;
