@@ -29,6 +29,8 @@ const CHUNK: usize = 64 * 1024;
 /// Encoded bytes each step shares with the previous one (a multiple of 4): the longest
 /// credential followed (a 16 KiB private-key block) fits in it encoded.
 const OVERLAP: usize = 24 * 1024;
+/// Encoded bytes decoded first to tell text from binary (a multiple of 4).
+const PROBE: usize = 256;
 /// Decoded bytes allowed per input byte, and per call.
 const WORK_FACTOR: usize = 6;
 const WORK_SLACK: usize = 64 * 1024;
@@ -183,14 +185,14 @@ fn json_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: 
         if p < done || !matches!(bytes.get(p + 1), Some(b'u' | b'/')) {
             continue;
         }
-        let unescaped_quote = |i: usize| bytes[i] == b'"' && (i == 0 || bytes[i - 1] != b'\\');
-        let start = (done..p)
-            .rev()
-            .find(|i| unescaped_quote(*i))
-            .map_or(done, |i| i + 1);
-        let end = (p..bytes.len())
-            .find(|i| unescaped_quote(*i))
-            .unwrap_or(bytes.len());
+        // A JSON string ends at an unescaped quote; a raw control byte cannot be in one (so
+        // binary data around a stray `\u` ends the run at once).
+        let edge = |i: usize| {
+            let b = bytes[i];
+            b < 0x20 || (b == b'"' && (i == 0 || bytes[i - 1] != b'\\'))
+        };
+        let start = (done..p).rev().find(|i| edge(*i)).map_or(done, |i| i + 1);
+        let end = (p..bytes.len()).find(|i| edge(*i)).unwrap_or(bytes.len());
         done = end;
         let s = &bytes[start..end];
         if s.len() < MIN_TEXT_RUN {
@@ -328,6 +330,21 @@ fn decode_run(
     if !hex && url && any & STD_ONLY != 0 {
         return true; // not one base64 alphabet
     }
+    // Binary underneath (an image, a digest, compressed data): a credential is text, and one
+    // level of encoding of text is what this looks through; the rest is not decoded.
+    let probe = &s[..s.len().min(PROBE)];
+    if !budget.take(probe.len()) {
+        return false;
+    }
+    scratch.clear();
+    let decoded = if hex {
+        hex_decode(probe, scratch)
+    } else {
+        base64_decode(probe, url, scratch)
+    };
+    if !decoded || looks_binary(scratch) {
+        return true;
+    }
     let mut at = 0;
     loop {
         let end = (at + CHUNK).min(s.len());
@@ -355,6 +372,15 @@ fn decode_run(
         }
         at = end - OVERLAP;
     }
+}
+
+/// More than 1 in 8 bytes a control byte other than whitespace: not text.
+fn looks_binary(decoded: &[u8]) -> bool {
+    let control = decoded
+        .iter()
+        .filter(|b| (**b < 0x20 && !matches!(**b, b'\n' | b'\r' | b'\t')) || **b == 0x7f)
+        .count();
+    control * 8 > decoded.len()
 }
 
 fn hex_decode(s: &[u8], out: &mut Vec<u8>) -> bool {

@@ -232,3 +232,32 @@ fn json_unescape_joins_surrogates_and_keeps_malformed_escapes() {
     super::decode::json_unescape(br#"a\u00e9\ud83d\ude00\/\q\u12"#, &mut out);
     assert_eq!(String::from_utf8_lossy(&out), "a\u{e9}\u{1f600}/\\q\\u12");
 }
+
+#[test]
+fn a_private_key_in_a_form_body_is_found() {
+    let d = Detector::new();
+    for format in [
+        Format::OpenSshPrivateKey,
+        Format::PemPrivateKey,
+        Format::GitHubToken,
+    ] {
+        let key = testgen::value(format, 5);
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("title", "deploy key")
+            .append_pair("key", &key)
+            .finish();
+        assert!(formats(&scan(&d, &body)).contains(&format), "{format:?}");
+    }
+}
+
+#[test]
+fn a_token_as_a_dns_label_is_found() {
+    let d = Detector::new();
+    let token = testgen::value(Format::GitHubToken, 8);
+    let name = format!("{}.exfil.example", token.to_ascii_lowercase());
+    // DNS is case-insensitive: a lower-cased token fails its checksum (and is no longer the
+    // token); as sent, it is found.
+    assert!(scan(&d, &name).is_empty());
+    let name = format!("{token}.exfil.example");
+    assert_eq!(formats(&scan(&d, &name)), vec![Format::GitHubToken]);
+}
