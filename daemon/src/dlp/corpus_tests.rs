@@ -195,7 +195,7 @@ fn json_api(rng: &mut StdRng, i: usize) -> String {
 }
 
 fn image(rng: &mut StdRng, i: usize) -> String {
-    let (magic, mime): (&[u8], &str) = if i % 2 == 0 {
+    let (magic, mime): (&[u8], &str) = if i.is_multiple_of(2) {
         (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "image/png")
     } else {
         (b"\xff\xd8\xff\xe0\0\x10JFIF\0", "image/jpeg")
@@ -203,7 +203,7 @@ fn image(rng: &mut StdRng, i: usize) -> String {
     let mut data = magic.to_vec();
     data.extend(random_bytes(rng, 512 << (i % 6)));
     let uri = format!("data:{mime};base64,{}", b64(&data));
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         serde_json::json!({ "type": "image_url", "image_url": { "url": uri } }).to_string()
     } else {
         uri
@@ -211,7 +211,7 @@ fn image(rng: &mut StdRng, i: usize) -> String {
 }
 
 fn git_objects(rng: &mut StdRng, i: usize) -> Vec<u8> {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         format!(
             "tree {}\nparent {}\nauthor A U Thor <a@example.org> 1700000000 +0000\ncommitter A U Thor <a@example.org> 1700000000 +0000\n\n{}\n",
             hex(rng, 40), hex(rng, 40), sentence(rng, 12)

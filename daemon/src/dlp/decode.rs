@@ -29,6 +29,8 @@ const CHUNK: usize = 64 * 1024;
 /// Encoded bytes each step shares with the previous one (a multiple of 4): the longest
 /// credential followed (a 16 KiB private-key block) fits in it encoded.
 const OVERLAP: usize = 24 * 1024;
+/// The longest run whose `/`-separated segments are decoded one by one (a URL path).
+const MAX_PATH_RUN: usize = 4096;
 /// Encoded bytes decoded first to tell text from binary (a multiple of 4).
 const PROBE: usize = 256;
 /// Decoded bytes allowed per input byte, and per call.
@@ -287,8 +289,12 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
         if !decode_run(bytes, run.clone(), all, any, budget, scratch, f) {
             return;
         }
-        // A URL path (`/v1/<base64>/x`): its segments are decoded one by one too.
-        if bytes[start] == b'/' || (any & URL_ONLY != 0 && any & STD_ONLY != 0) {
+        // A URL path (`/v1/<base64>/x`): its segments are decoded one by one too. Only in
+        // runs as short as URLs are: a long run with `/` is base64 itself (an image).
+        if any & STD_ONLY != 0
+            && i - start <= MAX_PATH_RUN
+            && memchr::memchr(b'/', &bytes[start..i]).is_some()
+        {
             let mut seg_start = start;
             for j in start..=i {
                 if j < i && bytes[j] != b'/' {
@@ -374,13 +380,19 @@ fn decode_run(
     }
 }
 
-/// More than 1 in 8 bytes a control byte other than whitespace: not text.
+/// Not UTF-8 (an invalid sequence, not just one cut at the end), or more than 1 in 16 bytes
+/// a control byte other than whitespace: not text.
 fn looks_binary(decoded: &[u8]) -> bool {
+    if let Err(e) = std::str::from_utf8(decoded) {
+        if e.error_len().is_some() {
+            return true;
+        }
+    }
     let control = decoded
         .iter()
         .filter(|b| (**b < 0x20 && !matches!(**b, b'\n' | b'\r' | b'\t')) || **b == 0x7f)
         .count();
-    control * 8 > decoded.len()
+    control * 16 > decoded.len()
 }
 
 fn hex_decode(s: &[u8], out: &mut Vec<u8>) -> bool {

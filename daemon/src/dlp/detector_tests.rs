@@ -261,3 +261,22 @@ fn a_token_as_a_dns_label_is_found() {
     let name = format!("{token}.exfil.example");
     assert_eq!(formats(&scan(&d, &name)), vec![Format::GitHubToken]);
 }
+
+#[test]
+fn a_base64_path_segment_of_a_url_is_found() {
+    use base64::Engine as _;
+    let d = Detector::new();
+    for seed in 0..10 {
+        let token = testgen::value(Format::GitLabToken, seed);
+        let std = base64::engine::general_purpose::STANDARD.encode(format!("t={token}"));
+        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("t={token}"));
+        for seg in [std, url] {
+            let text = format!("GET https://files.example.com/api/v4/{seg}/raw HTTP/1.1");
+            assert_eq!(
+                formats(&scan(&d, &text)),
+                vec![Format::GitLabToken],
+                "{seed}"
+            );
+        }
+    }
+}
