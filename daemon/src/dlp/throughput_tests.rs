@@ -1,7 +1,8 @@
 //! The detector's cost: `scan` over 64 MiB of mixed ordinary text (the false-positive
 //! corpus repeated), in MB/s. Ignored by default (a measurement, not a check); run it
-//! optimized:
-//! `cargo test -p agenshield-daemon --lib --release dlp::throughput -- --ignored --nocapture`.
+//! optimized, e.g. `cargo test -p agenshield-daemon --lib --release dlp::throughput --
+//! --ignored --nocapture` (docs/dlp.md's figure: the dev profile with `--config
+//! 'profile.dev.package.<crate>.opt-level=3'` for the daemon, aho-corasick, memchr, base64).
 
 use std::time::Instant;
 
