@@ -44,6 +44,9 @@ mod approvals;
 mod body;
 mod clock;
 mod conn;
+// The engine of issue 37 (credentials that may only go home); the pipeline does not call it yet.
+#[allow(dead_code)]
+mod dlp;
 mod dns;
 mod dns_state;
 mod events;

@@ -247,7 +247,8 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::UnknownUser
         | ErrorCode::UserNotAdmitted
         | ErrorCode::SecretNotForUser
-        | ErrorCode::PolicyUnavailable => true,
+        | ErrorCode::PolicyUnavailable
+        | ErrorCode::CredentialExfiltration => true,
         // Our resolver was asked: the name left the machine.
         ErrorCode::UpstreamDns
         | ErrorCode::UpstreamConnect

@@ -65,6 +65,8 @@ pub use agents::{agent_uid, AgentError};
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
+/// For `dlp/`: its home hosts are written and matched as rule hosts are.
+pub(crate) use host::{parse_host_pattern, HostPattern};
 pub use inject::{
     InjectTarget, Injection, SecretBindings, SecretRate, SecretRef, Sigv4Keys, SwapPlaces,
     TemplatePart,

@@ -63,12 +63,15 @@ pub(crate) enum ErrorCode {
     SecretNotForUser,
     /// No policy yet: `[policy.source] require_first_sync` and no verified bundle so far.
     PolicyUnavailable,
+    /// A well-known credential (an API key, a token, a private key) headed somewhere other
+    /// than its home, or not in a credential header there (`dlp/`).
+    CredentialExfiltration,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 27] = [
+    pub(crate) const ALL: [ErrorCode; 28] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::RateLimitStoreUnavailable,
@@ -96,6 +99,7 @@ impl ErrorCode {
         ErrorCode::UserNotAdmitted,
         ErrorCode::SecretNotForUser,
         ErrorCode::PolicyUnavailable,
+        ErrorCode::CredentialExfiltration,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -110,7 +114,8 @@ impl ErrorCode {
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser
-            | ErrorCode::PolicyUnavailable => StatusCode::FORBIDDEN,
+            | ErrorCode::PolicyUnavailable
+            | ErrorCode::CredentialExfiltration => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited
@@ -147,7 +152,8 @@ impl ErrorCode {
             | ErrorCode::UnknownUser
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser
-            | ErrorCode::PolicyUnavailable => Verdict::Deny,
+            | ErrorCode::PolicyUnavailable
+            | ErrorCode::CredentialExfiltration => Verdict::Deny,
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
             | ErrorCode::Busy
@@ -193,6 +199,7 @@ impl ErrorCode {
             ErrorCode::UserNotAdmitted => "user_not_admitted",
             ErrorCode::SecretNotForUser => "secret_not_for_user",
             ErrorCode::PolicyUnavailable => "policy_unavailable",
+            ErrorCode::CredentialExfiltration => "credential_exfiltration",
         }
     }
 
