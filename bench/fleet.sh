@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What a fleet rate limit costs on the data path: the harness's plain `agenshield` row beside
+# What the fleet features cost on the data path: the harness's plain `agenshield` row beside
 # `agenshield_fleet`, the same daemon and policy with the rule's rate kept in a real
 # redis-server on loopback (`rate = { …, scope = "fleet" }`, `[ratelimit] store`), one atomic
-# script per request. The limit is far above what the run can reach, so nothing is refused:
+# script per request, and the audit log shipped to a real rsyslogd over TCP
+# (`[[audit.export]]`; EXPORT=0 leaves the export out). The limit is far above what the run can reach, so nothing is refused:
 # the figure is the price of the check itself. One run; the fleet row's ratio is against the
 # plain `agenshield` row (its baseline), keep-alive req/s, goal >= 0.9.
 #
@@ -47,15 +48,42 @@ teardown() {
   kill "$REDIS_PID" 2>/dev/null
   wait "$REDIS_PID" 2>/dev/null
   rm -rf "$REDIS_DIR"
+  if [ -n "${SYSLOG_PID:-}" ]; then
+    # What the receiver got, for the record (the daemon's own log is the truth).
+    echo "bench: rsyslogd received $(wc -l <"$SYSLOG_DIR/received.jsonl" 2>/dev/null || echo 0) audit lines" >&2
+    kill "$SYSLOG_PID" 2>/dev/null
+    wait "$SYSLOG_PID" 2>/dev/null
+    rm -rf "$SYSLOG_DIR"
+  fi
   return 0
 }
 
-# ---- HOOK: audit export sink ----------------------------------------------------------------
-# The issue's figure has a syslog export on as well: once `[[audit.export]]` is merged, set
-# SYSLOG_URL (e.g. tcp://127.0.0.1:10514, an rsyslog the lead starts) and this block goes into
-# the fleet row's proxy.toml, so that row runs with both a fleet limit and a syslog sink.
+# The audit export: a real rsyslogd of our own (imtcp on a free loopback port, writing each
+# message's MSG to a file, no system socket), so the fleet row runs with a syslog sink as
+# well as a fleet limit (the issue's figure). EXPORT=0 leaves it out (fleet limit alone).
+SYSLOG_URL=""
+if [ "${EXPORT:-1}" != 0 ]; then
+  command -v rsyslogd >/dev/null || { echo "bench: needs rsyslogd (rsyslog), or EXPORT=0" >&2; exit 2; }
+  SYSLOG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  SYSLOG_DIR=$(mktemp -d /tmp/agenshield-bench-rsyslog.XXXXXX)
+  cat >"$SYSLOG_DIR/rsyslog.conf" <<RSYSLOG
+global(workDirectory="$SYSLOG_DIR" maxMessageSize="64k")
+module(load="imtcp")
+template(name="msgonly" type="string" string="%msg%\n")
+input(type="imtcp" port="$SYSLOG_PORT" address="127.0.0.1" ruleset="bench")
+ruleset(name="bench") { action(type="omfile" file="$SYSLOG_DIR/received.jsonl" template="msgonly") }
+RSYSLOG
+  rsyslogd -n -f "$SYSLOG_DIR/rsyslog.conf" -i "$SYSLOG_DIR/rsyslogd.pid" >"$SYSLOG_DIR/rsyslogd.log" 2>&1 &
+  SYSLOG_PID=$!
+  for _ in $(seq 1 100); do
+    ss -ltnH "sport = :$SYSLOG_PORT" | grep -q . && break
+    sleep 0.1
+  done
+  ss -ltnH "sport = :$SYSLOG_PORT" | grep -q . || { echo "bench: rsyslogd did not start" >&2; exit 2; }
+  SYSLOG_URL="tcp://127.0.0.1:$SYSLOG_PORT"
+fi
 export_sink_config() {
-  [ -n "${SYSLOG_URL:-}" ] || return 0
+  [ -n "$SYSLOG_URL" ] || return 0
   cat <<EXPORT
 [[audit.export]]
 type = "syslog"
@@ -63,7 +91,6 @@ url = "$SYSLOG_URL"
 format = "agenshield"
 EXPORT
 }
-# ---- end of HOOK ----------------------------------------------------------------------------
 
 row_agenshield_fleet() {
   local d=$S/agenshield_fleet
