@@ -194,6 +194,46 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
     );
 }
 
+/// Many requests at once on both daemons: the checks a connection thread makes together go
+/// to the store as one script call (`ratelimit/fleet/batch.rs`), and the count stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_two_daemons_take_exactly_the_fleet_limit() {
+    if let Some(why) = redis::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let store = RedisServer::start();
+    let lines = || {
+        store_lines(
+            &store.url(),
+            "burst:",
+            &["on_store_error = \"deny\"", "timeout = \"1s\""],
+        )
+    };
+    let a = world("fleet-burst-a", 20, lines()).await;
+    let b = world("fleet-burst-b", 20, lines()).await;
+    wait_store_up(&a).await;
+    wait_store_up(&b).await;
+    let (a, b) = (&a, &b);
+    let (from_a, from_b) = tokio::join!(
+        futures_util::future::join_all((0..24).map(|_| async { get(a, "fleet.test").await.0 })),
+        futures_util::future::join_all((0..24).map(|_| async { get(b, "fleet.test").await.0 }))
+    );
+    let mut allowed = 0;
+    for out in from_a.iter().chain(&from_b) {
+        match out.status {
+            200 => allowed += 1,
+            429 => assert_eq!(error_code(out), "rate_limited", "{out:?}"),
+            other => panic!("unexpected {other}: {out:?}"),
+        }
+    }
+    assert_eq!(
+        allowed, 20,
+        "48 requests at once against a fleet limit of 20"
+    );
+    assert_eq!(a.requests().len() + b.requests().len(), 20);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     if let Some(why) = redis::missing() {
