@@ -101,6 +101,8 @@ struct Status {
     pending: usize,
     /// Raw TCP relays and upgraded connections open now.
     tunnels: usize,
+    /// `[ratelimit] store`, when set: whether it answers.
+    ratelimit_store: Option<crate::ratelimit::StoreStatus>,
 }
 
 #[derive(Serialize)]
@@ -131,6 +133,8 @@ struct AuditHead {
     ready: bool,
     /// Why not.
     problem: Option<String>,
+    /// `[[audit.export]]` sinks: what each shipped and whether it can.
+    export: Vec<crate::audit::export::ExportStatus>,
 }
 
 #[derive(Serialize)]
@@ -181,12 +185,14 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                     hash: head.hash,
                     ready: ready.is_ok(),
                     problem: ready.err().map(|e| e.to_string()),
+                    export: a.export_status(),
                 }
             }),
             policy: admin.proxy.policies.info(),
             counts: admin.proxy.events.counters.snapshot(),
             pending: admin.proxy.approvals.len(),
             tunnels: admin.proxy.tunnels.len(),
+            ratelimit_store: admin.proxy.fleet.as_ref().map(|f| f.status()),
         },
     )
 }

@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 
 pub(crate) use client::StoreSetupError;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
+pub(crate) use outage::StoreStatus;
 
 use super::{AgentKey, RateLimit};
 use crate::config::{FleetKey, OnStoreError, RateLimitConfig};
@@ -139,6 +140,12 @@ impl FleetLimiter {
             Ok(Err(_)) => self.failed(StoreErrorReason::Unreachable, "no answer"),
             Err(_) => self.failed(StoreErrorReason::Timeout, "no answer in time"),
         }
+    }
+
+    /// The store's state, as `ctl status` shows it.
+    pub(crate) fn status(&self) -> StoreStatus {
+        let (connected, threads) = self.store.connected();
+        self.outage.status(connected, threads)
     }
 
     fn failed(&self, reason: StoreErrorReason, detail: &str) -> FleetVerdict {

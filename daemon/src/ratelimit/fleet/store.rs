@@ -71,6 +71,16 @@ impl Store {
         &self.slot().queue
     }
 
+    /// How many threads have their connection now, of how many.
+    pub(super) fn connected(&self) -> (usize, usize) {
+        let n = self
+            .slots
+            .iter()
+            .filter(|s| s.conn.load().is_some())
+            .count();
+        (n, self.slots.len())
+    }
+
     /// Whether every thread has its connection.
     pub(super) fn all_connected(&self) -> bool {
         self.slots.iter().all(|s| s.conn.load().is_some())
