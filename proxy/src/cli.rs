@@ -223,6 +223,24 @@ pub struct CtlArgs {
     #[arg(long, value_name = "PATH", global = true)]
     pub socket: Option<PathBuf>,
 
+    /// The daemon's HTTPS admin listener (listen.admin_https) instead of the socket, e.g.
+    /// https://host:15443; needs --cert and --key (these go before the subcommand)
+    #[arg(long, value_name = "URL", conflicts_with = "socket")]
+    pub remote: Option<String>,
+
+    /// With --remote: the client certificate (PEM chain) listen.client_ca issued
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub cert: Option<PathBuf>,
+
+    /// With --remote: the client certificate's private key (PEM)
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub key: Option<PathBuf>,
+
+    /// With --remote: the CA (PEM) the listener's certificate chains to (default: the
+    /// system's roots)
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub ca: Option<PathBuf>,
+
     /// Machine-readable output
     #[arg(long, global = true)]
     pub json: bool,
