@@ -76,7 +76,7 @@ pub enum ProxyCommand {
     #[command(
         after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl tail -f --decision deny\n  agenshield proxy ctl policy check GET https://api.github.com/ --exit-code\n  agenshield proxy ctl policy suggest --since 1d --write /tmp/suggested.toml\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl ca export > agenshield-ca.pem"
     )]
-    Ctl(CtlArgs),
+    Ctl(Box<CtlArgs>),
 
     /// Install the proxy as a system service: users and groups, directories, CA, vault,
     /// config and default policies, the agent's CA trust, the service unit (launchd on macOS,

@@ -321,8 +321,12 @@ async fn a_failing_webhook_never_loses_the_pending_request() {
 }
 
 /// Root: an agent user holding a valid client certificate is still refused, before the
-/// handshake, by the owner of its socket; root on the same machine is served.
+/// handshake, by the owner of its socket; root on the same machine is served. Then a
+/// `--remember` approval (over HTTPS) of the agent's GET covers that agent's GET of that
+/// path again, and neither another uid's GET (root's) nor the agent's POST of it.
 #[cfg(target_os = "linux")]
+// The root guard is held for the whole test, as every root test does (one at a time).
+#[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_uid_is_refused_by_the_https_admin_listener_even_with_a_certificate() {
     use std::os::unix::fs::PermissionsExt;
@@ -345,6 +349,7 @@ async fn the_agent_uid_is_refused_by_the_https_admin_listener_even_with_a_certif
     }
     let daemon = Daemon::start(DaemonOptions {
         policies: vec![("main.toml".into(), POLICY.into())],
+        hosts: vec![("x.test".into(), LOCAL)],
         agent_uids: vec![user.uid],
         secrets: vec![("approvals-webhook".into(), HOOK_KEY.into())],
         listen_extra: pki.listen_lines("127.0.0.1:0"),
@@ -356,24 +361,93 @@ async fn the_agent_uid_is_refused_by_the_https_admin_listener_even_with_a_certif
         ..Default::default()
     });
     let remote = admin_url(&daemon);
-    let as_alice = |prefix: &[String]| {
+    let alice = |prefix: &[String], args: &[&str]| {
         ctl_remote(
             prefix,
             &remote,
             &pki.file("alice.pem"),
             &pki.file("alice-key.pem"),
             &pki.file("server_ca.pem"),
-            &["status", "--json"],
+            args,
         )
     };
-    let (code, out, err) = as_alice(&[]);
+    let (code, out, err) = alice(&[], &["status", "--json"]);
     assert_eq!(code, 0, "root with the certificate is served: {out}{err}");
-    let (code, out, err) = as_alice(&user.as_agent());
+    let (code, out, err) = alice(&user.as_agent(), &["status", "--json"]);
     assert_ne!(code, 0, "the agent was served: {out}{err}");
     assert!(!out.contains("\"pid\""), "{out}");
     let logs = daemon.logs();
     assert!(
         logs.contains(&format!("belongs to agent uid {}", user.uid)),
         "the refusal names the agent uid:\n{logs}"
+    );
+
+    // `--remember` keeps the agent uid, the method and the path.
+    let up = Upstream::start(UpstreamOptions {
+        tls: None,
+        name: "plain".into(),
+        ..Default::default()
+    })
+    .await;
+    let url = format!("http://x.test:{}/repo", up.addr.port());
+    let proxy = format!("http://{}", daemon.explicit);
+    let agent_curl = |method: &str| {
+        let mut c = tokio::process::Command::new(&user.as_agent()[0]);
+        c.args(&user.as_agent()[1..])
+            .args(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X"])
+            .arg(method)
+            .args(["--max-time", "20", "-x", &proxy, &url]);
+        c.output()
+    };
+    let pending_of = |uid: u32, method: &str| -> Option<String> {
+        let (_, out, _) = alice(&[], &["pending", "list", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        v.as_array()?
+            .iter()
+            .find(|p| p["agent_uid"].as_u64() == Some(u64::from(uid)) && p["method"] == method)
+            .and_then(|p| p["id"].as_str().map(str::to_string))
+    };
+    let wait_pending = |uid: u32, method: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(id) = pending_of(uid, method) {
+                return id;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no pending {method} of uid {uid}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let first = tokio::spawn(agent_curl("GET"));
+    let id = wait_pending(user.uid, "GET").await;
+    let (code, out, err) = alice(&[], &["pending", "approve", &id, "--remember"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let out = first.await.expect("join").expect("curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    // The same agent, method and path: through at once.
+    let again = tokio::time::timeout(Duration::from_secs(10), agent_curl("GET"))
+        .await
+        .expect("remembered: not held")
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&again.stdout), "200");
+    // Another uid (root, this test), same method and path: asked again.
+    let root_get = tokio::spawn(agent_get(daemon.explicit, url.clone()));
+    let id = wait_pending(0, "GET").await;
+    let (code, _, err) = alice(&[], &["pending", "deny", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(root_get.await.expect("join").0, 403);
+    // The agent, same path, another method: asked again.
+    let post = tokio::spawn(agent_curl("POST"));
+    let id = wait_pending(user.uid, "POST").await;
+    let (code, _, err) = alice(&[], &["pending", "deny", &id]);
+    assert_eq!(code, 0, "{err}");
+    let out = post.await.expect("join").expect("curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    assert_eq!(
+        up.requests().len(),
+        2,
+        "only the approved GETs went upstream"
     );
 }
