@@ -109,8 +109,9 @@ impl Remote {
                 .await
                 .map_err(|e| {
                     CtlError::Unreachable(format!(
-                        "TLS with {}: {e} (the daemon accepts client certificates its \
-                         listen.client_ca issued, and never an agent user)",
+                        "TLS with {}: {e} (--ca must be the CA of the listener's certificate; \
+                         the daemon accepts client certificates its listen.client_ca issued, \
+                         and never an agent user)",
                         self.url
                     ))
                 })
