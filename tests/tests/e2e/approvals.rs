@@ -284,6 +284,18 @@ async fn a_failing_webhook_never_loses_the_pending_request() {
     })
     .await;
     let daemon = daemon(&hook, &pki, 1);
+    // `run --check` reads the listener's files and finds the webhook's key, as a start does.
+    let check = std::process::Command::new(agenshield_e2e::daemon::binary())
+        .args(["proxy", "run", "--check", "--json", "--config"])
+        .arg(daemon.config_path())
+        .output()
+        .expect("run --check");
+    let report: serde_json::Value = serde_json::from_slice(&check.stdout).expect("json");
+    let part = report["parts"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["part"] == "approval"))
+        .unwrap_or_else(|| panic!("no approval part: {report}"));
+    assert_eq!(part["verdict"], "ok", "{part}");
     let url = format!("http://x.test:{}/x", up.addr.port());
     let held = tokio::spawn(agent_get(daemon.explicit, url));
     // The first attempt and one retry a second later.

@@ -33,7 +33,7 @@ const MAX_CONNECTIONS: usize = 64;
 
 /// Why the listener cannot start.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum HttpsError {
+pub enum HttpsError {
     #[error("listen.client_ca {path}: {why}")]
     ClientCa { path: String, why: String },
     #[error("listen.admin_https_cert {path}: {why}")]
@@ -84,6 +84,12 @@ impl AdminHttps {
             addr,
         })
     }
+}
+
+/// `run --check`: the listener's files (`client_ca`, its certificate and key) read and
+/// assembled as a start does.
+pub fn check_tls(cfg: &AdminHttpsConfig) -> Result<(), HttpsError> {
+    server_config(cfg).map(drop)
 }
 
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {

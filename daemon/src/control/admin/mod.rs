@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
 pub(crate) use auth::AdminAuth;
+pub use https::{check_tls as check_https_tls, HttpsError};
 pub(crate) use https::{serve as serve_https, AdminHttps};
 
 use caller::Caller;
