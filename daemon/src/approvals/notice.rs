@@ -165,13 +165,11 @@ mod tests {
         assert!(text.contains("agent uid 1001"), "{text}");
     }
 
-    /// The RFC 4231 test case 2 key and message, in our framing: the MAC is HMAC-SHA256.
+    /// The MAC covers the timestamp, a dot and the body: a changed timestamp (a replay made
+    /// to look fresh) does not verify. (The e2e test checks it against an HMAC written out
+    /// from RFC 2104 over SHA-256, not this code.)
     #[test]
     fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
-        assert_eq!(
-            sign(b"Jefe", 0, b"what do ya want for nothing?").len(),
-            "sha256=".len() + 64
-        );
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k");
         let tag = ring::hmac::sign(&key, b"1700000000.{\"a\":1}");
         let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();

@@ -91,6 +91,11 @@ async fn metric(daemon: &Daemon, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_webhook_reaches_a_person_and_an_mtls_approval_releases_the_request() {
+    // The receiver's HMAC, checked against RFC 4231 test case 2 before it judges the daemon.
+    assert_eq!(
+        agenshield_e2e::approvals::hmac_sha256_hex(b"Jefe", b"what do ya want for nothing?"),
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    );
     let hook = WebhookReceiver::start(200).await;
     let scratch = tempfile::tempdir().expect("tempdir");
     let pki = AdminPki::write(scratch.path());

@@ -8,7 +8,9 @@
 //! a socket of this machine (any local address, loopback or not) owned by an agent uid, the
 //! connection is closed before the handshake; when the peer is local (loopback, or our own
 //! address) and its owner cannot be told, it is closed too. A peer on another machine has no
-//! local socket to look up and is judged by its certificate alone.
+//! local socket to look up and is judged by its certificate alone; so is a process in
+//! another network namespace of this machine (its sockets are not in ours), which reaches the
+//! listener only through an address routed to that namespace.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -142,9 +144,9 @@ fn server_config(cfg: &AdminHttpsConfig) -> Result<ServerConfig, HttpsError> {
 
 /// The agent check, before any byte of TLS: `peer` connected to our `local`.
 fn admit(peer: SocketAddr, local: SocketAddr, agents: &[u32]) -> Result<(), NotAdmitted> {
-    let local_peer = peer.ip().is_loopback()
-        || peer.ip() == local.ip()
-        || canonical(peer.ip()) == canonical(local.ip());
+    // A dual-stack listener sees IPv4 peers as `::ffff:a.b.c.d`.
+    let local_peer =
+        canonical(peer.ip()).is_loopback() || canonical(peer.ip()) == canonical(local.ip());
     match agenshield_pf::peer_uid::socket_uid(peer, local) {
         Ok(Some(uid)) if agents.contains(&uid) => Err(NotAdmitted::Agent(uid)),
         Ok(Some(_)) => Ok(()),
@@ -256,6 +258,12 @@ mod tests {
         let gone: SocketAddr = "127.0.0.1:1".parse().expect("addr");
         assert!(matches!(
             admit(gone, local, &[]),
+            Err(NotAdmitted::UnknownOwner(_))
+        ));
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:1".parse().expect("addr");
+        let wide6: SocketAddr = "[::ffff:127.0.0.1]:15443".parse().expect("addr");
+        assert!(matches!(
+            admit(mapped, wide6, &[]),
             Err(NotAdmitted::UnknownOwner(_))
         ));
         let other: SocketAddr = "192.0.2.7:40000".parse().expect("addr");
