@@ -30,8 +30,8 @@ pub struct Approvals {
     /// The vault secret whose value is the webhook's HMAC-SHA256 key (required with
     /// `webhook`).
     pub hmac_secret: Option<String>,
-    /// A PEM file of CAs the webhook server's certificate may chain to (instead of the
-    /// system roots and `upstream.extra_ca`).
+    /// A PEM file of CAs the webhook server's certificate may chain to, besides the system
+    /// roots (in place of `upstream.extra_ca`, which is used when this is not set).
     pub ca: Option<PathBuf>,
     /// One POST (connect, TLS, answer) must finish within this.
     #[serde(deserialize_with = "forms::duration")]
