@@ -30,6 +30,8 @@ use crate::config::AdminHttpsConfig;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a request's head may take, from the first byte or an idle keep-alive.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 64;
 
@@ -220,8 +222,12 @@ pub(crate) async fn serve(https: AdminHttps, admin: Arc<Admin>) {
                     Ok::<_, std::convert::Infallible>(routes::route(&admin, &caller, req).await)
                 }
             });
-            let conn =
-                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc);
+            // Over the network: a request's head must come in time (a `tail -f` answer may
+            // stream for as long as the operator wants).
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(tls), svc);
             if let Err(e) = conn.await {
                 tracing::debug!("admin HTTPS connection ended: {e}");
             }
