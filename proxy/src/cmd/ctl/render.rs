@@ -90,7 +90,14 @@ pub(super) fn status(v: &Value) -> String {
                 None => "off".to_string(),
             }
         ),
-        format!("admin socket  {}", s(&v["listeners"]["admin"])),
+        format!(
+            "admin socket  {}{}",
+            s(&v["listeners"]["admin"]),
+            match v["listeners"]["admin_https"].as_str() {
+                Some(a) => format!("\nadmin HTTPS   https://{a} (client certificates)"),
+                None => String::new(),
+            }
+        ),
         format!("firewall      {firewall}"),
         format!(
             "CA            {}  SHA-256 {}",
