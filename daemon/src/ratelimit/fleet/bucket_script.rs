@@ -17,55 +17,72 @@ use std::time::Duration;
 use super::super::{AgentKey, RateLimit};
 use crate::config::FleetKey;
 
-/// KEYS: the buckets of one batch of checks (`batch.rs`), in order, a key possibly more than
-/// once. ARGV: for the i-th key, `requests`, `unit` (one token, µs), `burst` at 3i-2..3i.
-/// Returns {taken, wait} for each key in order, flat: taken 1 when a token was taken, else 0
-/// and the µs until one is there. Each check sees the ones before it in the batch (a key
-/// read after it was written in the same call), so a batch takes exactly the tokens the same
-/// checks would take one call at a time.
+/// KEYS: first `ARGV[1]` buckets getting leased tokens back (`lease.rs`), then the buckets
+/// of one batch of checks (`batch.rs`), in order, a key possibly more than once. ARGV[1]:
+/// how many returns; then for the i-th key `requests`, `unit` (one token, µs), `burst`, `n`
+/// at 4i-2..4i+1, `n` being the tokens returned, or for a check the tokens it wants (its own
+/// and a lease). A return adds `n` tokens, capped at the capacity, to a bucket that is there
+/// with the same token size (else it is dropped: an absent key is a full bucket, and a
+/// changed size means a changed rule); it refills nothing (the next check does).
+/// Returns {granted, wait} for each check in order, flat: granted is 0, and wait the µs
+/// until a token is there, or 1 plus the extra tokens leased: at most `n - 1` and at most an
+/// eighth of what is left after the check's own, so a bucket near empty grants one token a
+/// call. Each check sees the ones before it in the batch (a key read after it was written
+/// in the same call), so a batch takes exactly the tokens the same checks would take one
+/// call at a time.
 pub(super) const TOKEN_BUCKET: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local returns = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local requests = tonumber(ARGV[3 * i - 2])
-  local unit = tonumber(ARGV[3 * i - 1])
-  local burst = tonumber(ARGV[3 * i])
+  local requests = tonumber(ARGV[4 * i - 2])
+  local unit = tonumber(ARGV[4 * i - 1])
+  local burst = tonumber(ARGV[4 * i])
+  local n = tonumber(ARGV[4 * i + 1])
   local cap = burst * unit
   local s = redis.call('HMGET', key, 'c', 't', 'u')
   local credit = tonumber(s[1])
   local last = tonumber(s[2])
   local old_unit = tonumber(s[3])
-  if credit == nil or last == nil or old_unit == nil then
-    credit = cap
-    last = now
-    old_unit = unit
-  end
-  if old_unit ~= unit then
-    credit = math.floor(credit * unit / old_unit)
-  end
-  if now > last then
-    credit = credit + (now - last) * requests
-    last = now
-  end
-  if credit > cap then
-    credit = cap
-  end
-  local taken = 0
-  local wait = 0
-  if credit >= unit then
-    credit = credit - unit
-    taken = 1
+  if i <= returns then
+    if credit ~= nil and last ~= nil and old_unit == unit and n > 0 then
+      credit = math.min(credit + n * unit, cap)
+      redis.call('HSET', key, 'c', string.format('%.17g', credit))
+    end
   else
-    wait = math.ceil((unit - credit) / requests)
+    if credit == nil or last == nil or old_unit == nil then
+      credit = cap
+      last = now
+      old_unit = unit
+    end
+    if old_unit ~= unit then
+      credit = math.floor(credit * unit / old_unit)
+    end
+    if now > last then
+      credit = credit + (now - last) * requests
+      last = now
+    end
+    if credit > cap then
+      credit = cap
+    end
+    local granted = 0
+    local wait = 0
+    if credit >= unit then
+      local spare = math.floor((credit - unit) / unit / 8)
+      granted = 1 + math.max(0, math.min(n - 1, spare))
+      credit = credit - granted * unit
+    else
+      wait = math.ceil((unit - credit) / requests)
+    end
+    redis.call('HSET', key, 'c', string.format('%.17g', credit), 't',
+      string.format('%.17g', last), 'u', string.format('%.17g', unit))
+    local full_ms = math.ceil((cap - credit) / requests / 1000)
+    redis.call('PEXPIRE', key, full_ms + 1000)
+    out[#out + 1] = granted
+    out[#out + 1] = wait
   end
-  redis.call('HSET', key, 'c', string.format('%.17g', credit), 't',
-    string.format('%.17g', last), 'u', string.format('%.17g', unit))
-  local full_ms = math.ceil((cap - credit) / requests / 1000)
-  redis.call('PEXPIRE', key, full_ms + 1000)
-  out[2 * i - 1] = taken
-  out[2 * i] = wait
 end
 return out
 "#;
@@ -77,9 +94,10 @@ pub(super) fn unit_us(rate: &RateLimit) -> u64 {
         .max(1)
 }
 
-/// The script's answer for one check: taken, or the wait until a token is there.
-pub(super) fn parse_reply((taken, wait_us): (i64, i64)) -> Option<Duration> {
-    (taken != 1).then(|| Duration::from_micros(u64::try_from(wait_us).unwrap_or(0).max(1)))
+/// The script's answer for one check: granted (one token or more), or the wait until a
+/// token is there.
+pub(super) fn parse_reply((granted, wait_us): (i64, i64)) -> Option<Duration> {
+    (granted < 1).then(|| Duration::from_micros(u64::try_from(wait_us).unwrap_or(0).max(1)))
 }
 
 /// The bucket's key: the same on every host for the same policy, since it is made of the
@@ -129,6 +147,7 @@ mod tests {
     #[test]
     fn replies_are_taken_or_a_wait_of_at_least_a_microsecond() {
         assert_eq!(parse_reply((1, 0)), None);
+        assert_eq!(parse_reply((5, 0)), None);
         assert_eq!(
             parse_reply((0, 2_500_000)),
             Some(Duration::from_micros(2_500_000))

@@ -1,5 +1,6 @@
 //! The fleet store's own series, registered into the registry it is handed (the daemon's):
-//! whether it is reachable, its errors by reason, and the checks that fell back.
+//! whether it is reachable, its errors by reason, the checks that fell back, and where
+//! leased tokens went (`lease.rs`).
 
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
@@ -36,10 +37,42 @@ impl StoreErrorReason {
     }
 }
 
+/// What became of leased tokens (`lease.rs`): granted = used + returned + lost + held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseTokens {
+    /// Granted by the store beyond a check's own token, kept as a thread's lease.
+    Granted,
+    /// Spent by a check from its thread's lease, with no store call.
+    Used,
+    /// Sent back to the bucket unspent.
+    Returned,
+    /// Unspent but not sent back (the return's call failed): the fleet under-admits them.
+    Lost,
+}
+
+impl LeaseTokens {
+    const ALL: [LeaseTokens; 4] = [
+        LeaseTokens::Granted,
+        LeaseTokens::Used,
+        LeaseTokens::Returned,
+        LeaseTokens::Lost,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseTokens::Granted => "granted",
+            LeaseTokens::Used => "used",
+            LeaseTokens::Returned => "returned",
+            LeaseTokens::Lost => "lost",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct FleetMetrics {
     errors: IntCounterVec,
     fallbacks: IntCounterVec,
+    lease_tokens: IntCounterVec,
     pub up: IntGauge,
 }
 
@@ -65,12 +98,21 @@ impl FleetMetrics {
             &["mode"],
         )
         .expect("valid metric definition");
+        let lease_tokens = IntCounterVec::new(
+            opts(
+                "ratelimit_store_lease_tokens_total",
+                "Fleet rate-limit tokens leased to a connection thread, by what became of them \
+                 (granted, used, returned, lost).",
+            ),
+            &["result"],
+        )
+        .expect("valid metric definition");
         let up = IntGauge::with_opts(opts(
             "ratelimit_store_up",
             "1 while the fleet rate-limit store answers, 0 during an outage.",
         ))
         .expect("valid metric definition");
-        for m in [&errors, &fallbacks] {
+        for m in [&errors, &fallbacks, &lease_tokens] {
             r.register(Box::new(m.clone())).expect("unique metric name");
         }
         r.register(Box::new(up.clone()))
@@ -82,10 +124,22 @@ impl FleetMetrics {
         for mode in [OnStoreError::Local, OnStoreError::Deny] {
             fallbacks.with_label_values(&[mode.as_str()]);
         }
+        for result in LeaseTokens::ALL {
+            lease_tokens.with_label_values(&[result.as_str()]);
+        }
         FleetMetrics {
             errors,
             fallbacks,
+            lease_tokens,
             up,
+        }
+    }
+
+    pub(crate) fn lease(&self, result: LeaseTokens, tokens: u32) {
+        if tokens > 0 {
+            self.lease_tokens
+                .with_label_values(&[result.as_str()])
+                .inc_by(u64::from(tokens));
         }
     }
 

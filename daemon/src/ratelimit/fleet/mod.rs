@@ -11,6 +11,13 @@
 //! code. Either way the outage is a metric and one log line (`outage.rs`), and the store is
 //! used again as soon as it answers. Local rules never touch any of this.
 //!
+//! # Leases
+//! A thread that checks a key often gets a few spare tokens with its answer and spends them
+//! without a call for up to `lease::LEASE_TTL`; what it does not spend goes back to the
+//! bucket (`lease.rs`). Leased tokens were taken from the bucket, so the fleet never admits
+//! more than its rate; it may under-admit what threads hold for a moment, or what a daemon
+//! that died held. A lease taken before an outage is still spent during it.
+//!
 //! # Keys
 //! A bucket is per rule and per agent uid or destination host (`ratelimit.fleet_key`), keyed
 //! by the rule's id as written, so every host running the same policy names the same key.
@@ -18,6 +25,7 @@
 mod batch;
 mod bucket_script;
 mod client;
+mod lease;
 mod metrics;
 mod outage;
 mod store;
@@ -28,6 +36,7 @@ use std::time::Duration;
 use prometheus::Registry;
 use redis::Script;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 pub(crate) use client::StoreSetupError;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
@@ -35,14 +44,16 @@ pub(crate) use outage::StoreStatus;
 
 use super::{AgentKey, RateLimit};
 use crate::config::{FleetKey, OnStoreError, RateLimitConfig};
-use batch::Check;
+use batch::{Batcher, Check};
+use lease::{Take, Terms};
+use metrics::LeaseTokens;
 use outage::Outage;
 use store::Store;
 
 /// What a fleet check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FleetVerdict {
-    /// A token was taken from the fleet's bucket.
+    /// A token was taken from the fleet's bucket (or this thread's lease of its tokens).
     Allowed,
     /// The fleet's bucket is empty; a token will be there after this long.
     Limited(Duration),
@@ -55,8 +66,8 @@ pub(crate) enum FleetVerdict {
 /// The fleet's buckets, shared by every daemon that names the same store.
 pub(crate) struct FleetLimiter {
     store: Arc<Store>,
+    batcher: Arc<Batcher>,
     outage: Arc<Outage>,
-    script: Arc<Script>,
     timeout: Duration,
     prefix: String,
     by: FleetKey,
@@ -82,11 +93,18 @@ impl FleetLimiter {
             .map(ToString::to_string)
             .unwrap_or_default();
         let metrics = FleetMetrics::register(registry, namespace);
-        let outage = Arc::new(Outage::new(shown, cfg.on_store_error, metrics));
+        let outage = Arc::new(Outage::new(shown, cfg.on_store_error, metrics.clone()));
+        let store = Arc::new(Store::new(client, outage.clone()));
+        let batcher = Arc::new(Batcher {
+            store: store.clone(),
+            script: Script::new(bucket_script::TOKEN_BUCKET),
+            timeout: cfg.timeout,
+            metrics,
+        });
         Ok(Some(FleetLimiter {
-            store: Arc::new(Store::new(client, outage.clone())),
+            store,
+            batcher,
             outage,
-            script: Arc::new(Script::new(bucket_script::TOKEN_BUCKET)),
             timeout: cfg.timeout,
             prefix: cfg.key_prefix.clone(),
             by: cfg.fleet_key,
@@ -100,8 +118,8 @@ impl FleetLimiter {
         self.store.start();
     }
 
-    /// Takes one token from the fleet's bucket for `rule` (and the agent or `host`), or says
-    /// why not, within `ratelimit.timeout`.
+    /// Takes one token from the fleet's bucket for `rule` (and the agent or `host`), or from
+    /// this thread's lease of its tokens, or says why not, within `ratelimit.timeout`.
     pub(crate) async fn check(
         &self,
         rule: &str,
@@ -109,24 +127,32 @@ impl FleetLimiter {
         host: &str,
         rate: RateLimit,
     ) -> FleetVerdict {
-        if self.store.connection().is_none() {
-            return self.failed(StoreErrorReason::Unreachable, "not connected");
-        }
-        let (answer, answered) = oneshot::channel();
-        let first = self.store.queue().push(Check {
-            key: bucket_script::key(&self.prefix, rule, self.by, agent, host),
+        let key = bucket_script::key(&self.prefix, rule, self.by, agent, host);
+        let terms = Terms {
             requests: u64::from(rate.requests),
             unit_us: bucket_script::unit_us(&rate),
             burst: u64::from(rate.burst),
+        };
+        let leases = self.store.leases();
+        let (want, returning) = match leases.take(&key, terms, Instant::now()) {
+            Take::Leased => {
+                self.batcher.metrics.lease(LeaseTokens::Used, 1);
+                return FleetVerdict::Allowed;
+            }
+            Take::Ask { want, returning } => (want, returning),
+        };
+        self.batcher.give_back(returning.into_iter().collect());
+        if self.store.connection().is_none() {
+            leases.failed(&key, want);
+            return self.failed(StoreErrorReason::Unreachable, "not connected");
+        }
+        let (answer, answered) = oneshot::channel();
+        self.batcher.check(Check {
+            key,
+            terms,
+            want,
             answer,
         });
-        if first {
-            tokio::spawn(batch::flush(
-                self.store.clone(),
-                self.script.clone(),
-                self.timeout,
-            ));
-        }
         match tokio::time::timeout(self.timeout, answered).await {
             Ok(Ok(Ok(reply))) => {
                 self.outage.answered(|| self.store.all_connected());

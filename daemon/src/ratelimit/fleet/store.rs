@@ -22,6 +22,7 @@ use redis::{AsyncConnectionConfig, Client};
 use tokio::sync::Notify;
 
 use super::batch::Queue;
+use super::lease::Leases;
 use super::metrics::StoreErrorReason;
 use super::outage::Outage;
 use crate::runtime::shards;
@@ -31,12 +32,14 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// One thread's connection, the signal that it broke, and its checks not yet sent.
+/// One thread's connection, the signal that it broke, its checks not yet sent and its
+/// token leases.
 #[derive(Default)]
 struct Slot {
     conn: ArcSwapOption<MultiplexedConnection>,
     broken: Notify,
     queue: Queue,
+    leases: Leases,
 }
 
 pub(super) struct Store {
@@ -69,6 +72,11 @@ impl Store {
     /// The calling thread's queue of checks (`batch.rs`).
     pub(super) fn queue(&self) -> &Queue {
         &self.slot().queue
+    }
+
+    /// The calling thread's token leases (`lease.rs`).
+    pub(super) fn leases(&self) -> &Leases {
+        &self.slot().leases
     }
 
     /// How many threads have their connection now, of how many.
