@@ -173,6 +173,25 @@ impl RedisServer {
         assert!(ok, "kill {signal} {pid}");
     }
 
+    /// How many script calls (EVALSHA and EVAL) the server has run (`INFO commandstats`;
+    /// plain TCP only).
+    pub fn script_calls(&self) -> u64 {
+        assert!(self.tls.is_none(), "script_calls: plain TCP servers only");
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+            .args(["INFO", "commandstats"])
+            .output()
+            .expect("redis-cli runs (Debian's redis-tools, with redis-server)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                let calls = l.split_once("calls=")?.1;
+                calls.split(',').next()?.trim().parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
     }

@@ -1,8 +1,9 @@
 //! Fleet-wide rate limits against a real `redis-server` on loopback (Debian's package): two
 //! daemons sharing it enforce one `scope = "fleet"` limit together; a store that hangs or
 //! dies is ridden out as `ratelimit.on_store_error` says, every request answered within a
-//! bound, and the store is used again once it is back; `rediss://` to a TLS-only server; a
-//! fleet rule without a store is refused at start, naming the rule.
+//! bound, and the store is used again once it is back; busy keys lease tokens (fewer script
+//! calls, never more than the limit); `rediss://` to a TLS-only server; a fleet rule without
+//! a store is refused at start, naming the rule.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,10 @@ use agenshield_e2e::world::{ApiUpstream, World};
 const ANSWERED_WITHIN: Duration = Duration::from_secs(3);
 
 fn policy(requests: u32) -> String {
+    policy_per(requests, "1h")
+}
+
+fn policy_per(requests: u32, per: &str) -> String {
     format!(
         r#"
 version = 1
@@ -27,7 +32,7 @@ default = "deny"
 id = "fleet-api"
 hosts = ["fleet.test"]
 action = "allow"
-rate = {{ requests = {requests}, per = "1h", scope = "fleet" }}
+rate = {{ requests = {requests}, per = "{per}", scope = "fleet" }}
 
 [[rule]]
 id = "plain"
@@ -39,6 +44,11 @@ action = "allow"
 
 /// A daemon under `policy(requests)` whose `[ratelimit]` is `lines`.
 async fn world(name: &str, requests: u32, lines: Vec<String>) -> World {
+    world_under(name, &policy(requests), lines).await
+}
+
+/// A daemon under `policy` whose `[ratelimit]` is `lines`.
+async fn world_under(name: &str, policy: &str, lines: Vec<String>) -> World {
     let up = UpstreamOptions {
         name: name.into(),
         ..Default::default()
@@ -51,7 +61,7 @@ async fn world(name: &str, requests: u32, lines: Vec<String>) -> World {
     .await;
     let opts = DaemonOptions {
         ratelimit: lines,
-        ..api.daemon_options(&policy(requests))
+        ..api.daemon_options(policy)
     };
     api.world(opts)
 }
@@ -239,6 +249,150 @@ async fn concurrent_requests_on_two_daemons_take_exactly_the_fleet_limit() {
     }
     assert_eq!(allowed, 8, "20 requests at once against a fleet limit of 8");
     assert_eq!(a.requests().len() + b.requests().len(), 8);
+}
+
+/// `conns` keep-alive connections to `fleet.test` through `w` at once, each sending
+/// `per_conn` requests one after the other (one curl each, as the benchmark's clients do):
+/// their statuses.
+async fn keep_alive(w: &World, conns: usize, per_conn: usize) -> Vec<u16> {
+    let url = w.url("https", "fleet.test", "/echo");
+    let one = |_| {
+        let mut args = w.via_transparent("fleet.test");
+        args.extend(["-sS", "--max-time", "60", "-w", "%{http_code}\n"].map(String::from));
+        for _ in 0..per_conn {
+            args.extend(["-o".to_string(), "/dev/null".to_string(), url.clone()]);
+        }
+        async move {
+            let out = tokio::time::timeout(
+                Duration::from_secs(90),
+                tokio::process::Command::new("curl")
+                    .args(&args)
+                    .env_remove("http_proxy")
+                    .env_remove("https_proxy")
+                    .env_remove("HTTPS_PROXY")
+                    .env_remove("ALL_PROXY")
+                    .env_remove("all_proxy")
+                    .output(),
+            )
+            .await
+            .expect("curl finished in time")
+            .expect("curl runs");
+            let statuses: Vec<u16> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            assert_eq!(
+                statuses.len(),
+                per_conn,
+                "a status per request: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            statuses
+        }
+    };
+    let all: Vec<u16> = futures_util::future::join_all((0..conns).map(one))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    for s in &all {
+        assert!([200, 429].contains(s), "unexpected {s}");
+    }
+    all
+}
+
+/// Busy keys lease tokens (`ratelimit/fleet/lease.rs`): many requests at once through two
+/// daemons cost far fewer script calls than checks, never admit more than the fleet limit,
+/// and once the leases went back the last tokens are all spent: exactly the limit in all.
+/// (`per = "24h"`: no token refills during the test, so "exactly" is exact.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_save_script_calls_and_never_admit_more_than_the_limit() {
+    if let Some(why) = redis::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    const LIMIT: usize = 200;
+    let store = RedisServer::start();
+    let lines = || {
+        store_lines(
+            &store.url(),
+            "lease:",
+            &["on_store_error = \"deny\"", "timeout = \"1s\""],
+        )
+    };
+    let policy = policy_per(LIMIT as u32, "24h");
+    let a = world_under("fleet-lease-a", &policy, lines()).await;
+    let b = world_under("fleet-lease-b", &policy, lines()).await;
+    wait_store_up(&a).await;
+    wait_store_up(&b).await;
+    let ok = |s: &[u16]| s.iter().filter(|&&s| s == 200).count();
+
+    // Plenty of tokens: most checks spend a lease, not a call.
+    let calls_before = store.script_calls();
+    let (sa, sb) = tokio::join!(keep_alive(&a, 4, 15), keep_alive(&b, 4, 15));
+    let calls = store.script_calls() - calls_before;
+    let mut allowed = ok(&sa) + ok(&sb);
+    eprintln!("120 checks on 8 connections: {allowed} allowed, {calls} script calls");
+    assert!(
+        calls * 2 <= 120,
+        "{calls} script calls for 120 checks (expected at most half)"
+    );
+    let used = metric(
+        &a,
+        "agenshield_proxy_ratelimit_store_lease_tokens_total{result=\"used\"}",
+    )
+    .await
+        + metric(
+            &b,
+            "agenshield_proxy_ratelimit_store_lease_tokens_total{result=\"used\"}",
+        )
+        .await;
+    if std::env::var("LEASE_DEBUG").is_ok() {
+        let audit = std::fs::read_to_string(a.daemon.audit_path()).unwrap_or_default();
+        let codes: Vec<&str> = audit.lines().filter(|l| l.contains("error_code")).take(3).collect();
+        let m = agenshield_e2e::curl::curl(&[&format!("http://{}/metrics", a.daemon.metrics)], false).await;
+        let ml: Vec<String> = m.text().lines().filter(|l| l.contains("ratelimit")).map(String::from).collect();
+        eprintln!("DEBUG {codes:?}\n{ml:#?}");
+    }
+    assert!(used >= 60.0, "{used} tokens spent from leases");
+
+    // Far more than the limit at once: never more than the limit in all.
+    let (sa, sb) = tokio::join!(keep_alive(&a, 8, 10), keep_alive(&b, 8, 10));
+    allowed += ok(&sa) + ok(&sb);
+    eprintln!("280 checks in all: {allowed} allowed");
+    assert!(allowed <= LIMIT, "{allowed} allowed of a fleet limit of {LIMIT}");
+
+    // Past the leases' TTL every unspent token is back: one at a time, the rest are all
+    // there. A thread's lease may hold the last ones for up to its TTL, so a refusal is
+    // final only once it repeats after a pause past the TTL.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut refused_twice = false;
+    for i in 0..=LIMIT {
+        let w = if i % 2 == 0 { &a } else { &b };
+        let (out, _) = get(w, "fleet.test").await;
+        if out.status == 200 {
+            allowed += 1;
+            continue;
+        }
+        assert_eq!(error_code(&out), "rate_limited", "{out:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (out, _) = get(w, "fleet.test").await;
+        if out.status == 200 {
+            allowed += 1;
+            continue;
+        }
+        refused_twice = true;
+        break;
+    }
+    assert!(refused_twice, "the bucket ran out");
+    assert_eq!(allowed, LIMIT, "every token of the fleet limit spent, no more");
+    assert_eq!(a.requests().len() + b.requests().len(), LIMIT);
+    let lost = metric(
+        &a,
+        "agenshield_proxy_ratelimit_store_lease_tokens_total{result=\"lost\"}",
+    )
+    .await;
+    assert_eq!(lost, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

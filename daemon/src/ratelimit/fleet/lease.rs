@@ -19,8 +19,9 @@
 //! `want` is about the checks this thread made for the key in the last [`LEASE_TTL`] (at
 //! most [`MAX_WANT`]): a key checked once in a while asks for 1, exactly one call per check
 //! as without leases, and a busy key asks for about what it will spend before the lease
-//! expires, so leases do not sit idle. Extras already asked for by calls still in flight
-//! count against it, so the checks of one batch do not each ask for a lease.
+//! expires, so leases do not sit idle. The checks still waiting for their calls, and the
+//! extras they asked for, count against it: a burst of checks in one batch asks for no
+//! lease at all, and the next check asks for what the burst suggests.
 //!
 //! Each thread has its own table (`store.rs` slot), locked only for a few map operations and
 //! never across an await.
@@ -87,7 +88,8 @@ struct Entry {
     window_start: Instant,
     this_window: u32,
     last_window: u32,
-    /// Extra tokens asked for by calls not yet answered.
+    /// Checks whose call is not answered yet, and the extra tokens they asked for.
+    in_flight: u32,
     asking: u32,
 }
 
@@ -100,8 +102,15 @@ impl Entry {
             window_start: now,
             this_window: 0,
             last_window: 0,
+            in_flight: 0,
             asking: 0,
         }
+    }
+
+    /// A call that asked for `want` tokens is over.
+    fn answered(&mut self, want: u32) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.asking = self.asking.saturating_sub(want.saturating_sub(1));
     }
 
     fn take_expired(&mut self, key: &str, now: Instant) -> Option<Return> {
@@ -126,7 +135,7 @@ struct Table {
 
 /// Whether an entry still matters at `now`: a lease, a call in flight, or recent checks.
 fn live(e: &Entry, now: Instant) -> bool {
-    e.tokens > 0 || e.asking > 0 || now < e.window_start + 2 * LEASE_TTL
+    e.tokens > 0 || e.in_flight > 0 || now < e.window_start + 2 * LEASE_TTL
 }
 
 /// One thread's leases, by bucket key.
@@ -188,8 +197,11 @@ impl Leases {
         if returning.is_none() {
             returning = e.take_expired(key, now);
         }
-        let demand = e.last_window.max(e.this_window).clamp(1, MAX_WANT);
-        let extra = (demand - 1).saturating_sub(e.asking);
+        // The checks in flight (this one included) and the extras they asked for already
+        // cover that much of the demand.
+        let demand = e.last_window.max(e.this_window).min(MAX_WANT);
+        e.in_flight = e.in_flight.saturating_add(1);
+        let extra = demand.saturating_sub(e.in_flight.saturating_add(e.asking));
         e.asking += extra;
         Take::Ask {
             want: 1 + extra,
@@ -219,7 +231,7 @@ impl Leases {
             }
             return kept;
         };
-        e.asking = e.asking.saturating_sub(want.saturating_sub(1));
+        e.answered(want);
         if leftover == 0 {
             return kept;
         }
@@ -249,7 +261,7 @@ impl Leases {
     /// The call for a check that asked for `want` failed: its extras are no longer asked for.
     pub(super) fn failed(&self, key: &str, want: u32) {
         if let Some(e) = self.lock().entries.get_mut(key) {
-            e.asking = e.asking.saturating_sub(want.saturating_sub(1));
+            e.answered(want);
         }
     }
 

@@ -157,7 +157,9 @@ async fn a_full_table_asks_for_one_token_and_forgets_quiet_keys() {
     let l = Leases::default();
     let now = Instant::now();
     for i in 0..MAX_KEYS {
-        l.take(&format!("k{i}"), T, now);
+        let key = format!("k{i}");
+        l.take(&key, T, now);
+        l.granted(&key, T, 1, 0, now);
     }
     assert_eq!(want(l.take("new", T, now)), 1);
     // Still counted: a granted lease for an untracked key goes straight back.
@@ -166,4 +168,19 @@ async fn a_full_table_asks_for_one_token_and_forgets_quiet_keys() {
     tokio::time::advance(2 * LEASE_TTL).await;
     l.take("new", T, Instant::now());
     assert_eq!(l.lock().entries.len(), 1, "quiet keys forgotten");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_in_one_batch_asks_for_no_lease_and_the_next_check_for_the_burst() {
+    let l = Leases::default();
+    let now = Instant::now();
+    // 20 checks before any answer (one runtime turn): each asks for its own token only.
+    for _ in 0..20 {
+        assert_eq!(want(l.take("k", T, now)), 1);
+    }
+    for _ in 0..20 {
+        l.granted("k", T, 1, 0, now);
+    }
+    // The next one, with nothing in flight, asks for what the burst suggests.
+    assert_eq!(want(l.take("k", T, now)), 21);
 }

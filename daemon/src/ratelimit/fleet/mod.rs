@@ -182,3 +182,7 @@ impl FleetLimiter {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "outage_lease_tests.rs"]
+mod outage_lease_tests;
