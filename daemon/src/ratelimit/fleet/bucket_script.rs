@@ -1,5 +1,5 @@
 //! The fleet token bucket: one Lua script that Redis runs atomically per batch of checks
-//! (`batch.rs`), and the keys it runs on.
+//! (`batch.rs`) and of leased tokens coming back (`lease.rs`), and the keys it runs on.
 //!
 //! It is the local bucket (`bucket.rs`) in Redis: capacity `burst` tokens, starting full,
 //! refilled continuously at `requests / per`, one token per request, all in integer
