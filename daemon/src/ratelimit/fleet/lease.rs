@@ -152,11 +152,12 @@ impl Leases {
     /// A check for `key` under `terms`: a token from the lease, or what to ask the store.
     pub(super) fn take(&self, key: &str, terms: Terms, now: Instant) -> Take {
         let mut t = self.lock();
-        if !t.entries.contains_key(key) && t.entries.len() >= MAX_KEYS {
-            if t.pruned.is_none_or(|p| now >= p + LEASE_TTL) {
-                t.pruned = Some(now);
-                t.entries.retain(|_, e| live(e, now));
-            }
+        if !t.entries.contains_key(key)
+            && t.entries.len() >= MAX_KEYS
+            && t.pruned.is_none_or(|p| now >= p + LEASE_TTL)
+        {
+            t.pruned = Some(now);
+            t.entries.retain(|_, e| live(e, now));
         }
         if !t.entries.contains_key(key) && t.entries.len() >= MAX_KEYS {
             return Take::Ask {
