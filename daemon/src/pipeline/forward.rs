@@ -50,6 +50,11 @@ pub(super) async fn forward(
         .forward(target, &path_and_query, req, ctx.upgrade.is_some())
         .await
         .map_err(|r| {
+            // The credential check stopped the upload: that is the reason.
+            if let Some(b) = ctx.dlp.as_ref().and_then(|p| p.blocked()) {
+                let rule = ctx.rule().map(|r| r.to_string());
+                return b.refusal(&target.host, rule.as_deref());
+            }
             // The body guard stopped the upload: that, not the aborted stream, is the reason.
             match ctx.secrets.as_ref().and_then(|p| p.body_refusal()) {
                 Some(e) => secrets::refused(ctx, e),

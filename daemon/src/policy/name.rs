@@ -67,6 +67,7 @@ impl Policy {
             explanation,
             obligations: Obligations::default(),
             secrets: None,
+            dlp: None,
             names_agents: false,
             unavailable: self.unavailable,
         }

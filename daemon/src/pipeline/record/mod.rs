@@ -180,6 +180,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
             Ending::Refused(r) => r.limit_scope,
             _ => None,
         },
+        dlp: ctx.dlp.as_ref().and_then(|p| p.facts()),
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }
