@@ -90,6 +90,7 @@ pub(super) async fn record(
         // Report mode answered a name enforcing would refuse: `ctl policy suggest` reads it.
         would_deny: outcome.decision.as_ref().is_some_and(|d| d.reported_deny),
         ms: record::ms_since(asked.started),
+        dlp: outcome.dlp.clone(),
         ..base.query(secrets.redact(&outcome.host).into(), facts, at)
     };
     record::connection(proxy, rec).await

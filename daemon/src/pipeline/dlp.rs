@@ -24,6 +24,7 @@ use crate::body::ProxyBody;
 use crate::dlp::{self, AllowList, ContentEncoding, Decision, Finding, Findings, Format, Place};
 use crate::policy::DlpMode;
 use crate::record::{DlpAction, DlpFacts, DlpFinding, DlpVerdict, ErrorCode};
+use crate::secrets::rewrite::websocket::FrameCheck;
 
 /// A compressed request body is read whole, up to this many bytes…
 pub(crate) const MAX_COMPRESSED: usize = 16 << 20;
@@ -261,6 +262,40 @@ fn scan_head<B>(phase: &DlpPhase, req: &Request<B>) -> Result<(), Blocked> {
     Ok(())
 }
 
+/// The check on the agent's WebSocket messages, when the request opens one under the check.
+pub(super) fn frame_check(ctx: &RequestCtx) -> Option<Arc<dyn FrameCheck>> {
+    let phase = ctx.dlp.clone()?;
+    if !is_websocket(ctx.upgrade.as_deref()) {
+        return None;
+    }
+    Some(Arc::new(WsCheck {
+        phase,
+        rule: ctx.rule().map(|r| r.to_string()),
+    }))
+}
+
+fn is_websocket(upgrade: Option<&str>) -> bool {
+    upgrade.is_some_and(|u| u.trim().eq_ignore_ascii_case("websocket"))
+}
+
+struct WsCheck {
+    phase: Arc<DlpPhase>,
+    rule: Option<String>,
+}
+
+impl FrameCheck for WsCheck {
+    fn check(&self, message: &[u8]) -> Result<(), String> {
+        let mut scratch = Findings::default();
+        self.phase
+            .scan(message, Place::WebSocket, &mut scratch)
+            .map_err(|b| b.refusal(self.phase.host(), self.rule.as_deref()).message)
+    }
+
+    fn facts(&self) -> Option<DlpFacts> {
+        self.phase.facts()
+    }
+}
+
 /// Puts the request body under the check: scanned as it streams, or, compressed, read whole
 /// and decompressed first (refused when it cannot be).
 pub(super) async fn body(
@@ -270,6 +305,11 @@ pub(super) async fn body(
     let Some(phase) = ctx.dlp.clone() else {
         return Ok(req);
     };
+    let mut req = req;
+    if is_websocket(ctx.upgrade.as_deref()) {
+        // Messages are checked one by one, as sent: no compression extension.
+        crate::secrets::rewrite::websocket::offered_extensions_removed(req.headers_mut());
+    }
     if http_body::Body::is_end_stream(req.body()) {
         return Ok(req);
     }

@@ -90,9 +90,20 @@ pub(super) fn respond(
                     format!("the upstream switched to {to:?}, which was not asked for"),
                 ));
             }
-            // Under a rule that binds secrets, a WebSocket is relayed message by message,
-            // which needs frames as sent: no extension (none was offered).
-            let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
+            // Under a rule that binds secrets, or under the credential check, a WebSocket is
+            // relayed message by message, which needs frames as sent: no extension (none was
+            // offered).
+            let mut guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
+            if let Some(check) = super::dlp::frame_check(ctx) {
+                let g = guard.get_or_insert_with(|| FrameGuard {
+                    set: ctx.proxy.vault.current(),
+                    bindings: None,
+                    dlp: None,
+                    swapped: Arc::default(),
+                    tls: target.scheme == crate::policy::Scheme::Https,
+                });
+                g.dlp = Some(check);
+            }
             if guard.is_some() {
                 crate::secrets::rewrite::websocket::check_accepted(resp.headers())
                     .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?;

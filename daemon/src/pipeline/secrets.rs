@@ -303,7 +303,8 @@ impl SecretPhase {
             .filter(|_| self.websocket && self.binds())?;
         Some(FrameGuard {
             set: self.set.clone(),
-            bindings,
+            bindings: Some(bindings),
+            dlp: None,
             swapped: self.body_used.clone(),
             tls: self.tls,
         })

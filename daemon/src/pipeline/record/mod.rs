@@ -278,9 +278,18 @@ pub(crate) async fn guarded_tunnel_closed(
     decided: &Record,
     guarded: &GuardedRelay,
     swapped: &[Arc<str>],
+    dlp: Option<crate::record::DlpFacts>,
     started: Instant,
 ) {
     let mut record = closed(decided, &guarded.relayed, started);
+    if dlp.is_some() {
+        record.dlp = dlp;
+    }
+    if let Some(why) = &guarded.dlp_refused {
+        tracing::warn!("WebSocket closed: {why}");
+        record.error_code = Some(ErrorCode::CredentialExfiltration);
+        record.reason = Some(why.clone());
+    }
     for name in swapped {
         if !record.secrets.contains(name) {
             record.secrets.push(name.clone());
