@@ -67,22 +67,67 @@ pub struct Format {
 }
 
 pub const FORMATS: [Format; 15] = [
-    Format { name: "aws_access_key_id", home: Some("sts.amazonaws.com") },
-    Format { name: "aws_secret_access_key", home: Some("sts.amazonaws.com") },
-    Format { name: "github_token", home: Some("api.github.com") },
-    Format { name: "gitlab_token", home: Some("gitlab.com") },
-    Format { name: "slack_token", home: Some("slack.com") },
-    Format { name: "slack_webhook", home: Some("hooks.slack.com") },
-    Format { name: "stripe_key", home: Some("api.stripe.com") },
-    Format { name: "openai_key", home: Some("api.openai.com") },
-    Format { name: "anthropic_key", home: Some("api.anthropic.com") },
-    Format { name: "google_api_key", home: Some("generativelanguage.googleapis.com") },
+    Format {
+        name: "aws_access_key_id",
+        home: Some("sts.amazonaws.com"),
+    },
+    Format {
+        name: "aws_secret_access_key",
+        home: Some("sts.amazonaws.com"),
+    },
+    Format {
+        name: "github_token",
+        home: Some("api.github.com"),
+    },
+    Format {
+        name: "gitlab_token",
+        home: Some("gitlab.com"),
+    },
+    Format {
+        name: "slack_token",
+        home: Some("slack.com"),
+    },
+    Format {
+        name: "slack_webhook",
+        home: Some("hooks.slack.com"),
+    },
+    Format {
+        name: "stripe_key",
+        home: Some("api.stripe.com"),
+    },
+    Format {
+        name: "openai_key",
+        home: Some("api.openai.com"),
+    },
+    Format {
+        name: "anthropic_key",
+        home: Some("api.anthropic.com"),
+    },
+    Format {
+        name: "google_api_key",
+        home: Some("generativelanguage.googleapis.com"),
+    },
     // A key file carries a private key, which has no home: refused everywhere.
-    Format { name: "google_service_account", home: None },
-    Format { name: "pem_private_key", home: None },
-    Format { name: "openssh_private_key", home: None },
-    Format { name: "pgp_private_key", home: None },
-    Format { name: "jwt", home: None },
+    Format {
+        name: "google_service_account",
+        home: None,
+    },
+    Format {
+        name: "pem_private_key",
+        home: None,
+    },
+    Format {
+        name: "openssh_private_key",
+        home: None,
+    },
+    Format {
+        name: "pgp_private_key",
+        home: None,
+    },
+    Format {
+        name: "jwt",
+        home: None,
+    },
 ];
 
 /// Every home host, for the upstream's certificate and the daemon's name map.

@@ -23,6 +23,7 @@ mod decompress;
 mod detector;
 mod format;
 mod marker;
+mod redact;
 mod stream;
 mod verify;
 
@@ -34,6 +35,7 @@ pub(crate) use decompress::{decompress_capped, ContentEncoding};
 #[allow(unused_imports)]
 pub(crate) use detector::{Detector, Encoding, Finding, Findings, Fingerprint};
 pub(crate) use format::Format;
+pub(crate) use redact::shown;
 #[allow(unused_imports)]
 pub(crate) use stream::{StreamScan, OVERLAP, STEP};
 

@@ -127,7 +127,11 @@ pub(crate) async fn answer(
         None => None,
         Some(check) => {
             let mut scratch = crate::dlp::Findings::default();
-            let verdict = check.scan(asked_name.as_bytes(), crate::dlp::Place::DnsName, &mut scratch);
+            let verdict = check.scan(
+                asked_name.as_bytes(),
+                crate::dlp::Place::DnsName,
+                &mut scratch,
+            );
             if let Err(b) = verdict {
                 let r = b.refusal(&host, decision.rule_id.as_deref());
                 return Outcome {

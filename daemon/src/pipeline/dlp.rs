@@ -96,9 +96,12 @@ impl DlpPhase {
         if found.is_empty() {
             return Ok(());
         }
-        let allow = self
-            .allow
-            .get_or_init(|| AllowList::new(dlp::detector(), self.allow_values.iter().map(|v| v.as_bytes())));
+        let allow = self.allow.get_or_init(|| {
+            AllowList::new(
+                dlp::detector(),
+                self.allow_values.iter().map(|v| v.as_bytes()),
+            )
+        });
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut blocked: Option<Blocked> = None;
         for f in found {
@@ -181,6 +184,8 @@ impl DlpPhase {
 impl Blocked {
     /// The agent's view: the format and the place, never the value.
     pub(crate) fn refusal(&self, host: &str, rule: Option<&str>) -> Refusal {
+        // A name can hold the credential (`<token>.example.com`): never shown.
+        let host = &*dlp::shown(host);
         let names: Vec<&str> = self.formats.iter().map(|f| f.as_str()).collect();
         let names = names.join(", ");
         let homes = self.formats.first().map_or(&[][..], |f| f.home_patterns());
@@ -367,8 +372,8 @@ async fn checked_body(
 async fn read_capped(mut body: ProxyBody, cap: usize) -> Result<Bytes, crate::dlp::DlpError> {
     let mut out = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|_| crate::dlp::DlpError::Unreadable("could not be read".into()))?;
+        let frame =
+            frame.map_err(|_| crate::dlp::DlpError::Unreadable("could not be read".into()))?;
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > cap {
                 return Err(crate::dlp::DlpError::Unreadable(format!(

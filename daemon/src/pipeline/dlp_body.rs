@@ -161,7 +161,9 @@ impl Body for DlpBody {
                                 let mut scratch = dlp::Findings::default();
                                 for (name, value) in t {
                                     let place = Place::header(name.as_str());
-                                    if let Err(b) = this.phase.scan(value.as_bytes(), place, &mut scratch) {
+                                    if let Err(b) =
+                                        this.phase.scan(value.as_bytes(), place, &mut scratch)
+                                    {
                                         this.finished = true;
                                         this.queued.clear();
                                         return Poll::Ready(Some(Err(Box::new(BodyBlocked(b)))));

@@ -50,7 +50,6 @@ impl Tunnel {
         let swapped = guard.swapped_names();
         proxy.vault.record_use(&swapped);
         let dlp = guard.dlp.as_ref().and_then(|c| c.facts());
-        record::guarded_tunnel_closed(proxy, &self.decided, &guarded, &swapped, dlp, started)
-            .await;
+        record::guarded_tunnel_closed(proxy, &self.decided, &guarded, &swapped, dlp, started).await;
     }
 }

@@ -64,7 +64,11 @@ dlp_allow = ["x", "y"]
 fn bad_settings_are_refused_without_quoting_values() {
     let cases = [
         ("dlp = \"warn\"", "allow", "unknown dlp \"warn\""),
-        ("dlp = \"report\"", "deny", "apply only to \"allow\" and \"ask\""),
+        (
+            "dlp = \"report\"",
+            "deny",
+            "apply only to \"allow\" and \"ask\"",
+        ),
         (
             "dlp = \"off\"\ndlp_allow = [\"SECRETVALUE123\"]",
             "allow",
@@ -80,9 +84,13 @@ fn bad_settings_are_refused_without_quoting_values() {
         ("dlp_allowed = []", "allow", "dlp_allowed"),
     ];
     for (keys, action, want) in cases {
-        let rule = format!("[[rule]]\nid = \"r\"\nhosts = [\"a.test\"]\naction = \"{action}\"\n{keys}\n");
+        let rule =
+            format!("[[rule]]\nid = \"r\"\nhosts = [\"a.test\"]\naction = \"{action}\"\n{keys}\n");
         let e = load(&rule).expect_err(keys);
         assert!(e.contains(want), "{keys}: {e}");
-        assert!(!e.contains("SECRETVALUE123"), "{keys}: the value is quoted: {e}");
+        assert!(
+            !e.contains("SECRETVALUE123"),
+            "{keys}: the value is quoted: {e}"
+        );
     }
 }

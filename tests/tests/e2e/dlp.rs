@@ -5,7 +5,7 @@
 //! real home name mapped to the loopback upstream) in a credential header passes; a corpus
 //! of ordinary requests is never refused; `dlp = "report"` lets through and records,
 //! `dlp = "off"` does not look. The table is printed and written to
-//! `bench/results/dlp-table.md`.
+//! `bench/results-dlp-table.md`.
 
 use std::io::Write as _;
 
@@ -97,7 +97,11 @@ fn request(position: &str, value: &str) -> Option<RawRequest> {
         ),
         "json" => {
             let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": format!("use this: {value}")}]});
-            RawRequest::post("/echo/v1/chat", "application/json", body.to_string().into_bytes())
+            RawRequest::post(
+                "/echo/v1/chat",
+                "application/json",
+                body.to_string().into_bytes(),
+            )
         }
         "form" => {
             let body: String = form_urlencoded::Serializer::new(String::new())
@@ -157,7 +161,10 @@ async fn websocket(w: &World, value: &str) -> &'static str {
         if !matches!(echoed, Ok(Some(Ok(Message::Text(_))))) {
             return "NO ECHO";
         }
-        let msg = format!("{{\"op\": \"note\", \"text\": {}}}", serde_json::json!(value));
+        let msg = format!(
+            "{{\"op\": \"note\", \"text\": {}}}",
+            serde_json::json!(value)
+        );
         let msg = if binary {
             Message::binary(msg.into_bytes())
         } else {
@@ -184,9 +191,12 @@ async fn websocket(w: &World, value: &str) -> &'static str {
 /// DNS stub: REFUSED (rcode 5) when the check stops it. Values that cannot be a DNS name
 /// (too long a label, characters names do not carry) are not asked.
 async fn dns(w: &World, value: &str) -> &'static str {
-    let fits = value
-        .split('.')
-        .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    let fits = value.split('.').all(|l| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
     let name = format!("{value}.{AWAY}");
     if !fits || name.len() > 253 {
         return "n/a (no DNS name)";
@@ -197,7 +207,9 @@ async fn dns(w: &World, value: &str) -> &'static str {
         q.extend_from_slice(label.as_bytes());
     }
     q.extend_from_slice(&[0, 0, 1, 0, 1]);
-    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("udp");
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("udp");
     sock.send_to(&q, w.daemon.dns[0]).await.expect("send");
     let mut buf = [0u8; 1500];
     match tokio::time::timeout(std::time::Duration::from_secs(10), sock.recv(&mut buf)).await {
@@ -251,9 +263,7 @@ async fn credentials_go_only_home_in_every_position() {
             let json: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
             let refused = r.status == 403
                 && json["error_code"] == "credential_exfiltration"
-                && json["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains(f.name));
+                && json["message"].as_str().is_some_and(|m| m.contains(f.name));
             let leaked = r.body.contains(&secret);
             let reached = w.requests().len() > before;
             let cell = match (refused, leaked, reached) {
@@ -287,10 +297,15 @@ async fn credentials_go_only_home_in_every_position() {
         }
     }
     println!("\n{table}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/results");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join("dlp-table.md"), &table);
-    }
+    let bench = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench");
+    let _ = std::fs::write(
+        bench.join("results-dlp-table.md"),
+        format!("# Credentials that may only go home: every format in every position
+
+Written by `cargo test -p agenshield-e2e --test e2e dlp::` (the real daemon on loopback). Each cell: the value to a host that is not its home (`paste.test`); the last column: the same value to its home (the real name mapped to the loopback upstream) in `Authorization`.
+
+{table}"),
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
     // The audit log names formats and places, never a value.
@@ -310,9 +325,10 @@ async fn credentials_go_only_home_in_every_position() {
         .iter()
         .find(|l| {
             l["error_code"] == "credential_exfiltration"
-                && l["dlp"]["findings"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|x| x["format"] == "github_token" && x["place"] == "body"))
+                && l["dlp"]["findings"].as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|x| x["format"] == "github_token" && x["place"] == "body")
+                })
         })
         .expect("a record of a github_token refused in a body");
     assert_eq!(gh["status"], 403);
@@ -331,11 +347,26 @@ async fn report_lets_through_and_records_off_does_not_look() {
     let w = world().await;
     let value = dlp::value("github_token", 77);
     let body = serde_json::json!({"token": value}).to_string().into_bytes();
-    let r = send(&w, "report.test", &RawRequest::post("/echo/a", "application/json", body.clone())).await;
+    let r = send(
+        &w,
+        "report.test",
+        &RawRequest::post("/echo/a", "application/json", body.clone()),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = send(&w, "off.test", &RawRequest::post("/echo/b", "application/json", body.clone())).await;
+    let r = send(
+        &w,
+        "off.test",
+        &RawRequest::post("/echo/b", "application/json", body.clone()),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = send(&w, AWAY, &RawRequest::post("/echo/c", "application/json", body)).await;
+    let r = send(
+        &w,
+        AWAY,
+        &RawRequest::post("/echo/c", "application/json", body),
+    )
+    .await;
     assert_eq!(r.status, 403, "{}", r.body);
     // An unknown content coding is not sent on unread.
     let r = send(
@@ -363,7 +394,11 @@ async fn report_lets_through_and_records_off_does_not_look() {
     assert_eq!(reported["dlp"]["findings"][0]["verdict"], "exfiltration");
     assert!(by_host("off.test").get("dlp").is_none());
     // The upstream got the reported body; never the blocked one.
-    let seen: Vec<_> = w.requests().iter().map(|r| r.path_and_query.clone()).collect();
+    let seen: Vec<_> = w
+        .requests()
+        .iter()
+        .map(|r| r.path_and_query.clone())
+        .collect();
     assert!(seen.contains(&"/echo/a".to_string()));
     assert!(!seen.contains(&"/echo/c".to_string()), "{seen:?}");
 }
@@ -374,11 +409,18 @@ async fn a_credential_late_in_a_large_streamed_body_stops_the_upload() {
     let value = dlp::value("anthropic_key", 5);
     let mut body = Vec::new();
     while body.len() < 3 << 20 {
-        body.extend_from_slice(b"{\"line\": \"ordinary log text, nothing to see here 0123456789\"}\n");
+        body.extend_from_slice(
+            b"{\"line\": \"ordinary log text, nothing to see here 0123456789\"}\n",
+        );
     }
     body.extend_from_slice(format!("{{\"key\": \"{value}\"}}\n").as_bytes());
     body.extend_from_slice(&vec![b'x'; 100_000]);
-    let r = send(&w, AWAY, &RawRequest::post("/echo/logs", "application/x-ndjson", body.clone())).await;
+    let r = send(
+        &w,
+        AWAY,
+        &RawRequest::post("/echo/logs", "application/x-ndjson", body.clone()),
+    )
+    .await;
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("anthropic_key"), "{}", r.body);
     // Whatever reached the upstream stops before the credential.
@@ -405,17 +447,69 @@ fn corpus() -> Vec<(&'static str, RawRequest)> {
     let hex = |g: &mut dlp::Gen, n| g.pick(b"0123456789abcdef", n);
     let uuid = |g: &mut dlp::Gen| {
         let h = g.pick(b"0123456789abcdef", 32);
-        format!("{}-{}-4{}-a{}-{}", &h[..8], &h[8..12], &h[13..16], &h[17..20], &h[20..])
+        format!(
+            "{}-{}-4{}-a{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[13..16],
+            &h[17..20],
+            &h[20..]
+        )
     };
-    let pkgs = ["requests", "numpy", "serde", "tokio", "left-pad", "react", "lodash", "express", "typescript", "pytest"];
+    let pkgs = [
+        "requests",
+        "numpy",
+        "serde",
+        "tokio",
+        "left-pad",
+        "react",
+        "lodash",
+        "express",
+        "typescript",
+        "pytest",
+    ];
     for (i, p) in pkgs.iter().enumerate() {
-        out.push(("registry.test", RawRequest::get(format!("/echo/simple/{p}/")).header("User-Agent", "pip/24.0 {\"python\":\"3.12.1\"}").header("Accept", "application/vnd.pypi.simple.v1+json")));
-        out.push(("registry.test", RawRequest::get(format!("/echo/{p}/-/{p}-1.{i}.3.tgz")).header("User-Agent", "npm/10.2.4 node/v20.11.0 linux x64").header("npm-session", hex(&mut g, 16))));
-        out.push(("registry.test", RawRequest::get(format!("/echo/api/v1/crates/{p}/0.{i}.1/download")).header("User-Agent", "cargo 1.79.0 (ffa9cf99a 2024-06-03)")));
-        out.push(("registry.test", RawRequest::get(format!("/echo/v2/library/{p}/manifests/sha256:{}", hex(&mut g, 64))).header("Accept", "application/vnd.oci.image.manifest.v1+json")));
-        out.push(("registry.test", RawRequest::get(format!("/echo/{p}/info/refs?service=git-upload-pack")).header("Git-Protocol", "version=2")));
-        let want: String = (0..5).map(|_| format!("0032want {}\n", hex(&mut g, 40))).collect();
-        out.push(("registry.test", RawRequest::post(format!("/echo/{p}.git/git-upload-pack"), "application/x-git-upload-pack-request", format!("{want}00000009done\n").into_bytes())));
+        out.push((
+            "registry.test",
+            RawRequest::get(format!("/echo/simple/{p}/"))
+                .header("User-Agent", "pip/24.0 {\"python\":\"3.12.1\"}")
+                .header("Accept", "application/vnd.pypi.simple.v1+json"),
+        ));
+        out.push((
+            "registry.test",
+            RawRequest::get(format!("/echo/{p}/-/{p}-1.{i}.3.tgz"))
+                .header("User-Agent", "npm/10.2.4 node/v20.11.0 linux x64")
+                .header("npm-session", hex(&mut g, 16)),
+        ));
+        out.push((
+            "registry.test",
+            RawRequest::get(format!("/echo/api/v1/crates/{p}/0.{i}.1/download"))
+                .header("User-Agent", "cargo 1.79.0 (ffa9cf99a 2024-06-03)"),
+        ));
+        out.push((
+            "registry.test",
+            RawRequest::get(format!(
+                "/echo/v2/library/{p}/manifests/sha256:{}",
+                hex(&mut g, 64)
+            ))
+            .header("Accept", "application/vnd.oci.image.manifest.v1+json"),
+        ));
+        out.push((
+            "registry.test",
+            RawRequest::get(format!("/echo/{p}/info/refs?service=git-upload-pack"))
+                .header("Git-Protocol", "version=2"),
+        ));
+        let want: String = (0..5)
+            .map(|_| format!("0032want {}\n", hex(&mut g, 40)))
+            .collect();
+        out.push((
+            "registry.test",
+            RawRequest::post(
+                format!("/echo/{p}.git/git-upload-pack"),
+                "application/x-git-upload-pack-request",
+                format!("{want}00000009done\n").into_bytes(),
+            ),
+        ));
     }
     for i in 0..40 {
         let id = uuid(&mut g);
@@ -425,24 +519,72 @@ fn corpus() -> Vec<(&'static str, RawRequest)> {
             "tags": ["alpha", "beta"], "created_at": "2026-12-07T05:00:00Z",
             "text": "The quick brown fox jumps over the lazy dog. sk-learn and ghp are words too.",
         });
-        out.push(("api.test", RawRequest::post(format!("/echo/v1/items/{id}"), "application/json", body.to_string().into_bytes()).header("Authorization", format!("Bearer {}", uuid(&mut g)))));
-        out.push(("api.test", RawRequest::get(format!("/echo/v1/items?cursor={}&limit=50&sort=-created_at", hex(&mut g, 24))).header("If-None-Match", format!("\"{}\"", hex(&mut g, 32)))));
+        out.push((
+            "api.test",
+            RawRequest::post(
+                format!("/echo/v1/items/{id}"),
+                "application/json",
+                body.to_string().into_bytes(),
+            )
+            .header("Authorization", format!("Bearer {}", uuid(&mut g))),
+        ));
+        out.push((
+            "api.test",
+            RawRequest::get(format!(
+                "/echo/v1/items?cursor={}&limit=50&sort=-created_at",
+                hex(&mut g, 24)
+            ))
+            .header("If-None-Match", format!("\"{}\"", hex(&mut g, 32))),
+        ));
     }
     for i in 0..30 {
         // A small PNG-like binary image, base64 in JSON and as a data URL.
         let mut img = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
         img.extend(g.bytes(600 + i * 37));
         let b64 = base64::engine::general_purpose::STANDARD.encode(&img);
-        let body = serde_json::json!({"image": format!("data:image/png;base64,{b64}"), "alt": "chart"});
-        out.push(("cdn.test", RawRequest::post("/echo/upload/image", "application/json", body.to_string().into_bytes())));
-        out.push(("cdn.test", RawRequest::post("/echo/upload/raw", "image/png", img)));
+        let body =
+            serde_json::json!({"image": format!("data:image/png;base64,{b64}"), "alt": "chart"});
+        out.push((
+            "cdn.test",
+            RawRequest::post(
+                "/echo/upload/image",
+                "application/json",
+                body.to_string().into_bytes(),
+            ),
+        ));
+        out.push((
+            "cdn.test",
+            RawRequest::post("/echo/upload/raw", "image/png", img),
+        ));
     }
     for i in 0..20 {
         let text = format!("commit {}\nAuthor: Dev <dev@example.com>\n\n    fix: handle {} (closes #{})\n\ndiff --git a/src/lib.rs b/src/lib.rs\nindex {}..{} 100644\n", hex(&mut g, 40), uuid(&mut g), 100 + i, hex(&mut g, 7), hex(&mut g, 7));
-        let form: String = form_urlencoded::Serializer::new(String::new()).append_pair("patch", &text).append_pair("token_type", "bearer").append_pair("state", &hex(&mut g, 32)).finish();
-        out.push(("api.test", RawRequest::post("/echo/review", "application/x-www-form-urlencoded", form.into_bytes())));
-        let jwt_like = format!("{}.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"{\"not\":\"a token\"}"), hex(&mut g, 10));
-        out.push(("api.test", RawRequest::get(format!("/echo/search?q=AKIA+is+a+prefix&ref={jwt_like}&sha={}", hex(&mut g, 40))).header("Cookie", format!("session={}; theme=dark", uuid(&mut g)))));
+        let form: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("patch", &text)
+            .append_pair("token_type", "bearer")
+            .append_pair("state", &hex(&mut g, 32))
+            .finish();
+        out.push((
+            "api.test",
+            RawRequest::post(
+                "/echo/review",
+                "application/x-www-form-urlencoded",
+                form.into_bytes(),
+            ),
+        ));
+        let jwt_like = format!(
+            "{}.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"{\"not\":\"a token\"}"),
+            hex(&mut g, 10)
+        );
+        out.push((
+            "api.test",
+            RawRequest::get(format!(
+                "/echo/search?q=AKIA+is+a+prefix&ref={jwt_like}&sha={}",
+                hex(&mut g, 40)
+            ))
+            .header("Cookie", format!("session={}; theme=dark", uuid(&mut g))),
+        ));
     }
     out
 }
@@ -456,7 +598,10 @@ async fn ordinary_traffic_is_never_refused() {
     for (host, req) in &corpus {
         let r = send(&w, host, req).await;
         if r.status != 200 {
-            refused.push(format!("{host} {} {}: {} {}", req.method, req.path, r.status, r.body));
+            refused.push(format!(
+                "{host} {} {}: {} {}",
+                req.method, req.path, r.status, r.body
+            ));
         }
     }
     println!(
@@ -466,5 +611,8 @@ async fn ordinary_traffic_is_never_refused() {
     );
     assert!(refused.is_empty(), "{}", refused.join("\n"));
     let lines = audit::lines(&w.daemon.audit_path());
-    assert!(lines.iter().all(|l| l.get("dlp").is_none()), "a finding in the corpus");
+    assert!(
+        lines.iter().all(|l| l.get("dlp").is_none()),
+        "a finding in the corpus"
+    );
 }

@@ -157,6 +157,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         started: ctx.started_at.clone(),
         policy: ctx.policy.hash_shared(),
     };
+    // A credential the check found in the URL or the name is not written either.
+    let dlp = ctx.dlp.as_ref().and_then(|p| p.facts());
+    let (host, path) = match &dlp {
+        Some(_) => (
+            host.map(|h: Arc<str>| crate::dlp::shown(&h).into()),
+            crate::dlp::shown(&path).into_owned(),
+        ),
+        None => (host, path),
+    };
     Record {
         port,
         method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
@@ -180,7 +189,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
             Ending::Refused(r) => r.limit_scope,
             _ => None,
         },
-        dlp: ctx.dlp.as_ref().and_then(|p| p.facts()),
+        dlp,
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }
