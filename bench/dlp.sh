@@ -63,13 +63,17 @@ ThreadingHTTPServer(("127.0.0.2", int(sys.argv[1])), Sink).serve_forever()
 PY
 python3 "$SINK_DIR/sink.py" "$SINK_PORT" >"$SINK_DIR/sink.log" 2>&1 &
 SINK_PID=$!
+# Until the harness's main sets its own trap (the teardown below, which also stops the sink).
+trap 'kill "$SINK_PID" 2>/dev/null; rm -rf "$SINK_DIR"' EXIT
 for _ in $(seq 1 100); do
   ss -ltnH "sport = :$SINK_PORT" | grep -q . && break
   sleep 0.1
 done
 ss -ltnH "sport = :$SINK_PORT" | grep -q . || { echo "bench: the upload sink did not start" >&2; exit 2; }
 # The upload: base64 text (what an agent uploads most: encoded files, JSON), 76 a line.
-head -c $((UPLOAD_MB << 20)) /dev/urandom | base64 -w 76 | head -c $((UPLOAD_MB << 20)) >"$SINK_DIR/upload.txt"
+# (base64 is cut short by the second head: its SIGPIPE is expected, the size is checked.)
+{ head -c $((UPLOAD_MB << 20)) /dev/urandom | base64 -w 76 | head -c $((UPLOAD_MB << 20)); } >"$SINK_DIR/upload.txt" || true
+[ "$(stat -c %s "$SINK_DIR/upload.txt")" -eq $((UPLOAD_MB << 20)) ] || { echo "bench: could not write the upload" >&2; exit 2; }
 chmod 644 "$SINK_DIR/upload.txt"
 
 eval "$(declare -f teardown | sed '1s/^teardown/harness_teardown/')"
