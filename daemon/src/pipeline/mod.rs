@@ -167,3 +167,7 @@ impl Drop for RequestCtx {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "dlp_body_tests.rs"]
+mod dlp_body_tests;
