@@ -8,6 +8,7 @@ pub mod bundle_server;
 pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;
+pub mod dlp;
 #[cfg(target_os = "linux")]
 pub mod installation;
 #[cfg(target_os = "linux")]

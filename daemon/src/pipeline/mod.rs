@@ -14,6 +14,8 @@
 //! `record`.
 
 pub(crate) mod decide;
+pub(crate) mod dlp;
+mod dlp_body;
 mod forward;
 pub(crate) mod limit;
 pub(crate) mod record;
@@ -65,6 +67,8 @@ pub(crate) struct RequestCtx {
     /// Once decided and let through: `Allow`, or `AskApproved`.
     pub verdict: Option<Verdict>,
     pub secrets: Option<SecretPhase>,
+    /// The credential check, unless the rule says `dlp = "off"` (`dlp.rs`).
+    pub dlp: Option<Arc<dlp::DlpPhase>>,
     /// The rule's concurrency slot, held until the response body ends.
     pub permit: Option<ConcurrencyPermit>,
     /// Request body bytes sent upstream.
@@ -114,8 +118,10 @@ async fn phases(
     record::ready(&ctx.proxy)?;
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
+    dlp::inspect(ctx, &req)?;
     secrets::inspect(ctx, &req).await?;
     limit::check(ctx).await?;
+    let req = dlp::body(ctx, req.map(crate::body::stream)).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
     forward::respond(ctx, forwarded)
@@ -140,6 +146,7 @@ impl RequestCtx {
             decision: None,
             verdict: None,
             secrets: None,
+            dlp: None,
             permit: None,
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
@@ -160,3 +167,7 @@ impl Drop for RequestCtx {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "dlp_body_tests.rs"]
+mod dlp_body_tests;

@@ -11,6 +11,7 @@
 mod agents;
 mod compile;
 mod constraints;
+mod dlp;
 mod error;
 mod eval;
 mod glob;
@@ -63,6 +64,7 @@ pub(crate) fn default_rule_id() -> Arc<str> {
 
 pub use agents::{agent_uid, AgentError};
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
+pub use dlp::{DlpMode, DlpRule};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
 /// For `dlp/`: its home hosts are written and matched as rule hosts are.
@@ -178,6 +180,9 @@ pub struct Decision {
     pub obligations: Obligations,
     /// The secrets the deciding rule binds, when it allows or asks.
     pub secrets: Option<Arc<SecretBindings>>,
+    /// The deciding rule's `dlp` and `dlp_allow` when it allows or asks; `None`: the
+    /// defaults (`block`, the AWS example keys only).
+    pub dlp: Option<Arc<DlpRule>>,
     /// The deciding rule lists its users in `agents` (and matched one of them): its secrets
     /// serve exactly those, whoever they are; a rule without `agents` serves agent users only.
     pub names_agents: bool,
@@ -414,6 +419,10 @@ macro_rules! display_as_str {
     )*};
 }
 display_as_str!(Action, Mode, Scheme);
+
+#[cfg(test)]
+#[path = "dlp_tests.rs"]
+mod dlp_tests;
 
 #[cfg(test)]
 #[path = "policy_tests.rs"]

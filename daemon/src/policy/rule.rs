@@ -61,6 +61,7 @@ pub(crate) fn compile_rule(
         ));
     }
     let passthrough = passthrough(def, action, &err)?;
+    let dlp = super::dlp::compile_dlp(&def.dlp, action, &err)?;
     let agents = super::agents::compile_agents(def.agents.as_ref(), &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
@@ -114,6 +115,7 @@ pub(crate) fn compile_rule(
             secrets: secrets.clone(),
             passthrough,
             agents: agents.clone(),
+            dlp: dlp.clone(),
         };
         out.push((rule, hosts));
     }

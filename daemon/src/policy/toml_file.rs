@@ -53,6 +53,8 @@ struct RuleFile {
     sigv4: Option<Spanned<Sigv4File>>,
     agents: Option<List<super::agents::AgentFile>>,
     tls: Option<Spanned<String>>,
+    dlp: Option<Spanned<String>>,
+    dlp_allow: Option<List<String>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -118,6 +120,10 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             sigv4: r.sigv4,
             agents: r.agents,
             tls: r.tls,
+            dlp: super::dlp::DlpDef {
+                mode: r.dlp,
+                allow: r.dlp_allow,
+            },
             matchers: vec![matcher],
         });
     }

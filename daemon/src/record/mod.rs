@@ -9,6 +9,7 @@
 
 mod base;
 mod conn;
+mod dlp;
 mod end;
 mod error_code;
 mod listener;
@@ -24,6 +25,7 @@ use serde::{Serialize, Serializer};
 
 pub(crate) use base::{RecordBase, Redact, Stamp};
 pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
+pub(crate) use dlp::{DlpAction, DlpFacts, DlpFinding, DlpPlace, DlpVerdict};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
@@ -245,6 +247,10 @@ pub(crate) struct Record {
     /// DNS query records only: the question and the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsFacts>,
+    /// Credentials found in the request (format and place, never a value), and what was
+    /// done. Written only when one was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dlp: Option<DlpFacts>,
     /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
     #[serde(skip)]
     pub reason: Option<String>,

@@ -21,6 +21,7 @@ mod budgets_linux;
 mod compat_linux;
 mod control;
 mod ctl_edges;
+mod dlp;
 mod dns_linux;
 mod doctor_linux;
 mod edges_linux;

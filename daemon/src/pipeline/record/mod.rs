@@ -157,6 +157,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         started: ctx.started_at.clone(),
         policy: ctx.policy.hash_shared(),
     };
+    // A credential the check found in the URL or the name is not written either.
+    let dlp = ctx.dlp.as_ref().and_then(|p| p.facts());
+    let (host, path) = match &dlp {
+        Some(_) => (
+            host.map(|h: Arc<str>| crate::dlp::shown(&h).into()),
+            crate::dlp::shown(&path).into_owned(),
+        ),
+        None => (host, path),
+    };
     Record {
         port,
         method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
@@ -180,6 +189,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
             Ending::Refused(r) => r.limit_scope,
             _ => None,
         },
+        dlp,
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }
@@ -277,9 +287,18 @@ pub(crate) async fn guarded_tunnel_closed(
     decided: &Record,
     guarded: &GuardedRelay,
     swapped: &[Arc<str>],
+    dlp: Option<crate::record::DlpFacts>,
     started: Instant,
 ) {
     let mut record = closed(decided, &guarded.relayed, started);
+    if dlp.is_some() {
+        record.dlp = dlp;
+    }
+    if let Some(why) = &guarded.dlp_refused {
+        tracing::warn!("WebSocket closed: {why}");
+        record.error_code = Some(ErrorCode::CredentialExfiltration);
+        record.reason = Some(why.clone());
+    }
     for name in swapped {
         if !record.secrets.contains(name) {
             record.secrets.push(name.clone());
