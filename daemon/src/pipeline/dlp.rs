@@ -108,6 +108,7 @@ impl DlpPhase {
             let decision = dlp::decide(f, &self.host, place, allow);
             let verdict = match decision {
                 Decision::Home => DlpVerdict::Home,
+                Decision::Bearer => DlpVerdict::Bearer,
                 Decision::Allowed => DlpVerdict::Allowed,
                 Decision::Exfiltration { format } => {
                     match self.mode {

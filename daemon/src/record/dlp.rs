@@ -36,6 +36,8 @@ pub(crate) enum DlpPlace {
 pub(crate) enum DlpVerdict {
     /// To its home, in a credential place.
     Home,
+    /// A homeless bearer token (a JWT) in a credential header: passed.
+    Bearer,
     /// Listed in `dlp_allow` (or the defaults).
     Allowed,
     Exfiltration,

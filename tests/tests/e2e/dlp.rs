@@ -260,6 +260,23 @@ async fn credentials_go_only_home_in_every_position() {
             };
             let before = w.requests().len();
             let r = send(&w, AWAY, &req).await;
+            if position == "header" && f.name == "jwt" {
+                // A JWT is a bearer token: in `Authorization` it goes to whatever host the
+                // rule allows, recorded with the verdict `bearer` (docs/dlp.md).
+                let passed = r.status == 200 && w.requests().len() == before + 1;
+                if !passed {
+                    failures.push(format!(
+                        "jwt as a bearer token: status {} {}",
+                        r.status, r.body
+                    ));
+                }
+                table.push_str(if passed {
+                    " passes (bearer) |"
+                } else {
+                    " REFUSED |"
+                });
+                continue;
+            }
             let json: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
             let refused = r.status == 403
                 && json["error_code"] == "credential_exfiltration"
@@ -292,6 +309,9 @@ async fn credentials_go_only_home_in_every_position() {
                         f.name, r.status, r.body
                     ));
                 }
+            }
+            None if f.name == "jwt" => {
+                table.push_str(" no home: a bearer token, passes only in a credential header |\n")
             }
             None => table.push_str(" no home (refused everywhere) |\n"),
         }
