@@ -272,6 +272,12 @@ pub enum CtlCommand {
         after_help = "Examples:\n  agenshield proxy ctl pending list\n  agenshield proxy ctl pending approve p1"
     )]
     Pending(PendingCommand),
+    /// MCP tool definitions pinned per server (rules with `mcp = { pin = true }`)
+    #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl mcp list\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file"
+    )]
+    Mcp(McpCommand),
     /// The CA whose leaves the agent sees (read from the certificate directory)
     #[command(subcommand)]
     #[command(
@@ -488,6 +494,21 @@ pub enum CaCommand {
     /// The CA certificate (PEM) on stdout, to trust it elsewhere
     #[command(after_help = "Example:\n  agenshield proxy ctl ca export > agenshield-ca.pem")]
     Export,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Every pinned tool: server, name, hash, and a changed definition waiting, if any
+    #[command(after_help = "Example:\n  agenshield proxy ctl mcp list")]
+    List,
+    /// Accept a pinned tool's changed definition: it is listed and callable again
+    #[command(after_help = "Example:\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file")]
+    Accept {
+        /// The server, `host:port` as `ctl mcp list` shows it
+        server: String,
+        /// The tool's name
+        tool: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

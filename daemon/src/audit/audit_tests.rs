@@ -46,6 +46,7 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         limit_scope: None,
         end: None,
         dns: None,
+        mcp: None,
         reason: None,
     }
 }

@@ -202,6 +202,10 @@ pub(super) async fn build_proxy(
         approvals: Approvals::new(cfg.approvals.timeout),
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
+        mcp_pins: Arc::new(
+            crate::mcp::pins::PinStore::open(cfg.mcp_pins.clone())
+                .map_err(|e| BadInput(e.to_string()))?,
+        ),
         denied_names: cfg.dns_answers.denied,
         fleet,
     });

@@ -16,6 +16,7 @@
 pub(crate) mod decide;
 mod forward;
 pub(crate) mod limit;
+mod mcp;
 pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod secrets;
@@ -75,6 +76,8 @@ pub(crate) struct RequestCtx {
     /// The record phase has taken the request; until then, dropping the context (the
     /// client went away mid-pipeline) records it as abandoned.
     pub recorded: bool,
+    /// Under a rule with `mcp`: what the MCP phase read and decided.
+    pub mcp: Option<mcp::McpExchange>,
 }
 
 /// Handles one HTTP request from the agent. Never fails: refusals become responses.
@@ -107,6 +110,8 @@ pub(crate) async fn handle(
     record::respond(ctx, outcome).await
 }
 
+type SendFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 async fn phases(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
@@ -114,11 +119,17 @@ async fn phases(
     record::ready(&ctx.proxy)?;
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
+    // Boxed as `dyn Send`: otherwise rustc cannot prove the whole request future `Send` for
+    // every lifetime (the higher-ranked `Send` limitation, rust-lang/rust#64552).
+    let read: SendFuture<'_, _> = Box::pin(mcp::request(ctx, req));
+    let req = read.await?;
     secrets::inspect(ctx, &req).await?;
     limit::check(ctx).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
-    forward::respond(ctx, forwarded)
+    let resp = forward::respond(ctx, forwarded)?;
+    let filtered: SendFuture<'_, _> = Box::pin(mcp::response(ctx, resp));
+    filtered.await
 }
 
 impl RequestCtx {
@@ -144,6 +155,7 @@ impl RequestCtx {
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
             recorded: false,
+            mcp: None,
         }
     }
 

@@ -60,6 +60,7 @@ pub(crate) fn rules(
             sigv4: None,
             agents: None,
             tls: None,
+            mcp: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),
             priority,

@@ -208,6 +208,9 @@ impl Policy {
             secrets,
             names_agents: rule.is_some_and(|r| r.agents.is_some()),
             unavailable: self.unavailable,
+            mcp: rule
+                .filter(|r| r.action != Action::Deny)
+                .and_then(|r| r.mcp.clone()),
         }
     }
 }
@@ -227,6 +230,7 @@ pub(super) fn invalid(explanation: String) -> Decision {
         secrets: None,
         names_agents: false,
         unavailable: false,
+        mcp: None,
     }
 }
 

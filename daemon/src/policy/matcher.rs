@@ -35,6 +35,8 @@ pub(crate) struct CompiledRule {
     /// The agent uids it applies to, sorted; `None`: every agent. A deny with `agents` also
     /// applies where the agent is unknown.
     pub agents: Option<Box<[u32]>>,
+    /// The rule's `mcp` section (shared by all its matchers).
+    pub mcp: Option<Arc<super::mcp::McpRule>>,
 }
 
 /// A set of schemes as a bit mask.

@@ -21,6 +21,7 @@ mod json;
 mod layers;
 mod load;
 mod matcher;
+mod mcp;
 mod model;
 mod name;
 mod passthrough;
@@ -72,6 +73,7 @@ pub use inject::{
     TemplatePart,
 };
 pub use layers::{Composed, LocalMode};
+pub use mcp::{McpRefusal, McpRule};
 pub use load::{list_dir, load_files};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{
@@ -183,6 +185,8 @@ pub struct Decision {
     pub names_agents: bool,
     /// Refused because there is no policy yet (see [`Policy::unavailable`]).
     pub unavailable: bool,
+    /// The deciding rule's `mcp` section, when it allows or asks.
+    pub mcp: Option<Arc<McpRule>>,
 }
 
 impl Decision {

@@ -54,6 +54,8 @@ pub(crate) struct RuleDef {
     pub agents: Option<List<super::agents::AgentFile>>,
     /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.
     pub tls: Option<Spanned<String>>,
+    /// `mcp = { … }`: what MCP clients may ask of the servers it allows (TOML only).
+    pub mcp: Option<Spanned<super::mcp::McpFile>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
     pub matchers: Vec<MatchDef>,
 }

@@ -69,6 +69,7 @@ impl Policy {
             secrets: None,
             names_agents: false,
             unavailable: self.unavailable,
+            mcp: None,
         }
     }
 }

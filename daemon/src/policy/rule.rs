@@ -61,6 +61,7 @@ pub(crate) fn compile_rule(
         ));
     }
     let passthrough = passthrough(def, action, &err)?;
+    let mcp = super::mcp::compile_mcp(def.mcp.as_ref(), action, &err)?;
     let agents = super::agents::compile_agents(def.agents.as_ref(), &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
@@ -96,6 +97,10 @@ pub(crate) fn compile_rule(
             }
         };
         let mut shown = summary(m);
+        if let Some(section) = &mcp {
+            shown.push(' ');
+            shown.push_str(&section.summary());
+        }
         if let Some(uids) = &agents {
             let uids: Vec<String> = uids.iter().map(u32::to_string).collect();
             shown.push_str(&format!(" agents={}", uids.join(",")));
@@ -114,6 +119,7 @@ pub(crate) fn compile_rule(
             secrets: secrets.clone(),
             passthrough,
             agents: agents.clone(),
+            mcp: mcp.clone(),
         };
         out.push((rule, hosts));
     }

@@ -53,6 +53,7 @@ struct RuleFile {
     sigv4: Option<Spanned<Sigv4File>>,
     agents: Option<List<super::agents::AgentFile>>,
     tls: Option<Spanned<String>>,
+    mcp: Option<Spanned<super::mcp::McpFile>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -118,6 +119,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             sigv4: r.sigv4,
             agents: r.agents,
             tls: r.tls,
+            mcp: r.mcp,
             matchers: vec![matcher],
         });
     }

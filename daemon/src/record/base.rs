@@ -118,6 +118,7 @@ impl RecordBase {
             limit_scope: None,
             end: None,
             dns: None,
+            mcp: None,
             reason: None,
         }
     }

@@ -12,6 +12,7 @@ mod conn;
 mod end;
 mod error_code;
 mod listener;
+mod mcp;
 pub(crate) mod log;
 mod refusal;
 
@@ -27,6 +28,7 @@ pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
+pub(crate) use mcp::McpFacts;
 pub(crate) use refusal::{LimitScope, Refusal};
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
@@ -245,6 +247,9 @@ pub(crate) struct Record {
     /// DNS query records only: the question and the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsFacts>,
+    /// Requests under a rule with `mcp`: the JSON-RPC method and tool decided. Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpFacts>,
     /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
     #[serde(skip)]
     pub reason: Option<String>,

@@ -3,6 +3,7 @@
 //! refused even if the socket's mode is loosened).
 
 mod auth;
+mod mcp;
 mod routes;
 mod secrets;
 

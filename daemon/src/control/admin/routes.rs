@@ -68,6 +68,8 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
             super::secrets::set(admin, uid, &name, req).await
         }
         (Method::DELETE, ["v1", "secrets", name]) => super::secrets::remove(admin, uid, name).await,
+        (Method::GET, ["v1", "mcp", "pins"]) => super::mcp::list(admin),
+        (Method::POST, ["v1", "mcp", "accept"]) => super::mcp::accept(admin, uid, req).await,
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),
         (Method::POST, ["v1", "pending", id, verb @ ("approve" | "deny")]) => {
             let approve = *verb == "approve";

@@ -5,6 +5,7 @@ mod audit_keys;
 mod ca;
 pub(crate) mod client;
 mod escape;
+mod mcp;
 pub(crate) mod output;
 mod render;
 mod secrets;
@@ -137,6 +138,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             .await
         }
         CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
+        CtlCommand::Mcp(cmd) => mcp::run(&client, cmd, json).await,
         CtlCommand::Ca(cmd) => ca::run(cfg, cmd, json),
         CtlCommand::Tail {
             follow,
