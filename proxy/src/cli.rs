@@ -425,6 +425,12 @@ pub enum PolicyCommand {
         /// or denied under report mode): for CI checks of a policy change
         #[arg(long)]
         exit_code: bool,
+        /// Also check this MCP tool call (`tools/call` NAME) against the rule's `mcp`
+        #[arg(long, value_name = "NAME")]
+        mcp_tool: Option<String>,
+        /// Also check this MCP (JSON-RPC) method against the rule's `mcp.methods`
+        #[arg(long, value_name = "METHOD")]
+        mcp_method: Option<String>,
     },
     /// Validate policy files (a directory, or files; default: the configured policy
     /// directory); exit 2 on errors

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod installation;
 #[cfg(target_os = "linux")]
 pub mod netlab;
+pub mod mcp;
 pub mod ocsf;
 pub mod pki;
 pub mod prometheus;
