@@ -508,7 +508,9 @@ pub enum McpCommand {
     #[command(after_help = "Example:\n  agenshield proxy ctl mcp list")]
     List,
     /// Accept a pinned tool's changed definition: it is listed and callable again
-    #[command(after_help = "Example:\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file")]
+    #[command(
+        after_help = "Example:\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file"
+    )]
     Accept {
         /// The server, `host:port` as `ctl mcp list` shows it
         server: String,

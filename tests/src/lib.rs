@@ -9,9 +9,9 @@ pub mod curl;
 pub mod daemon;
 #[cfg(target_os = "linux")]
 pub mod installation;
+pub mod mcp;
 #[cfg(target_os = "linux")]
 pub mod netlab;
-pub mod mcp;
 pub mod ocsf;
 pub mod pki;
 pub mod prometheus;

@@ -84,7 +84,11 @@ pub fn check_mcp(
     call: &McpCall,
 ) -> Result<CheckResult, CheckError> {
     let mut r = check(policy, method, url, agent, denied)?;
-    let scheme = if r.scheme == "https" { Scheme::Https } else { Scheme::Http };
+    let scheme = if r.scheme == "https" {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
     let path = normalize_path(&r.path).map_err(CheckError::Path)?;
     let d = policy.decide(&RequestFacts {
         host: &r.host,
@@ -114,9 +118,10 @@ pub fn check_mcp(
                 .method(&rpc)
                 .and_then(|()| call.tool.as_deref().map_or(Ok(()), |t| m.tool(t)));
             match refused {
-                Ok(()) => r
-                    .explanation
-                    .push_str(&format!("; MCP {shown} is allowed by {} (pins aside)", m.summary())),
+                Ok(()) => r.explanation.push_str(&format!(
+                    "; MCP {shown} is allowed by {} (pins aside)",
+                    m.summary()
+                )),
                 Err(why) => {
                     r.decision = "deny";
                     r.explanation = format!(

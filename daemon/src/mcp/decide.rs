@@ -37,7 +37,12 @@ impl Refused {
 }
 
 /// Decides one message from the client to `server` (`host:port`).
-pub(crate) fn decide(rule: &McpRule, pins: &PinStore, server: &str, call: &Call) -> Result<(), Refused> {
+pub(crate) fn decide(
+    rule: &McpRule,
+    pins: &PinStore,
+    server: &str,
+    call: &Call,
+) -> Result<(), Refused> {
     if let Some(m) = &call.method {
         rule.method(m).map_err(Refused::Rule)?;
     }

@@ -137,10 +137,7 @@ mod tests {
         assert!(b.batch);
         assert_eq!(b.calls.len(), 3);
         assert_eq!(b.calls[0].id, None);
-        assert_eq!(
-            b.calls[1].target,
-            Some(Named::Resource("file:///x".into()))
-        );
+        assert_eq!(b.calls[1].target, Some(Named::Resource("file:///x".into())));
         assert_eq!(b.calls[2].method, None);
     }
 
@@ -154,7 +151,10 @@ mod tests {
             Err(BodyError::NotJsonRpc(_))
         ));
         assert!(matches!(
-            parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#, 128),
+            parse(
+                br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+                128
+            ),
             Err(BodyError::NotJsonRpc(_))
         ));
         assert!(matches!(

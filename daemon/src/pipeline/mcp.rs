@@ -92,7 +92,8 @@ pub(super) async fn request(
             return Err(invalid(ctx, &why));
         }
     };
-    let parsed = message::parse(&bytes, MAX_REQUEST_BODY).map_err(|e| invalid(ctx, &e.to_string()))?;
+    let parsed =
+        message::parse(&bytes, MAX_REQUEST_BODY).map_err(|e| invalid(ctx, &e.to_string()))?;
     let verdicts: Vec<Result<(), Refused>> = parsed
         .calls
         .iter()
@@ -106,7 +107,7 @@ pub(super) async fn request(
     let Some(at) = first_refused else {
         return Ok(Request::from_parts(parts, body::full(bytes)));
     };
-    let why = verdicts[at].err().expect("refused");
+    let why = verdicts[at].expect_err("the first refused");
     exchange.refused = Some(
         parsed
             .calls
@@ -273,7 +274,10 @@ pub(super) fn answer(
                 Some(Refused::Rule(_)) => (RPC_DENIED, r.message.clone()),
                 None => (
                     RPC_NOT_FORWARDED,
-                    format!("not forwarded: another message of the batch was refused: {}", r.message),
+                    format!(
+                        "not forwarded: another message of the batch was refused: {}",
+                        r.message
+                    ),
                 ),
             };
             Some(json!({

@@ -219,7 +219,12 @@ fn name_set(key: &str, list: &List<String>) -> Result<NameSet, (Range<usize>, St
             .literal_separator(false)
             .backslash_escape(true)
             .build()
-            .map_err(|e| (p.span(), format!("invalid `mcp.{key}` glob {pattern:?}: {}", e.kind())))?;
+            .map_err(|e| {
+                (
+                    p.span(),
+                    format!("invalid `mcp.{key}` glob {pattern:?}: {}", e.kind()),
+                )
+            })?;
         set.add(glob);
         patterns.push(pattern.as_str().into());
     }
@@ -283,13 +288,13 @@ mod tests {
 
     #[test]
     fn bad_sections_are_errors() {
-        let unknown = compile(r#"mcp = { tool = ["x"] }"#, Action::Allow).unwrap_err();
+        let unknown = compile(r#"mcp = { tool = ["x"] }"#, Action::Allow).expect_err("refused");
         assert!(unknown.contains("unknown field"), "{unknown}");
-        let empty = compile(r#"mcp = { tools = [] }"#, Action::Allow).unwrap_err();
+        let empty = compile(r#"mcp = { tools = [] }"#, Action::Allow).expect_err("refused");
         assert!(empty.contains("`mcp.tools` is empty"), "{empty}");
-        let glob = compile(r#"mcp = { tools = ["a[b"] }"#, Action::Allow).unwrap_err();
+        let glob = compile(r#"mcp = { tools = ["a[b"] }"#, Action::Allow).expect_err("refused");
         assert!(glob.contains("invalid `mcp.tools` glob"), "{glob}");
-        let deny = compile(r#"mcp = { pin = true }"#, Action::Deny).unwrap_err();
+        let deny = compile(r#"mcp = { pin = true }"#, Action::Deny).expect_err("refused");
         assert!(deny.contains("only to \"allow\" and \"ask\""), "{deny}");
     }
 }

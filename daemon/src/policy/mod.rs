@@ -73,8 +73,8 @@ pub use inject::{
     TemplatePart,
 };
 pub use layers::{Composed, LocalMode};
-pub use mcp::{McpRefusal, McpRule};
 pub use load::{list_dir, load_files};
+pub use mcp::{McpRefusal, McpRule};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{
     Obligations, RateLimit, RateScope, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS,

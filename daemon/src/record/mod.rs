@@ -12,8 +12,8 @@ mod conn;
 mod end;
 mod error_code;
 mod listener;
-mod mcp;
 pub(crate) mod log;
+mod mcp;
 mod refusal;
 
 use std::net::SocketAddr;

@@ -56,7 +56,11 @@ async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
             &py,
             &proxy,
             &url,
-            &[r#"search={"query":"x"}"#, r#"delete_repo={"name":"r"}"#, r#"read_file={"path":"/a"}"#],
+            &[
+                r#"search={"query":"x"}"#,
+                r#"delete_repo={"name":"r"}"#,
+                r#"read_file={"path":"/a"}"#,
+            ],
         )
         .await;
         let answers = if json { "JSON" } else { "SSE" };
@@ -102,7 +106,18 @@ async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
     let (code, tail, _) = d.ctl(&[], &["tail"]);
     assert_eq!(code, 0);
     assert!(tail.contains("mcp=tools/call:delete_repo"), "{tail}");
-    let (code, check, err) = d.ctl(&[], &["policy", "check", "POST", "http://mcp.test/mcp", "--mcp-tool", "delete_repo", "--exit-code"]);
+    let (code, check, err) = d.ctl(
+        &[],
+        &[
+            "policy",
+            "check",
+            "POST",
+            "http://mcp.test/mcp",
+            "--mcp-tool",
+            "delete_repo",
+            "--exit-code",
+        ],
+    );
     assert_eq!(code, 1, "{check}{err}");
     assert!(check.contains("mcp.tools"), "{check}{err}");
 }
@@ -146,7 +161,10 @@ async fn a_changed_pinned_tool_is_refused_until_accepted() {
     let (code, out, err) = d.ctl(&[], &["mcp", "accept", &server_name, "read_file"]);
     assert_eq!(code, 0, "{out}{err}");
     let accepted = session(&py, &proxy, &url, &[r#"read_file={"path":"/a"}"#]).await;
-    assert_eq!(accepted["tools"], serde_json::json!(["search", "read_file"]));
+    assert_eq!(
+        accepted["tools"],
+        serde_json::json!(["search", "read_file"])
+    );
     assert!(accepted["descriptions"]["read_file"]
         .as_str()
         .is_some_and(|t| t.contains("~/.ssh")));
@@ -160,7 +178,10 @@ async fn a_changed_pinned_tool_is_refused_until_accepted() {
     );
     // The pins are the daemon's file, kept across restarts.
     let pins = std::fs::read_to_string(d.dir.path().join("mcp-pins.json")).expect("pin file");
-    assert!(pins.contains(&server_name) && pins.contains("read_file"), "{pins}");
+    assert!(
+        pins.contains(&server_name) && pins.contains("read_file"),
+        "{pins}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

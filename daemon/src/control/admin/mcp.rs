@@ -40,7 +40,12 @@ struct Accept {
 pub(super) async fn accept(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<ProxyBody> {
     let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("cannot read the body: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        }
     };
     let ask: Accept = match serde_json::from_slice(&body) {
         Ok(a) => a,

@@ -26,7 +26,9 @@ use crate::body::ready::{take_ready, Ready};
 use crate::body::ProxyBody;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
-use crate::record::{log, ErrorCode, McpFacts, Protocol, Record, Redact, RequestId, Stamp, Verdict};
+use crate::record::{
+    log, ErrorCode, McpFacts, Protocol, Record, Redact, RequestId, Stamp, Verdict,
+};
 use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::secrets::set::SecretSet;
 use crate::upstream::pool::UpstreamAddr;
@@ -180,11 +182,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
         would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
-        mcp: ctx.mcp.as_ref().and_then(|m| m.facts.as_ref()).map(|f| McpFacts {
-            method: f.method.as_deref().map(|m| secrets.redact(m).into_owned()),
-            tool: f.tool.as_deref().map(|t| secrets.redact(t).into_owned()),
-            batch: f.batch,
-        }),
+        mcp: ctx
+            .mcp
+            .as_ref()
+            .and_then(|m| m.facts.as_ref())
+            .map(|f| McpFacts {
+                method: f.method.as_deref().map(|m| secrets.redact(m).into_owned()),
+                tool: f.tool.as_deref().map(|t| secrets.redact(t).into_owned()),
+                batch: f.batch,
+            }),
         limit_scope: match ending {
             Ending::Refused(r) => r.limit_scope,
             _ => None,

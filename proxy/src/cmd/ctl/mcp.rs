@@ -15,7 +15,10 @@ pub(super) async fn run(client: &Client, cmd: McpCommand, json: bool) -> u8 {
         },
         McpCommand::Accept { server, tool } => {
             let body = serde_json::json!({"server": server, "tool": tool});
-            match client.json(Method::POST, "/v1/mcp/accept", Some(body)).await {
+            match client
+                .json(Method::POST, "/v1/mcp/accept", Some(body))
+                .await
+            {
                 Ok(v) => print(&v, json, |v| {
                     format!(
                         "accepted {} on {}: pinned {}",

@@ -75,12 +75,12 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
                 Err(e) => return output::bad_input(e),
             };
             let ask = (method.as_str(), url.as_str(), agent);
-            let mcp = (mcp_tool.is_some() || mcp_method.is_some()).then(|| {
+            let mcp = (mcp_tool.is_some() || mcp_method.is_some()).then_some(
                 agenshield_proxy::control::policy_check::McpCall {
                     method: mcp_method,
                     tool: mcp_tool,
-                }
-            });
+                },
+            );
             policy_check(cfg, &client, ask, mcp, policy.as_deref(), exit_code, json).await
         }
         CtlCommand::Policy(PolicyCommand::Suggest {
