@@ -1,7 +1,8 @@
 """An MCP server over Streamable HTTP (the official Python SDK's FastMCP) for the end-to-end
 tests (tests/tests/e2e/mcp.rs): three tools, on a loopback port it picks and prints.
 
-`--json` answers POSTs with JSON instead of SSE. Calling `search` with the query
+`--json` answers POSTs with JSON instead of SSE; `--sse` serves the older HTTP+SSE transport
+(GET /sse, then POSTs to the endpoint it announces) instead of Streamable HTTP. Calling `search` with the query
 "rug-pull" changes `read_file`'s description, as a server turning malicious would.
 """
 
@@ -53,5 +54,6 @@ sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)
 print(sock.getsockname()[1], flush=True)
-config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+app = server.sse_app() if "--sse" in sys.argv else server.streamable_http_app()
+config = uvicorn.Config(app, log_level="warning")
 uvicorn.Server(config).run(sockets=[sock])

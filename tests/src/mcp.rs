@@ -40,6 +40,27 @@ pub fn python() -> Result<PathBuf, String> {
     Err(why)
 }
 
+/// How the server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Streamable HTTP, answers as SSE (the SDK's default).
+    StreamableSse,
+    /// Streamable HTTP, answers as JSON.
+    StreamableJson,
+    /// The older HTTP+SSE transport (`/sse`, then POSTs to the endpoint it announces).
+    HttpSse,
+}
+
+impl Transport {
+    /// The URL a client opens on `port`.
+    pub fn url(self, port: u16) -> String {
+        match self {
+            Transport::HttpSse => format!("http://mcp.test:{port}/sse"),
+            _ => format!("http://mcp.test:{port}/mcp"),
+        }
+    }
+}
+
 /// `tests/mcp/server.py` running, killed on drop.
 pub struct McpServer {
     child: Child,
@@ -54,12 +75,19 @@ impl Drop for McpServer {
 }
 
 impl McpServer {
-    /// The server; `json`: it answers POSTs with JSON, not SSE.
-    pub fn start(python: &Path, json: bool) -> McpServer {
+    /// The server: Streamable HTTP answering POSTs with SSE, or with JSON, or the older
+    /// HTTP+SSE transport.
+    pub fn start(python: &Path, transport: Transport) -> McpServer {
         let mut cmd = Command::new(python);
         cmd.arg("-W").arg("ignore").arg(scripts().join("server.py"));
-        if json {
-            cmd.arg("--json");
+        match transport {
+            Transport::StreamableSse => {}
+            Transport::StreamableJson => {
+                cmd.arg("--json");
+            }
+            Transport::HttpSse => {
+                cmd.arg("--sse");
+            }
         }
         let mut child = cmd
             .stdout(Stdio::piped())
@@ -92,14 +120,22 @@ impl McpServer {
     }
 }
 
-/// One client session through the proxy at `proxy` (`http://IP:PORT`): the tools listed,
-/// then each call (`NAME=JSON_ARGS`). The client's JSON report.
-pub async fn session(python: &Path, proxy: &str, url: &str, calls: &[&str]) -> serde_json::Value {
-    let out = tokio::process::Command::new(python)
-        .arg("-W")
-        .arg("ignore")
-        .arg(scripts().join("client.py"))
-        .arg(url)
+/// One client session through the proxy at `proxy` (`http://IP:PORT`) to the server on
+/// `port`: the tools listed, then each call (`NAME=JSON_ARGS`). The client's JSON report.
+pub async fn session(
+    python: &Path,
+    proxy: &str,
+    transport: Transport,
+    port: u16,
+    calls: &[&str],
+) -> serde_json::Value {
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.arg("-W").arg("ignore").arg(scripts().join("client.py"));
+    if transport == Transport::HttpSse {
+        cmd.arg("--sse");
+    }
+    let out = cmd
+        .arg(transport.url(port))
         .args(calls)
         .env("HTTP_PROXY", proxy)
         .env("http_proxy", proxy)

@@ -35,6 +35,13 @@ fn rule(mcp: &str) -> Arc<McpRule> {
     d.mcp.expect("the rule's mcp rides on the decision")
 }
 
+fn state() -> Arc<super::McpState> {
+    Arc::new(super::McpState {
+        pins: PinStore::in_memory(),
+        sessions: Arc::default(),
+    })
+}
+
 fn call(tool: &str) -> Vec<u8> {
     json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
         .to_string()
@@ -146,7 +153,7 @@ fn pinned_tool_that_changes_is_dropped_and_refused_until_accepted() {
 #[tokio::test]
 async fn sse_events_are_filtered_one_by_one() {
     let r = rule(r#"{ tools = ["search"] }"#);
-    let pins = Arc::new(PinStore::in_memory());
+    let pins = state();
     let list = tools_list(&[("search", "s"), ("delete_repo", "d")]).to_string();
     let stream = format!(
         "event: endpoint\ndata: /messages?session_id=1\n\nevent: message\nid: 7\ndata: {list}\n\n"
@@ -171,11 +178,58 @@ async fn sse_events_are_filtered_one_by_one() {
 #[tokio::test]
 async fn an_sse_event_over_the_cap_cuts_the_stream() {
     let r = rule(r#"{ tools = ["search"] }"#);
-    let pins = Arc::new(PinStore::in_memory());
+    let pins = state();
     let big = format!("data: {}\n\n", "x".repeat(4096));
     let body = crate::body::full(Bytes::from(big));
     let out = super::sse::filtered(body, r, pins, SERVER.into(), 1024)
         .collect()
         .await;
     assert!(out.is_err());
+}
+
+#[tokio::test]
+async fn refusals_reach_the_older_transports_stream_by_its_endpoint() {
+    use http_body_util::StreamBody;
+    let r = rule(r#"{ tools = ["search"] }"#);
+    let state = state();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let upstream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| {
+            (
+                Ok::<_, crate::body::BodyError>(http_body::Frame::data(b)),
+                rx,
+            )
+        })
+    });
+    let body = BodyExt::boxed(StreamBody::new(upstream));
+    let mut out = super::sse::filtered(body, r, state.clone(), SERVER.into(), 1 << 20);
+    tx.send(Bytes::from_static(
+        b"event: endpoint\ndata: /messages/?session_id=abc\n\n",
+    ))
+    .await
+    .expect("send");
+    let first = out.frame().await.expect("a frame").expect("data");
+    let first = first.into_data().expect("data");
+    assert!(String::from_utf8_lossy(&first).contains("session_id=abc"));
+    assert!(!state
+        .sessions
+        .inject(SERVER, "/messages/?session_id=other", &["{}".into()]));
+    assert!(state.sessions.inject(
+        SERVER,
+        "/messages/?session_id=abc",
+        &[r#"{"jsonrpc":"2.0","id":4,"error":{"code":-32001,"message":"no"}}"#.into()]
+    ));
+    let injected = out.frame().await.expect("a frame").expect("data");
+    let injected = String::from_utf8_lossy(injected.data_ref().expect("data")).into_owned();
+    assert!(
+        injected.starts_with("event: message\n") && injected.contains(r#""id":4"#),
+        "{injected}"
+    );
+    // The server's end ends the stream, and its registration.
+    drop(tx);
+    assert!(out.frame().await.is_none());
+    drop(out);
+    assert!(!state
+        .sessions
+        .inject(SERVER, "/messages/?session_id=abc", &["{}".into()]));
 }

@@ -12,7 +12,15 @@ pub(crate) mod decide;
 pub(crate) mod filter;
 pub(crate) mod message;
 pub(crate) mod pins;
+pub(crate) mod sessions;
 pub(crate) mod sse;
+
+/// What the daemon keeps for MCP: the pins, and the older transport's open SSE sessions.
+#[derive(Debug)]
+pub(crate) struct McpState {
+    pub(crate) pins: pins::PinStore,
+    pub(crate) sessions: std::sync::Arc<sessions::SseSessions>,
+}
 
 /// Largest request body read under an `mcp` rule.
 pub(crate) const MAX_REQUEST_BODY: usize = 1024 * 1024;

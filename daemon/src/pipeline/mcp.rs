@@ -8,9 +8,11 @@
 //! the same message as the 403 JSON names (the rule, the list), and recorded as a refusal.
 //! A batch with a refused element is refused whole: every element that expects an answer
 //! gets an error, the refused ones their reason, the others "not forwarded" (nothing of the
-//! batch reaches the server). Clients of the older HTTP+SSE transport (which read answers
-//! on the SSE stream, not the POST's body; they do not accept `text/event-stream` on the
-//! POST) get the 403 JSON instead, so they fail at once rather than wait.
+//! batch reaches the server). Clients of the older HTTP+SSE transport read answers on the
+//! SSE stream their session opened, not in the POST's response (they do not accept
+//! `text/event-stream` on the POST): the errors are sent as events into that stream
+//! (`mcp::sessions`) and the POST gets 202, as the server would answer; when no such stream
+//! is known, the 403 JSON, so the client fails rather than waits.
 
 use std::sync::Arc;
 
@@ -41,6 +43,8 @@ pub(crate) struct McpExchange {
     /// Set when the proxy answers for the server: each message's id and, if refused, why.
     refused: Option<Vec<(Option<Value>, Option<Refused>)>>,
     batch: bool,
+    /// Older transport: the errors went to the session's SSE stream; the POST gets 202.
+    injected: bool,
 }
 
 /// JSON-RPC error codes of the implementation-defined range.
@@ -77,6 +81,7 @@ pub(super) async fn request(
         answers_inline,
         refused: None,
         batch: false,
+        injected: false,
     });
     if parts.method != http::Method::POST {
         // A GET opens the server's SSE stream; a DELETE ends a session: nothing to read.
@@ -97,7 +102,7 @@ pub(super) async fn request(
     let verdicts: Vec<Result<(), Refused>> = parsed
         .calls
         .iter()
-        .map(|c| decide::decide(&rule, &ctx.proxy.mcp_pins, &server, c))
+        .map(|c| decide::decide(&rule, &ctx.proxy.mcp.pins, &server, c))
         .collect();
     let first_refused = verdicts.iter().position(Result::is_err);
     let deciding = &parsed.calls[first_refused.unwrap_or(0)];
@@ -122,10 +127,27 @@ pub(super) async fn request(
         decide::shown(deciding),
         why.why()
     );
-    Err(Refusal {
+    let refusal = Refusal {
         rule_id: Some(rule_id),
         ..Refusal::new(why.code(), message)
-    })
+    };
+    if !answers_inline {
+        // The older transport: answer on the session's SSE stream, where the client reads.
+        let exchange = ctx.mcp.as_ref().expect("just set");
+        let messages: Vec<String> =
+            errors(exchange, &refusal, &ctx.id.to_string(), ctx.policy.hash())
+                .iter()
+                .map(Value::to_string)
+                .collect();
+        let endpoint = match &ctx.query {
+            Some(q) => format!("{}?{q}", ctx.path),
+            None => ctx.path.clone(),
+        };
+        let injected =
+            !messages.is_empty() && ctx.proxy.mcp.sessions.inject(&server, &endpoint, &messages);
+        ctx.mcp.as_mut().expect("just set").injected = injected;
+    }
+    Err(refusal)
 }
 
 fn facts(call: &Call, batch: Option<usize>) -> McpFacts {
@@ -193,7 +215,7 @@ pub(super) async fn response(
         let body = sse::filtered(
             body,
             rule.clone(),
-            ctx.proxy.mcp_pins.clone(),
+            ctx.proxy.mcp.clone(),
             exchange.server.clone(),
             MAX_RESPONSE_BODY,
         );
@@ -207,7 +229,7 @@ pub(super) async fn response(
     })?;
     let filter = Filter {
         rule,
-        pins: &ctx.proxy.mcp_pins,
+        pins: &ctx.proxy.mcp.pins,
         server: &exchange.server,
     };
     let bytes = match filter.bytes(&bytes) {
@@ -254,39 +276,15 @@ pub(super) fn answer(
     policy_hash: &str,
 ) -> Option<Response<ProxyBody>> {
     let exchange = ctx.mcp.as_ref()?;
-    let items = exchange.refused.as_ref()?;
+    if exchange.injected {
+        let mut resp = Response::new(body::empty());
+        *resp.status_mut() = http::StatusCode::ACCEPTED;
+        return Some(resp);
+    }
     if !exchange.answers_inline {
         return None;
     }
-    let data = json!({
-        "error_code": r.code,
-        "rule_id": r.rule_id,
-        "request_id": request_id,
-        "policy_hash": policy_hash,
-        "explanation": r.explanation,
-    });
-    let errors: Vec<Value> = items
-        .iter()
-        .filter_map(|(id, refused)| {
-            let id = id.as_ref()?;
-            let (code, message) = match refused {
-                Some(Refused::Changed) => (RPC_CHANGED, r.message.clone()),
-                Some(Refused::Rule(_)) => (RPC_DENIED, r.message.clone()),
-                None => (
-                    RPC_NOT_FORWARDED,
-                    format!(
-                        "not forwarded: another message of the batch was refused: {}",
-                        r.message
-                    ),
-                ),
-            };
-            Some(json!({
-                "jsonrpc": "2.0",
-                "id": id,
-                "error": {"code": code, "message": message, "data": data},
-            }))
-        })
-        .collect();
+    let errors = errors(exchange, r, request_id, policy_hash);
     let mut resp = Response::new(body::empty());
     if !errors.is_empty() {
         let v = if exchange.batch {
@@ -313,10 +311,47 @@ pub(super) fn answer(
     Some(resp)
 }
 
+/// The JSON-RPC errors answering a refused body: one per message owed an answer, in order.
+fn errors(exchange: &McpExchange, r: &Refusal, request_id: &str, policy_hash: &str) -> Vec<Value> {
+    let Some(items) = exchange.refused.as_ref() else {
+        return Vec::new();
+    };
+    let data = json!({
+        "error_code": r.code,
+        "rule_id": r.rule_id,
+        "request_id": request_id,
+        "policy_hash": policy_hash,
+        "explanation": r.explanation,
+    });
+    items
+        .iter()
+        .filter_map(|(id, refused)| {
+            let id = id.as_ref()?;
+            let (code, message) = match refused {
+                Some(Refused::Changed) => (RPC_CHANGED, r.message.clone()),
+                Some(Refused::Rule(_)) => (RPC_DENIED, r.message.clone()),
+                None => (
+                    RPC_NOT_FORWARDED,
+                    format!(
+                        "not forwarded: another message of the batch was refused: {}",
+                        r.message
+                    ),
+                ),
+            };
+            Some(json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {"code": code, "message": message, "data": data},
+            }))
+        })
+        .collect()
+}
+
 /// The status the agent gets for refusal `r`: 200 (or 202) when the proxy answers as the
 /// server, else the refusal's.
 pub(super) fn answered_status(ctx: &RequestCtx, r: &Refusal) -> u16 {
     match ctx.mcp.as_ref() {
+        Some(e) if e.injected => 202,
         Some(e) if e.answers_inline => match &e.refused {
             Some(items) if items.iter().any(|(id, _)| id.is_some()) => 200,
             Some(_) => 202,

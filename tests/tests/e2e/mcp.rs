@@ -2,14 +2,14 @@
 //! (`tests/mcp/server.py`, three tools over Streamable HTTP; `tests/mcp/client.py`) through
 //! the explicit listener. The rule allows `search` and `read_*` and pins definitions: the
 //! client sees only those, an allowed call works, a call to `delete_repo` comes back as a
-//! JSON-RPC error naming the rule, the list is filtered in SSE answers (the server's default)
-//! and JSON ones, a server that changes a pinned tool's description is refused until `ctl mcp
+//! JSON-RPC error naming the rule, the list is filtered in SSE answers (the server's default),
+//! JSON ones and the older HTTP+SSE transport's stream (where the proxy's error is sent too), a server that changes a pinned tool's description is refused until `ctl mcp
 //! accept`, and every record names the method and tool.
 
 use agenshield_e2e::audit;
 use agenshield_e2e::curl::curl;
 use agenshield_e2e::daemon::{Daemon, DaemonOptions};
-use agenshield_e2e::mcp::{python, session, McpServer};
+use agenshield_e2e::mcp::{python, session, McpServer, Transport};
 use agenshield_e2e::world::LOCAL;
 use serde_json::Value;
 
@@ -49,13 +49,18 @@ async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
     };
     let d = daemon();
     let proxy = format!("http://{}", d.explicit);
-    for json in [false, true] {
-        let server = McpServer::start(&py, json);
-        let url = format!("http://mcp.test:{}/mcp", server.addr.port());
+    let transports = [
+        Transport::StreamableSse,
+        Transport::StreamableJson,
+        Transport::HttpSse,
+    ];
+    for transport in transports {
+        let server = McpServer::start(&py, transport);
         let report = session(
             &py,
             &proxy,
-            &url,
+            transport,
+            server.addr.port(),
             &[
                 r#"search={"query":"x"}"#,
                 r#"delete_repo={"name":"r"}"#,
@@ -63,11 +68,10 @@ async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
             ],
         )
         .await;
-        let answers = if json { "JSON" } else { "SSE" };
         assert_eq!(
             report["tools"],
             serde_json::json!(["search", "read_file"]),
-            "{answers} answers: the list holds only what the rule allows: {report}"
+            "{transport:?}: the list holds only what the rule allows: {report}"
         );
         let c = calls(&report);
         assert_eq!(c[0]["text"], "results for x", "{report}");
@@ -86,13 +90,15 @@ async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
         .iter()
         .filter(|r| r["mcp"]["tool"] == "delete_repo")
         .collect();
-    assert_eq!(denied.len(), 2, "one refusal per server: {records:?}");
-    for r in denied {
+    assert_eq!(denied.len(), 3, "one refusal per server: {records:?}");
+    for (r, status) in denied.iter().zip([200, 200, 202]) {
         assert_eq!(r["mcp"]["method"], "tools/call");
         assert_eq!(r["error_code"], "mcp_tool_denied");
         assert_eq!(r["decision"], "deny");
         assert_eq!(r["rule"], "mcp-tools");
-        assert_eq!(r["status"], 200, "the client got the JSON-RPC error");
+        // Streamable HTTP: the JSON-RPC error in the POST's answer; HTTP+SSE: 202, the error
+        // on the session's stream.
+        assert_eq!(r["status"], status, "{r}");
     }
     for tool in ["search", "read_file"] {
         assert!(
@@ -129,14 +135,14 @@ async fn a_changed_pinned_tool_is_refused_until_accepted() {
     };
     let d = daemon();
     let proxy = format!("http://{}", d.explicit);
-    let server = McpServer::start(&py, false);
+    let t = Transport::StreamableSse;
+    let server = McpServer::start(&py, t);
     let port = server.addr.port();
-    let url = format!("http://mcp.test:{port}/mcp");
     // First sight pins both; the search call makes the server rewrite read_file's description.
-    let first = session(&py, &proxy, &url, &[r#"search={"query":"rug-pull"}"#]).await;
+    let first = session(&py, &proxy, t, port, &[r#"search={"query":"rug-pull"}"#]).await;
     assert_eq!(first["tools"], serde_json::json!(["search", "read_file"]));
     assert_eq!(calls(&first)[0]["text"], "changed");
-    let after = session(&py, &proxy, &url, &[r#"read_file={"path":"/a"}"#]).await;
+    let after = session(&py, &proxy, t, port, &[r#"read_file={"path":"/a"}"#]).await;
     assert_eq!(
         after["tools"],
         serde_json::json!(["search"]),
@@ -160,7 +166,7 @@ async fn a_changed_pinned_tool_is_refused_until_accepted() {
     );
     let (code, out, err) = d.ctl(&[], &["mcp", "accept", &server_name, "read_file"]);
     assert_eq!(code, 0, "{out}{err}");
-    let accepted = session(&py, &proxy, &url, &[r#"read_file={"path":"/a"}"#]).await;
+    let accepted = session(&py, &proxy, t, port, &[r#"read_file={"path":"/a"}"#]).await;
     assert_eq!(
         accepted["tools"],
         serde_json::json!(["search", "read_file"])

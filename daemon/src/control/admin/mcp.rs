@@ -14,7 +14,8 @@ use crate::body::ProxyBody;
 pub(super) fn list(admin: &Admin) -> Response<ProxyBody> {
     let pins: Vec<serde_json::Value> = admin
         .proxy
-        .mcp_pins
+        .mcp
+        .pins
         .list()
         .into_iter()
         .map(|(server, tool, pin)| {
@@ -56,7 +57,7 @@ pub(super) async fn accept(admin: &Admin, uid: u32, req: Request<Incoming>) -> R
             )
         }
     };
-    match admin.proxy.mcp_pins.accept(&ask.server, &ask.tool) {
+    match admin.proxy.mcp.pins.accept(&ask.server, &ask.tool) {
         Ok(pin) => {
             tracing::info!(uid, server = %ask.server, tool = %ask.tool, hash = %pin.hash, "MCP tool definition accepted");
             json(
