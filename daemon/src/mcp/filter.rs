@@ -44,6 +44,9 @@ impl Filter<'_> {
             }
             other => self.one(other, &mut removed),
         }
+        if self.rule.pin {
+            self.pins.flush();
+        }
         removed
     }
 

@@ -233,3 +233,57 @@ async fn refusals_reach_the_older_transports_stream_by_its_endpoint() {
         .sessions
         .inject(SERVER, "/messages/?session_id=abc", &["{}".into()]));
 }
+
+/// The cost of filtering a 1 MiB `tools/list` (issue 37's "Cost"), JSON and SSE, printed:
+/// `cargo test -p agenshield-daemon --lib mcp_filter_cost -- --ignored --nocapture`
+/// (meaningful in a release build only).
+#[tokio::test]
+#[ignore = "a measurement, not a check"]
+async fn mcp_filter_cost_of_a_1_mib_tools_list() {
+    let r = rule(r#"{ tools = ["tool_1*"], pin = true }"#);
+    let state = state();
+    let tools: Vec<(String, String)> = (0..2800)
+        .map(|i| {
+            (
+                format!("tool_{i}"),
+                format!("does thing {i} {}", "x".repeat(300)),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = tools
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_str()))
+        .collect();
+    let list = tools_list(&refs).to_string();
+    assert!(list.len() >= 1 << 20, "{}", list.len());
+    let f = Filter {
+        rule: &r,
+        pins: &state.pins,
+        server: SERVER,
+    };
+    let rounds = 20;
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        let (out, _) = f.bytes(list.as_bytes());
+        assert!(out.is_some());
+    }
+    let json = started.elapsed() / rounds;
+    let event = format!("event: message\ndata: {list}\n\n");
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        let body = crate::body::full(Bytes::from(event.clone()));
+        let out = super::sse::filtered(body, r.clone(), state.clone(), SERVER.into(), 16 << 20)
+            .collect()
+            .await
+            .expect("body");
+        assert!(!out.to_bytes().is_empty());
+    }
+    let sse = started.elapsed() / rounds;
+    println!(
+        "filtering a {} byte tools/list of {} tools (pin on): JSON {:?}, SSE {:?} per answer",
+        list.len(),
+        tools.len(),
+        json,
+        sse
+    );
+}

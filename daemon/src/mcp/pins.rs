@@ -48,6 +48,9 @@ struct PinFile {
     version: u32,
     /// Server (`host:port`) → tool name → pin.
     servers: BTreeMap<String, BTreeMap<String, Pin>>,
+    /// Changed since last written (`flush`).
+    #[serde(skip)]
+    dirty: bool,
 }
 
 /// What a listed definition is, against the pins.
@@ -153,11 +156,23 @@ impl PinStore {
             }
             None => return Seen::Changed,
         };
-        if let Err(e) = self.save(&pins) {
-            // The pin holds in memory; the next change tries the file again.
-            tracing::error!("{e}");
-        }
+        pins.dirty = true;
         seen
+    }
+
+    /// Writes what `observe` changed (once per list answer, not once per tool).
+    pub(crate) fn flush(&self) {
+        let Ok(mut pins) = self.pins.lock() else {
+            return;
+        };
+        if !pins.dirty {
+            return;
+        }
+        match self.save(&pins) {
+            Ok(()) => pins.dirty = false,
+            // The pins hold in memory; the next change tries the file again.
+            Err(e) => tracing::error!("{e}"),
+        }
     }
 
     /// Whether calls to `tool` are refused: its definition changed since it was pinned.
@@ -188,6 +203,7 @@ impl PinStore {
         }
         let accepted = pin.clone();
         self.save(&pins)?;
+        pins.dirty = false;
         Ok(accepted)
     }
 
@@ -318,6 +334,7 @@ mod tests {
         assert!(pins.refused("mcp.test:80", "read_file"));
         // Another server's tool of the same name is its own.
         assert_eq!(pins.observe("other:80", "read_file", &rug), Seen::Pinned);
+        pins.flush();
         // The file has it: a restart still refuses.
         let again = PinStore::open(path.clone()).expect("reopen");
         assert!(again.refused("mcp.test:80", "read_file"));
