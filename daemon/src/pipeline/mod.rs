@@ -2,9 +2,11 @@
 //!
 //! `record::ready` (the audit log can take the record) → `target` (which upstream,
 //! SNI/Host/port agree, the path normalized, the head within
-//! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
+//! bounds) → `decide` (policy, and an operator for `ask`) → `mcp::request` (under a rule
+//! with `mcp`: the JSON-RPC body read and decided) → `secrets::inspect` (where may
 //! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
-//! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
+//! guard the body) → `forward` (upstream, redact the response) → `mcp::response` (list
+//! results filtered) → `record` (the log line, the
 //! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
