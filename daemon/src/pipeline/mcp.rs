@@ -360,3 +360,68 @@ pub(super) fn answered_status(ctx: &RequestCtx, r: &Refusal) -> u16 {
         _ => r.code.status().as_u16(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::McpRefusal;
+
+    fn exchange(refused: Vec<(Option<Value>, Option<Refused>)>, batch: bool) -> McpExchange {
+        let rule = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
+            name: "t.toml".into(),
+            text: "version = 1\n[[rule]]\nid = \"r\"\nhosts = [\"m.test\"]\naction = \"allow\"\nmcp = { tools = [\"a\"] }\n".into(),
+        }])
+        .expect("policy")
+        .decide(&crate::policy::RequestFacts {
+            host: "m.test",
+            port: 80,
+            scheme: crate::policy::Scheme::Http,
+            method: Some("POST"),
+            path: Some("/"),
+            agent: None,
+        })
+        .mcp
+        .expect("mcp");
+        McpExchange {
+            rule,
+            server: "m.test:80".into(),
+            facts: None,
+            answers_inline: true,
+            refused: Some(refused),
+            batch,
+            injected: false,
+        }
+    }
+
+    #[test]
+    fn a_refused_batch_answers_every_request_in_order_and_skips_notifications() {
+        let e = exchange(
+            vec![
+                (Some(json!(1)), None),
+                (None, None),
+                (
+                    Some(json!("b")),
+                    Some(Refused::Rule(McpRefusal::ToolNotListed)),
+                ),
+            ],
+            true,
+        );
+        let r = Refusal {
+            rule_id: Some("r".into()),
+            ..Refusal::new(
+                ErrorCode::McpToolDenied,
+                "tools/call \"x\" to m.test:80 is not allowed by rule r (mcp.tools)",
+            )
+        };
+        let v = errors(&e, &r, "req-1", "sha256:h");
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0]["id"], 1);
+        assert_eq!(v[0]["error"]["code"], RPC_NOT_FORWARDED);
+        assert_eq!(v[1]["id"], "b");
+        assert_eq!(v[1]["error"]["code"], RPC_DENIED);
+        assert_eq!(v[1]["error"]["message"], r.message.as_str());
+        assert_eq!(v[1]["error"]["data"]["error_code"], "mcp_tool_denied");
+        assert_eq!(v[1]["error"]["data"]["rule_id"], "r");
+        assert_eq!(v[1]["error"]["data"]["request_id"], "req-1");
+    }
+}
