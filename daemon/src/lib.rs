@@ -51,6 +51,7 @@ mod dns;
 mod dns_state;
 mod events;
 mod flush_coalesce;
+mod mcp;
 mod metrics;
 mod pipeline;
 mod proxy;

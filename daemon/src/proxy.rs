@@ -52,6 +52,8 @@ pub(crate) struct Proxy {
     pub dns: crate::dns_state::DnsState,
     /// Who may use which listener, and whose requests secrets serve.
     pub identities: Identities,
+    /// Pinned MCP tool definitions and the older transport's SSE sessions (`mcp/`).
+    pub mcp: Arc<crate::mcp::McpState>,
     next_conn: AtomicU64,
 }
 
@@ -70,6 +72,7 @@ pub(crate) struct ProxyParts {
     pub approvals: Approvals,
     pub upgrades: Vec<String>,
     pub identities: Identities,
+    pub mcp: Arc<crate::mcp::McpState>,
     /// `dns.denied`: what the DNS stub answers for a name no rule allows.
     pub denied_names: crate::config::DeniedAnswer,
     /// The DNS stub's series.
@@ -103,6 +106,7 @@ impl Proxy {
             tunnels: Arc::default(),
             dns: crate::dns_state::DnsState::new(p.denied_names, p.dns_metrics),
             identities: p.identities,
+            mcp: p.mcp,
             next_conn: AtomicU64::new(1),
         }
     }

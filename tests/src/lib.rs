@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod dlp;
 #[cfg(target_os = "linux")]
 pub mod installation;
+pub mod mcp;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod ocsf;

@@ -47,6 +47,7 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         dlp: None,
         end: None,
         dns: None,
+        mcp: None,
         reason: None,
     }
 }

@@ -255,6 +255,8 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::UpstreamTls
         | ErrorCode::UpstreamError
         | ErrorCode::ClientGone => false,
+        // Each names its own method and tool (`mcp`), which a repeat count would lose.
+        ErrorCode::McpToolDenied | ErrorCode::McpToolChanged | ErrorCode::McpBodyInvalid => false,
     }
 }
 

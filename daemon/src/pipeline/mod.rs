@@ -2,9 +2,11 @@
 //!
 //! `record::ready` (the audit log can take the record) → `target` (which upstream,
 //! SNI/Host/port agree, the path normalized, the head within
-//! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
+//! bounds) → `decide` (policy, and an operator for `ask`) → `mcp::request` (under a rule
+//! with `mcp`: the JSON-RPC body read and decided) → `secrets::inspect` (where may
 //! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
-//! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
+//! guard the body) → `forward` (upstream, redact the response) → `mcp::response` (list
+//! results filtered) → `record` (the log line, the
 //! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
@@ -18,6 +20,7 @@ pub(crate) mod dlp;
 mod dlp_body;
 mod forward;
 pub(crate) mod limit;
+mod mcp;
 pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod secrets;
@@ -79,6 +82,8 @@ pub(crate) struct RequestCtx {
     /// The record phase has taken the request; until then, dropping the context (the
     /// client went away mid-pipeline) records it as abandoned.
     pub recorded: bool,
+    /// Under a rule with `mcp`: what the MCP phase read and decided.
+    pub mcp: Option<mcp::McpExchange>,
 }
 
 /// Handles one HTTP request from the agent. Never fails: refusals become responses.
@@ -111,6 +116,8 @@ pub(crate) async fn handle(
     record::respond(ctx, outcome).await
 }
 
+type SendFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 async fn phases(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
@@ -119,12 +126,18 @@ async fn phases(
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
     dlp::inspect(ctx, &req)?;
+    // Boxed as `dyn Send`: otherwise rustc cannot prove the whole request future `Send` for
+    // every lifetime (the higher-ranked `Send` limitation, rust-lang/rust#64552).
+    let read: SendFuture<'_, _> = Box::pin(mcp::request(ctx, req));
+    let req = read.await?;
     secrets::inspect(ctx, &req).await?;
     limit::check(ctx).await?;
-    let req = dlp::body(ctx, req.map(crate::body::stream)).await?;
+    let req = dlp::body(ctx, req).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
-    forward::respond(ctx, forwarded)
+    let resp = forward::respond(ctx, forwarded)?;
+    let filtered: SendFuture<'_, _> = Box::pin(mcp::response(ctx, resp));
+    filtered.await
 }
 
 impl RequestCtx {
@@ -151,6 +164,7 @@ impl RequestCtx {
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
             recorded: false,
+            mcp: None,
         }
     }
 

@@ -61,6 +61,7 @@ pub(crate) fn rules(
             agents: None,
             tls: None,
             dlp: Default::default(),
+            mcp: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),
             priority,

@@ -211,6 +211,9 @@ impl Policy {
             dlp,
             names_agents: rule.is_some_and(|r| r.agents.is_some()),
             unavailable: self.unavailable,
+            mcp: rule
+                .filter(|r| r.action != Action::Deny)
+                .and_then(|r| r.mcp.clone()),
         }
     }
 }
@@ -231,6 +234,7 @@ pub(super) fn invalid(explanation: String) -> Decision {
         dlp: None,
         names_agents: false,
         unavailable: false,
+        mcp: None,
     }
 }
 

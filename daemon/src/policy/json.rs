@@ -164,6 +164,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             agents: None,
             tls: None,
             dlp: Default::default(),
+            mcp: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),
             priority: r.priority.unwrap_or(0),

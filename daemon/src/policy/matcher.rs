@@ -37,6 +37,8 @@ pub(crate) struct CompiledRule {
     pub agents: Option<Box<[u32]>>,
     /// `dlp` and `dlp_allow` (shared by all its matchers); `None`: the defaults.
     pub dlp: Option<Arc<super::DlpRule>>,
+    /// The rule's `mcp` section (shared by all its matchers).
+    pub mcp: Option<Arc<super::mcp::McpRule>>,
 }
 
 /// A set of schemes as a bit mask.

@@ -22,6 +22,7 @@ mod json;
 mod layers;
 mod load;
 mod matcher;
+mod mcp;
 mod model;
 mod name;
 mod passthrough;
@@ -75,6 +76,7 @@ pub use inject::{
 };
 pub use layers::{Composed, LocalMode};
 pub use load::{list_dir, load_files};
+pub use mcp::{McpRefusal, McpRule};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{
     Obligations, RateLimit, RateScope, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS,
@@ -188,6 +190,8 @@ pub struct Decision {
     pub names_agents: bool,
     /// Refused because there is no policy yet (see [`Policy::unavailable`]).
     pub unavailable: bool,
+    /// The deciding rule's `mcp` section, when it allows or asks.
+    pub mcp: Option<Arc<McpRule>>,
 }
 
 impl Decision {

@@ -56,6 +56,8 @@ pub(crate) struct RuleDef {
     pub tls: Option<Spanned<String>>,
     /// `dlp` and `dlp_allow` (TOML only).
     pub dlp: super::dlp::DlpDef,
+    /// `mcp = { … }`: what MCP clients may ask of the servers it allows (TOML only).
+    pub mcp: Option<Spanned<super::mcp::McpFile>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
     pub matchers: Vec<MatchDef>,
 }

@@ -73,6 +73,7 @@ impl Policy {
                 .and_then(|r| r.dlp.clone()),
             names_agents: false,
             unavailable: self.unavailable,
+            mcp: None,
         }
     }
 }

@@ -62,6 +62,7 @@ pub(crate) fn compile_rule(
     }
     let passthrough = passthrough(def, action, &err)?;
     let dlp = super::dlp::compile_dlp(&def.dlp, action, &err)?;
+    let mcp = super::mcp::compile_mcp(def.mcp.as_ref(), action, &err)?;
     let agents = super::agents::compile_agents(def.agents.as_ref(), &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
@@ -97,6 +98,10 @@ pub(crate) fn compile_rule(
             }
         };
         let mut shown = summary(m);
+        if let Some(section) = &mcp {
+            shown.push(' ');
+            shown.push_str(&section.summary());
+        }
         if let Some(uids) = &agents {
             let uids: Vec<String> = uids.iter().map(u32::to_string).collect();
             shown.push_str(&format!(" agents={}", uids.join(",")));
@@ -116,6 +121,7 @@ pub(crate) fn compile_rule(
             passthrough,
             agents: agents.clone(),
             dlp: dlp.clone(),
+            mcp: mcp.clone(),
         };
         out.push((rule, hosts));
     }

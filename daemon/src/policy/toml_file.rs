@@ -55,6 +55,7 @@ struct RuleFile {
     tls: Option<Spanned<String>>,
     dlp: Option<Spanned<String>>,
     dlp_allow: Option<List<String>>,
+    mcp: Option<Spanned<super::mcp::McpFile>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -124,6 +125,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
                 mode: r.dlp,
                 allow: r.dlp_allow,
             },
+            mcp: r.mcp,
             matchers: vec![matcher],
         });
     }

@@ -119,6 +119,7 @@ impl RecordBase {
             end: None,
             dns: None,
             dlp: None,
+            mcp: None,
             reason: None,
         }
     }

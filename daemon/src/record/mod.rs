@@ -14,6 +14,7 @@ mod end;
 mod error_code;
 mod listener;
 pub(crate) mod log;
+mod mcp;
 mod refusal;
 
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ pub(crate) use dlp::{DlpAction, DlpFacts, DlpFinding, DlpPlace, DlpVerdict};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
+pub(crate) use mcp::McpFacts;
 pub(crate) use refusal::{LimitScope, Refusal};
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
@@ -251,6 +253,9 @@ pub(crate) struct Record {
     /// done. Written only when one was found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dlp: Option<DlpFacts>,
+    /// Requests under a rule with `mcp`: the JSON-RPC method and tool decided. Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpFacts>,
     /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
     #[serde(skip)]
     pub reason: Option<String>,

@@ -32,6 +32,7 @@ mod grafana;
 mod hardening;
 mod identity_linux;
 mod install_linux;
+mod mcp;
 mod memory;
 mod observability;
 mod passthrough;

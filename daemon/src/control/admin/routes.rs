@@ -75,6 +75,8 @@ pub(super) async fn route(
         (Method::DELETE, ["v1", "secrets", name]) => {
             super::secrets::remove(admin, caller, name).await
         }
+        (Method::GET, ["v1", "mcp", "pins"]) => super::mcp::list(admin),
+        (Method::POST, ["v1", "mcp", "accept"]) => super::mcp::accept(admin, caller, req).await,
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),
         (Method::POST, ["v1", "pending", id, verb @ ("approve" | "deny")]) => {
             let approve = *verb == "approve";
@@ -224,6 +226,9 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
         url: String,
         #[serde(default)]
         agent: Option<u32>,
+        /// An MCP call to check too (`ctl policy check --mcp-tool`).
+        #[serde(default)]
+        mcp: Option<crate::control::policy_check::McpCall>,
     }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -239,13 +244,19 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
         }
     };
     let denied = admin.proxy.dns.denied;
-    match check(
-        &admin.proxy.policy(),
-        &ask.method,
-        &ask.url,
-        ask.agent,
-        denied,
-    ) {
+    let policy = admin.proxy.policy();
+    let checked = match &ask.mcp {
+        Some(call) => crate::control::policy_check::check_mcp(
+            &policy,
+            &ask.method,
+            &ask.url,
+            ask.agent,
+            denied,
+            call,
+        ),
+        None => check(&policy, &ask.method, &ask.url, ask.agent, denied),
+    };
+    match checked {
         Ok(r) => json(StatusCode::OK, &r),
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }

@@ -26,7 +26,9 @@ use crate::body::ready::{take_ready, Ready};
 use crate::body::ProxyBody;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
-use crate::record::{log, ErrorCode, Protocol, Record, Redact, RequestId, Stamp, Verdict};
+use crate::record::{
+    log, ErrorCode, McpFacts, Protocol, Record, Redact, RequestId, Stamp, Verdict,
+};
 use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::secrets::set::SecretSet;
 use crate::upstream::pool::UpstreamAddr;
@@ -76,7 +78,11 @@ pub(super) async fn respond(
     pending.decided();
     let resp = match outcome {
         Ok(resp) => resp,
-        Err(r) => refusal::render(&r, &ctx.id.to_string(), ctx.policy.hash()),
+        Err(r) => {
+            let id = ctx.id.to_string();
+            super::mcp::answer(&ctx, &r, &id, ctx.policy.hash())
+                .unwrap_or_else(|| refusal::render(&r, &id, ctx.policy.hash()))
+        }
     };
     attach(pending, resp, ctx.method == http::Method::HEAD).await
 }
@@ -109,7 +115,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ),
         Ending::Refused(r) => (
             r.verdict,
-            Some(r.code.status().as_u16()),
+            Some(super::mcp::answered_status(ctx, r)),
             Some(r.code),
             None,
             Some(r.message.clone()),
@@ -185,6 +191,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
         would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
+        mcp: ctx
+            .mcp
+            .as_ref()
+            .and_then(|m| m.facts.as_ref())
+            .map(|f| McpFacts {
+                method: f.method.as_deref().map(|m| secrets.redact(m).into_owned()),
+                tool: f.tool.as_deref().map(|t| secrets.redact(t).into_owned()),
+                batch: f.batch,
+            }),
         limit_scope: match ending {
             Ending::Refused(r) => r.limit_scope,
             _ => None,

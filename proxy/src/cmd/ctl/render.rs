@@ -552,8 +552,15 @@ pub(super) fn event(v: &Value) -> String {
     } else {
         ""
     };
+    // An MCP exchange: its JSON-RPC method and tool.
+    let mcp = match (v["mcp"]["method"].as_str(), v["mcp"]["tool"].as_str()) {
+        (Some(m), Some(t)) => format!(" mcp={m}:{t}"),
+        (Some(m), None) => format!(" mcp={m}"),
+        (None, _) if v["mcp"].is_object() => " mcp=response".into(),
+        _ => String::new(),
+    };
     // What follows the rule on a decision line.
-    let tail = format!("{secrets}{agent}{would}");
+    let tail = format!("{mcp}{secrets}{agent}{would}");
     let decision = s(&v["decision"]);
     let what = match s(&v["kind"]) {
         "close" => format!(
