@@ -44,6 +44,7 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         incomplete: false,
         would_deny: false,
         limit_scope: None,
+        budget: None,
         end: None,
         dns: None,
         reason: None,

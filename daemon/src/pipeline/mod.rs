@@ -3,7 +3,8 @@
 //! `record::ready` (the audit log can take the record) → `target` (which upstream,
 //! SNI/Host/port agree, the path normalized, the head within
 //! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
-//! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
+//! the secrets it carries go) → `budget` (a rule's LLM token budget) → `limit` (rates,
+//! concurrency) → `secrets::apply` (inject,
 //! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
 //! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
@@ -13,6 +14,7 @@
 //! `limit` and `record`; failed TLS handshakes and refusals by the HTTP server through
 //! `record`.
 
+mod budget;
 pub(crate) mod decide;
 mod forward;
 pub(crate) mod limit;
@@ -67,6 +69,8 @@ pub(crate) struct RequestCtx {
     pub secrets: Option<SecretPhase>,
     /// The rule's concurrency slot, held until the response body ends.
     pub permit: Option<ConcurrencyPermit>,
+    /// Under a rule's token budget: what counts this request's tokens.
+    pub budget: Option<Arc<crate::budget::Meter>>,
     /// Request body bytes sent upstream.
     pub bytes_up: Arc<AtomicU64>,
     /// Filled in by `forward` for an upgrade: the relay waits for the 101's record, then
@@ -115,6 +119,7 @@ async fn phases(
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
     secrets::inspect(ctx, &req).await?;
+    budget::check(ctx).await?;
     limit::check(ctx).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
@@ -141,6 +146,7 @@ impl RequestCtx {
             verdict: None,
             secrets: None,
             permit: None,
+            budget: None,
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
             recorded: false,

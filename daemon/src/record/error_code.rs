@@ -66,12 +66,14 @@ pub(crate) enum ErrorCode {
     /// A well-known credential (an API key, a token, a private key) headed somewhere other
     /// than its home, or not in a credential header there (`dlp/`).
     CredentialExfiltration,
+    /// The rule's LLM token budget for this window is spent (`policy/budget.rs`).
+    TokenBudgetExhausted,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 28] = [
+    pub(crate) const ALL: [ErrorCode; 29] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::RateLimitStoreUnavailable,
@@ -100,6 +102,7 @@ impl ErrorCode {
         ErrorCode::SecretNotForUser,
         ErrorCode::PolicyUnavailable,
         ErrorCode::CredentialExfiltration,
+        ErrorCode::TokenBudgetExhausted,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -120,7 +123,8 @@ impl ErrorCode {
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
-            | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -157,7 +161,8 @@ impl ErrorCode {
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
             | ErrorCode::Busy
-            | ErrorCode::ConnectionBudget => Verdict::Limited,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -200,6 +205,7 @@ impl ErrorCode {
             ErrorCode::SecretNotForUser => "secret_not_for_user",
             ErrorCode::PolicyUnavailable => "policy_unavailable",
             ErrorCode::CredentialExfiltration => "credential_exfiltration",
+            ErrorCode::TokenBudgetExhausted => "token_budget_exhausted",
         }
     }
 
@@ -211,6 +217,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::TokenBudgetExhausted
                 | ErrorCode::RateLimitStoreUnavailable
                 | ErrorCode::Busy
                 | ErrorCode::ConnectionBudget

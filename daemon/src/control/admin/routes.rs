@@ -101,6 +101,8 @@ struct Status {
     pending: usize,
     /// Raw TCP relays and upgraded connections open now.
     tunnels: usize,
+    /// Token budgets' counters in windows not yet over (`budget/`).
+    budgets: Vec<crate::budget::Spend>,
 }
 
 #[derive(Serialize)]
@@ -187,6 +189,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             counts: admin.proxy.events.counters.snapshot(),
             pending: admin.proxy.approvals.len(),
             tunnels: admin.proxy.tunnels.len(),
+            budgets: admin.proxy.tokens.snapshot(),
         },
     )
 }

@@ -16,6 +16,7 @@
 
 mod bucket_script;
 mod client;
+mod counter;
 mod metrics;
 mod outage;
 mod store;
@@ -27,6 +28,7 @@ use prometheus::Registry;
 use redis::Script;
 
 pub(crate) use client::StoreSetupError;
+pub(crate) use counter::FleetCounter;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
 
 use super::{AgentKey, RateLimit};
