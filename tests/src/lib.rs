@@ -9,6 +9,7 @@ pub mod curl;
 pub mod daemon;
 #[cfg(target_os = "linux")]
 pub mod installation;
+pub mod llm;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod ocsf;

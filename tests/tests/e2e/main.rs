@@ -16,6 +16,7 @@ mod admin_linux;
 mod agents_linux;
 mod audit_checkpoints;
 mod audit_export;
+mod budget;
 mod budgets_linux;
 mod compat_linux;
 mod control;
