@@ -173,16 +173,22 @@ struct Loopback {
 
 impl Loopback {
     async fn start() -> Loopback {
+        Self::with(POLICY, Vec::new()).await
+    }
+
+    /// Under `policy`, with `[ratelimit]` lines `ratelimit`.
+    async fn with(policy: &str, ratelimit: Vec<String>) -> Loopback {
         let ca = TestCa::new("budget upstream CA");
         let llm = LlmUpstream::start(&ca.leaf(&HOSTS)).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let ca_file = dir.path().join("upstream-ca.pem");
         ca.write_pem(&ca_file).expect("write CA");
         let daemon = Daemon::start(DaemonOptions {
-            policies: vec![("main.toml".into(), POLICY.into())],
+            policies: vec![("main.toml".into(), policy.into())],
             extra_ca: vec![ca_file],
             hosts: HOSTS.iter().map(|h| (h.to_string(), LOCAL)).collect(),
             orig_dst: Some(llm.addr),
+            ratelimit,
             ..Default::default()
         });
         Loopback {
@@ -297,6 +303,20 @@ async fn openai_usage_in_json_and_sse_spends_the_budget_which_refuses_exactly_wh
     assert_eq!(last["status"], 429);
     assert_eq!(last["budget"]["resets"], resets.as_str());
     let uid = last["agent_uid"].as_u64().expect("agent uid");
+    // The records are as `docs/audit.schema.json` says, and the schema checks the field.
+    audit::assert_matches_schema(&audit::lines(&lab.daemon.audit_path()));
+    let mut odd = last.clone();
+    odd["budget"]["surprise"] = Value::from(1);
+    let mut missing = last.clone();
+    missing["budget"]
+        .as_object_mut()
+        .expect("budget")
+        .remove("resets");
+    for bad in [odd, missing] {
+        let refused =
+            std::panic::catch_unwind(|| audit::assert_matches_schema(std::slice::from_ref(&bad)));
+        assert!(refused.is_err(), "the schema let through {bad}");
+    }
 
     // Metrics by rule and agent; `ctl status` shows the spend, as text and JSON.
     let labels = format!("{{agent=\"{uid}\",rule=\"openai\"}}");
@@ -406,6 +426,7 @@ async fn anthropic_usage_in_json_and_sse_is_counted_and_unreadable_usage_is_esti
     );
     assert!(down > 4000, "{rec}");
     assert_eq!(b["estimated"], true, "{rec}");
+    audit::assert_matches_schema(&audit::lines(&lab.daemon.audit_path()));
     assert_eq!(b["tokens"].as_u64(), Some((up + down).div_ceil(4)), "{rec}");
     assert_eq!(
         metric(
@@ -463,6 +484,119 @@ fn policy_lint_validates_budgets_and_a_fleet_budget_needs_a_store() {
                 action = \"allow\"\nbudget = { tokens = 2_000_000, per = \"1d\", scope = \"host\" }\n";
     let (code, out) = lint(good, &[]);
     assert_eq!(code, 0, "{out}");
+}
+
+/// Two daemons sharing one real `redis-server` spend one fleet-wide budget together; with
+/// the store gone and `on_store_error = "deny"`, a request under it is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_spend_one_fleet_budget_in_the_shared_store() {
+    use agenshield_e2e::redis::{self, RedisServer};
+    if let Some(why) = redis::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let mut store = RedisServer::start();
+    let policy = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+id = "fleet-llm"
+hosts = ["api.openai.test"]
+action = "allow"
+budget = { tokens = 100, per = "1h", scope = "fleet" }
+"#;
+    let lines = || {
+        vec![
+            format!("store = {:?}", store.url()),
+            "key_prefix = \"budget-e2e:\"".to_string(),
+            "on_store_error = \"deny\"".to_string(),
+            "timeout = \"1s\"".to_string(),
+        ]
+    };
+    let a = Loopback::with(policy, lines()).await;
+    let b = Loopback::with(policy, lines()).await;
+    // Not within 30 s of the hour's end: the whole sequence is in one window.
+    let hour = 3_600_000;
+    if hour - now_ms() % hour < 30_000 {
+        fresh_window(Duration::from_millis(hour)).await;
+    }
+    // The store's counter, as redis-cli reads it (it is added to just after each response).
+    let counter = || {
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "-u",
+                &store.url(),
+                "--scan",
+                "--pattern",
+                "budget-e2e:budget:*",
+            ])
+            .output()
+            .expect("redis-cli");
+        let key = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let out = std::process::Command::new("redis-cli")
+            .args(["-u", &store.url(), "GET", &key])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    let wait_counter = |want: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counter() != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store never said {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Wait for both daemons' store connections (the first check must not find none).
+    for d in [&a, &b] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while metric(&d.daemon, "agenshield_proxy_ratelimit_store_up").await != Some(1.0) {
+            assert!(std::time::Instant::now() < deadline, "{}", d.daemon.logs());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let host = "api.openai.test";
+    assert_eq!(
+        a.post(host, "/v1/chat/completions?tokens=60").await.status,
+        200
+    );
+    wait_counter(60);
+    assert_eq!(
+        b.post(host, "/v1/chat/completions?tokens=50&stream=1")
+            .await
+            .status,
+        200
+    );
+    wait_counter(110);
+    for d in [&a, &b] {
+        let refused = d.post(host, "/v1/chat/completions?tokens=1").await;
+        assert_eq!(refused.status, 429, "{refused:?}");
+        let body = refused.json();
+        assert_eq!(body["error_code"], "token_budget_exhausted");
+        assert_eq!(body["budget"]["spent"], 110, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("fleet")),
+            "{body}"
+        );
+    }
+    let b_recs = records(&b.daemon, host);
+    assert_eq!(b_recs[0]["budget"]["spent"], 110, "{b_recs:?}");
+    assert_eq!(b_recs[0]["budget"]["tokens"], 50);
+    // The store goes away: with `on_store_error = "deny"` the request is refused at once.
+    store.kill();
+    let started = std::time::Instant::now();
+    let out = a.post(host, "/v1/chat/completions?tokens=1").await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status, 429, "{out:?}");
+    assert_eq!(out.json()["error_code"], "rate_limit_store_unavailable");
 }
 
 #[cfg(target_os = "linux")]
