@@ -10,6 +10,7 @@
 //!   JSON, or with `&stream=1` `message_start` / `message_delta` events;
 //! - `POST /v1/nousage?bytes=B`: B bytes of JSON without any usage (the proxy estimates).
 //!
+//! `&gzip=1` on a JSON answer sends it `Content-Encoding: gzip`.
 //! `&pause_ms=M` on a stream waits M ms after the first event before the rest, so a test can
 //! see that the first event reached the agent before the stream ended.
 
@@ -113,6 +114,8 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let n = |k: &str| q.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let (tokens, stream, pause) = (n("tokens"), n("stream") == 1, n("pause_ms"));
     let (first, second) = (tokens / 2, tokens - tokens / 2);
+    let gzip = n("gzip") == 1;
+    let json = |text: String| if gzip { gzipped(text) } else { json(text) };
     Ok(match (path.as_str(), stream) {
         ("/v1/chat/completions", false) => json(format!(
             r#"{{"id":"chatcmpl-1","object":"chat.completion","model":"fake","choices":[{{"index":0,"message":{{"role":"assistant","content":"hello \"usage\": {{\"total_tokens\": 999999}}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{first},"completion_tokens":{second},"total_tokens":{tokens}}}}}"#
@@ -153,6 +156,17 @@ fn json(text: String) -> Response<Body> {
     Response::builder()
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(text)).boxed())
+        .expect("response")
+}
+
+fn gzipped(text: String) -> Response<Body> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(text.as_bytes()).expect("gzip");
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Full::new(Bytes::from(gz.finish().expect("gzip"))).boxed())
         .expect("response")
 }
 

@@ -11,6 +11,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use super::decode::{Decoder, Plain};
 use super::fleet::FleetCounter;
 use super::json_scan::JsonScan;
 use super::sse::SseScan;
@@ -28,7 +29,9 @@ enum Reader {
     None,
     Json(JsonScan),
     Sse(SseScan),
-    /// A body it cannot read (compressed): estimated.
+    /// A compressed body, decoded on the way.
+    Decoded(super::decode::Decoder),
+    /// A body it cannot read (a coding it does not know): estimated.
     Opaque,
 }
 
@@ -85,14 +88,19 @@ impl Meter {
                 .and_then(|v| v.to_str().ok())
                 .map(|v| v.trim().to_ascii_lowercase())
         };
-        let encoded = header(http::header::CONTENT_ENCODING)
-            .is_some_and(|e| !e.is_empty() && e != "identity");
+        let coding =
+            header(http::header::CONTENT_ENCODING).filter(|e| !e.is_empty() && e != "identity");
         let sse =
             header(http::header::CONTENT_TYPE).is_some_and(|t| t.starts_with("text/event-stream"));
-        let reader = match (encoded, sse) {
-            (true, _) => Reader::Opaque,
-            (false, true) => Reader::Sse(SseScan::default()),
-            (false, false) => Reader::Json(JsonScan::default()),
+        let plain = if sse {
+            Plain::Sse(SseScan::default())
+        } else {
+            Plain::Json(JsonScan::default())
+        };
+        let reader = match (coding, plain) {
+            (None, Plain::Sse(s)) => Reader::Sse(s),
+            (None, Plain::Json(s)) => Reader::Json(s),
+            (Some(c), plain) => Decoder::new(&c, plain).map_or(Reader::Opaque, Reader::Decoded),
         };
         self.lock().reader = reader;
     }
@@ -104,6 +112,7 @@ impl Meter {
         match &mut scan.reader {
             Reader::Json(s) => s.feed(data),
             Reader::Sse(s) => s.feed(data),
+            Reader::Decoded(d) => d.feed(data),
             Reader::None | Reader::Opaque => {}
         }
     }
@@ -131,6 +140,7 @@ impl Meter {
             let usage: Option<Usage> = match &mut scan.reader {
                 Reader::Json(s) => s.finish(),
                 Reader::Sse(s) => s.finish(),
+                Reader::Decoded(d) => d.finish(),
                 Reader::None | Reader::Opaque => None,
             };
             (usage, scan.down)

@@ -6,9 +6,10 @@
 //! `prompt_tokens + completion_tokens`), Anthropic's `input_tokens + output_tokens`, read
 //! from a JSON body (`json_scan.rs`: the top-level `usage`) or an event stream (`sse.rs`:
 //! the usage-bearing events), in one pass as the bytes go by, never holding a byte back
-//! (`meter.rs`). A response whose usage cannot be read (none in it, another format, a
-//! compressed body, an overlong value) counts `(request body + response body bytes) / 4`,
-//! rounded up: an estimate, and the record says so (`budget.estimated`).
+//! (`meter.rs`); a gzip, deflate or br body is decoded on the way (`decode.rs`). A response
+//! whose usage cannot be read (none in it, another format, another coding, an overlong
+//! value) counts `(request body + response body bytes) / 4`, rounded up: an estimate, and
+//! the record says so (`budget.estimated`).
 //!
 //! # Windows and counters
 //! A budget's window is fixed and aligned to the Unix epoch (`window.rs`); a counter belongs
@@ -24,6 +25,7 @@
 //! still full a new subject shares its rule's one overflow counter (refusing sooner, never
 //! later).
 
+mod decode;
 pub(crate) mod fleet;
 mod json_scan;
 pub(crate) mod meter;

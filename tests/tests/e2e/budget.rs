@@ -436,6 +436,21 @@ async fn anthropic_usage_in_json_and_sse_is_counted_and_unreadable_usage_is_esti
         .await,
         Some(1.0)
     );
+    // A gzip-compressed answer is decoded on its way: its usage counts, no estimate.
+    let r = lab
+        .post(other, "/v1/chat/completions?tokens=7&gzip=1")
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding").as_deref(), Some("gzip"));
+    let rec = records(&lab.daemon, other).pop().expect("record");
+    assert_eq!(
+        (
+            rec["budget"]["tokens"].as_u64(),
+            rec["budget"]["estimated"].as_bool()
+        ),
+        (Some(7), Some(false)),
+        "{rec}"
+    );
 }
 
 /// `ctl policy lint` validates budgets: a bad one names the key, and a fleet-wide one
