@@ -82,13 +82,13 @@ fn exhausted(rule: &str, budget: TokenBudget, subject: &Subject, s: Standing) ->
     let retry = Window::retry_after(&s.window, now);
     Refusal {
         retry_after: Some(retry),
-        budget: Some(BudgetFacts {
+        budget: Some(Box::new(BudgetFacts {
             tokens: 0,
             estimated: false,
             spent: s.spent,
             limit: budget.tokens,
             resets: resets.clone().into(),
-        }),
+        })),
         ..Refusal::new(
             ErrorCode::TokenBudgetExhausted,
             format!(

@@ -55,7 +55,7 @@ pub(crate) fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Respon
         policy_hash,
         explanation: &r.explanation,
         retryable: r.code.retryable(),
-        budget: r.budget.as_ref(),
+        budget: r.budget.as_deref(),
     };
     let mut json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
     json.push(b'\n');

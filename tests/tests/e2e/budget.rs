@@ -634,6 +634,8 @@ budget = { tokens = 100, per = "8s" }
 
     /// Two real agent users, both redirected into one daemon by its nftables rules; the fake
     /// API inside the test's namespace.
+    // The guard serialises root tests for the whole test (one nftables table, throwaway users).
+    #[allow(clippy::await_holding_lock)]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_agent_has_a_budget_of_its_own_and_it_resets() {
         let Some(_serial) = root_or_skip("token_budget_per_agent") else {

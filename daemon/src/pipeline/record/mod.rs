@@ -183,7 +183,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         budget: match ending {
             Ending::Refused(Refusal {
                 budget: Some(b), ..
-            }) => Some(b.clone()),
+            }) => Some(b.as_ref().clone()),
             _ => ctx.budget.as_ref().map(|m| m.at_decision()),
         },
         ..ctx.conn.base(&secrets).request(protocol, host, at)
