@@ -147,6 +147,8 @@ impl Meter {
         };
         let (tokens, estimated) = match usage.and_then(|u| u.tokens()) {
             Some(t) => (t, false),
+            // Nothing went up and nothing came back (refused by a later phase): nothing spent.
+            None if up == 0 && down == 0 => (0, false),
             None => (up.saturating_add(down).div_ceil(4), true),
         };
         let now = window::now_ms();

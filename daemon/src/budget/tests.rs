@@ -109,3 +109,27 @@ fn the_meter_counts_usage_or_estimates_and_settles_once() {
     let est = opaque.settle(100);
     assert_eq!((est.tokens, est.estimated, est.spent), (35, true, 77));
 }
+
+#[test]
+fn a_request_that_sent_and_got_nothing_spends_nothing() {
+    let budgets = Arc::new(TokenBudgets::new(&Registry::new(), "t"));
+    let rule: Arc<str> = "llm".into();
+    let b = budget(10, 86_400, BudgetScope::Host);
+    let who = Subject::Host("api.test".into());
+    let before = budgets.standing(&rule, b, &who, window::now_ms());
+    let m = Meter::new(
+        budgets.clone(),
+        rule.clone(),
+        b,
+        who.clone(),
+        None,
+        before,
+        None,
+    );
+    let facts = m.settle(0);
+    assert_eq!((facts.tokens, facts.estimated, facts.spent), (0, false, 0));
+    // Sent, but no response (an upstream failure): the request's bytes / 4, estimated.
+    let m = Meter::new(budgets, rule, b, who, None, before, None);
+    let facts = m.settle(9);
+    assert_eq!((facts.tokens, facts.estimated, facts.spent), (3, true, 3));
+}
