@@ -45,6 +45,15 @@ redis-cli -p "$REDIS_PORT" ping >/dev/null || { echo "bench: redis-server did no
 eval "$(declare -f teardown | sed '1s/^teardown/harness_teardown/')"
 teardown() {
   harness_teardown
+  # How many checks went per script call: the script reads each bucket once (HMGET), so
+  # Redis's own command counts say it.
+  local stats calls checks
+  stats=$(redis-cli -p "$REDIS_PORT" info commandstats 2>/dev/null || true)
+  calls=$(printf '%s\n' "$stats" | awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n + 0}')
+  checks=$(printf '%s\n' "$stats" | awk -F'[=,:]' '/^cmdstat_hmget:/ {print $3 + 0}')
+  if [ "${calls:-0}" -gt 0 ]; then
+    echo "bench: redis-server ran ${checks:-0} fleet checks in $calls script calls ($(awk -v c="${checks:-0}" -v n="$calls" 'BEGIN {printf "%.2f", c / n}') checks per call)" >&2
+  fi
   kill "$REDIS_PID" 2>/dev/null
   wait "$REDIS_PID" 2>/dev/null
   rm -rf "$REDIS_DIR"

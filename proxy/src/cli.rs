@@ -76,7 +76,7 @@ pub enum ProxyCommand {
     #[command(
         after_help = "Examples:\n  agenshield proxy ctl status\n  agenshield proxy ctl tail -f --decision deny\n  agenshield proxy ctl policy check GET https://api.github.com/ --exit-code\n  agenshield proxy ctl policy suggest --since 1d --write /tmp/suggested.toml\n  agenshield proxy ctl secrets set openai < key.txt\n  agenshield proxy ctl ca export > agenshield-ca.pem"
     )]
-    Ctl(CtlArgs),
+    Ctl(Box<CtlArgs>),
 
     /// Install the proxy as a system service: users and groups, directories, CA, vault,
     /// config and default policies, the agent's CA trust, the service unit (launchd on macOS,
@@ -222,6 +222,24 @@ pub struct CtlArgs {
     /// Admin socket to use instead of the configured one
     #[arg(long, value_name = "PATH", global = true)]
     pub socket: Option<PathBuf>,
+
+    /// The daemon's HTTPS admin listener (listen.admin_https) instead of the socket, e.g.
+    /// https://host:15443; needs --cert and --key (these go before the subcommand)
+    #[arg(long, value_name = "URL", conflicts_with = "socket")]
+    pub remote: Option<String>,
+
+    /// With --remote: the client certificate (PEM chain) listen.client_ca issued
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub cert: Option<PathBuf>,
+
+    /// With --remote: the client certificate's private key (PEM)
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub key: Option<PathBuf>,
+
+    /// With --remote: the CA (PEM) the listener's certificate chains to (default: the
+    /// system's roots)
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub ca: Option<PathBuf>,
 
     /// Machine-readable output
     #[arg(long, global = true)]

@@ -148,3 +148,52 @@ fn run_help_names_every_listener() {
         assert!(help.contains(listener), "{listener} missing from:\n{help}");
     }
 }
+
+/// `ctl --remote URL --cert --key [--ca] SUBCOMMAND`: the flags go before the subcommand (the
+/// `audit verify --key` of a subcommand stays its own), and need `--remote`.
+#[test]
+fn ctl_remote_takes_a_client_certificate_before_the_subcommand() {
+    let ok = Cli::try_parse_from([
+        "agenshield",
+        "proxy",
+        "ctl",
+        "--remote",
+        "https://proxy-host:15443",
+        "--cert",
+        "alice.pem",
+        "--key",
+        "alice-key.pem",
+        "--ca",
+        "admin-ca.pem",
+        "pending",
+        "approve",
+        "p3",
+    ]);
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    let audit = Cli::try_parse_from([
+        "agenshield",
+        "proxy",
+        "ctl",
+        "audit",
+        "verify",
+        "--checkpoints",
+        "--key",
+        "host.pub",
+    ]);
+    assert!(audit.is_ok(), "{:?}", audit.err());
+    for argv in [
+        &["agenshield", "proxy", "ctl", "--cert", "a.pem", "status"][..],
+        &[
+            "agenshield",
+            "proxy",
+            "ctl",
+            "--remote",
+            "https://h:1",
+            "--socket",
+            "/s",
+            "status",
+        ],
+    ] {
+        assert!(Cli::try_parse_from(argv).is_err(), "{argv:?}");
+    }
+}

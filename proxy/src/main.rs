@@ -59,7 +59,12 @@ fn main() -> ExitCode {
             )),
         },
         Top::Proxy(ProxyCommand::Ctl(args)) => match load_config(args.config.as_deref()) {
-            Ok(cfg) => ExitCode::from(agenshield_cli::cmd::ctl::run(args, &cfg)),
+            Ok(cfg) => ExitCode::from(agenshield_cli::cmd::ctl::run(*args, &cfg)),
+            // `--remote` needs no local config (an operator's machine may have none, or
+            // one it may not read).
+            Err(_) if args.remote.is_some() && args.config.is_none() => ExitCode::from(
+                agenshield_cli::cmd::ctl::run(*args, &Config::installed_defaults()),
+            ),
             Err(e) => {
                 eprintln!("agenshield: {e}");
                 ExitCode::from(2)

@@ -71,6 +71,8 @@ pub struct DaemonOptions {
     /// Lines appended to the config as they are (a section of the test's own, e.g.
     /// `[policy.source]`).
     pub extra_config: Vec<String>,
+    /// Lines added to `[listen]` (e.g. `admin_https = "127.0.0.1:0"`).
+    pub listen_extra: Vec<String>,
     /// The config names its paths relative to itself (`policies = "policies"`, …), and the
     /// daemon is started from its directory with `--config proxy.toml`, relative too.
     pub relative_config: bool,
@@ -498,10 +500,14 @@ fn render_config(opts: &DaemonOptions, dir: &Path) -> String {
     };
     let _ = writeln!(
         c,
-        "explicit_users = [{}]\nexplicit_groups = [{}]\n",
+        "explicit_users = [{}]\nexplicit_groups = [{}]",
         names(&opts.explicit_users),
         names(&opts.explicit_groups)
     );
+    for line in &opts.listen_extra {
+        let _ = writeln!(c, "{line}");
+    }
+    let _ = writeln!(c);
     let _ = writeln!(
         c,
         "[paths]\npolicies = {:?}\ncerts = {:?}\nvault = {:?}\naudit = {:?}\n",

@@ -1,6 +1,7 @@
 //! Test support for AgenShield's end-to-end tests: a throwaway upstream PKI and
 //! realistic upstream servers on loopback, so tests never touch the internet.
 
+pub mod approvals;
 pub mod audit;
 pub mod aws;
 pub mod bundle_server;

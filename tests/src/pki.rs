@@ -122,6 +122,27 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// A client certificate (clientAuth) for `cn`, signed by this CA: what a mutual-TLS
+    /// server asks of its clients.
+    pub fn client_leaf(&self, cn: &str) -> TestLeaf {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("generate leaf key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
+        TestLeaf {
+            chain: vec![cert.der().clone(), self.cert_der.clone()],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        }
+    }
+}
+
 /// Parses every certificate in the given PEM texts. Panics on malformed PEM.
 pub fn certs_from_pems(pems: &[&str]) -> Vec<CertificateDer<'static>> {
     let mut out = Vec::new();

@@ -17,6 +17,7 @@ fn ask_as(uid: Option<u32>, method: &str, path: &str) -> Asked {
         host: "api.test".into(),
         port: 443,
         path: path.into(),
+        url: format!("https://api.test{path}"),
         rule_id: "ask-api".into(),
     }
 }

@@ -9,6 +9,12 @@
 //! `approve --remember` lets later requests through, for the daemon's lifetime, only when
 //! they are the approved one again: the same agent, rule, method, host, port and path
 //! (the query may differ).
+//!
+//! A [`Notify`] (the webhook, `webhook.rs`) hears of each request as it starts to wait; what
+//! it does with it runs off the request's path and cannot lose the request.
+
+mod notice;
+pub(crate) mod webhook;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -35,6 +41,9 @@ pub(crate) struct Asked {
     pub host: String,
     pub port: u16,
     pub path: String,
+    /// `scheme://authority/path?query`, secrets redacted and query values `[redacted]`
+    /// (names kept): what a person outside this machine (the webhook) may be shown.
+    pub url: String,
     pub rule_id: String,
 }
 
@@ -149,8 +158,15 @@ impl Waiting {
     }
 }
 
+/// Told of each request that starts to wait (after it is listed, before the wait).
+pub(crate) trait Notify: Send + Sync {
+    /// Must not block: the request's own task calls it.
+    fn held(&self, req: &PendingRequest);
+}
+
 pub(crate) struct Approvals {
     timeout: Duration,
+    notify: Option<Box<dyn Notify>>,
     per_agent: usize,
     total: usize,
     next: AtomicU64,
@@ -170,11 +186,20 @@ impl Approvals {
     fn with_limits(timeout: Duration, per_agent: usize, total: usize) -> Approvals {
         Approvals {
             timeout,
+            notify: None,
             per_agent,
             total,
             next: AtomicU64::new(1),
             waiting: Mutex::new(Waiting::default()),
             remembered: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Tells `notify` of every request that starts to wait.
+    pub(crate) fn notifying(self, notify: Box<dyn Notify>) -> Approvals {
+        Approvals {
+            notify: Some(notify),
+            ..self
         }
     }
 
@@ -192,6 +217,7 @@ impl Approvals {
             asked,
         };
         let id = req.id;
+        let shown = self.notify.as_ref().map(|_| req.clone());
         let (tx, rx) = oneshot::channel();
         {
             let Ok(mut w) = self.waiting.lock() else {
@@ -213,6 +239,9 @@ impl Approvals {
             id,
         };
         tracing::warn!(pending = %id, agent = %key.agent, "request held for approval: agenshield proxy ctl pending approve {id}");
+        if let (Some(notify), Some(req)) = (&self.notify, shown) {
+            notify.held(&req);
+        }
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(v)) if v.approve => {
                 if v.remember {

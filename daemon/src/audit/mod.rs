@@ -250,6 +250,18 @@ impl Audit {
         Ok(())
     }
 
+    /// Each export sink's state (empty without `[[audit.export]]`).
+    pub(crate) fn export_status(&self) -> Vec<export::ExportStatus> {
+        match self.exports.lock() {
+            Ok(e) => e.as_ref().map(|e| e.status()).unwrap_or_default(),
+            Err(p) => p
+                .into_inner()
+                .as_ref()
+                .map(|e| e.status())
+                .unwrap_or_default(),
+        }
+    }
+
     /// Lets the sinks ship what is in the log (up to `within`) and stops them: at stop,
     /// after the stop record.
     pub(crate) async fn finish_exports(&self, within: std::time::Duration) {

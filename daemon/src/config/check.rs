@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::forms::{self, FormError};
 use super::schema::{
-    Approvals, AuditConfig, Limits, Redirect, ResolverConfig, SecretStoreKind, SecretsConfig,
-    TlsConfig, Upstream, MAX_SCAN_BODY_BYTES,
+    AuditConfig, Limits, Redirect, ResolverConfig, SecretStoreKind, SecretsConfig, TlsConfig,
+    Upstream, MAX_SCAN_BODY_BYTES,
 };
 
 /// A value its section does not take. (Inner errors are not `source()`s: their text is
@@ -38,8 +38,6 @@ pub enum CheckError {
     ScanTooMuch,
     #[error("secrets.store = \"keychain\" is available on macOS only; use \"file\"")]
     KeychainOffMacos,
-    #[error("approvals.timeout must be more than 0s")]
-    NoApprovalTime,
     #[error("tls.leaf_cache_ttl must be shorter than tls.leaf_validity")]
     CacheOutlivesLeaf,
     #[error("listen.metrics: {0}; or \"off\" for no metrics listener")]
@@ -54,6 +52,8 @@ pub enum CheckError {
     CheckpointInterval,
     #[error(transparent)]
     RateLimit(#[from] super::ratelimit::StoreConfigError),
+    #[error(transparent)]
+    Approvals(#[from] super::approvals::ApprovalsError),
 }
 
 pub(super) fn redirect(r: &Redirect) -> Result<(), CheckError> {
@@ -115,11 +115,8 @@ pub(super) fn secrets(s: &SecretsConfig) -> Result<(), CheckError> {
     Ok(())
 }
 
-pub(super) fn approvals(a: &Approvals) -> Result<(), CheckError> {
-    if a.timeout.is_zero() {
-        return Err(CheckError::NoApprovalTime);
-    }
-    Ok(())
+pub(super) fn approvals(a: &super::Approvals) -> Result<(), CheckError> {
+    Ok(a.check()?)
 }
 
 pub(super) fn tls(t: &TlsConfig) -> Result<(), CheckError> {

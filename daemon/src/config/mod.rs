@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod approvals;
 mod audit_export;
 mod check;
 mod dns;
@@ -15,6 +16,10 @@ mod ratelimit;
 mod removed;
 mod schema;
 mod upstream_proxy;
+pub use approvals::{
+    AdminHttpsConfig, Approvals, ApprovalsError, WebhookConfig, MAX_WEBHOOK_RETRIES,
+    MAX_WEBHOOK_TIMEOUT,
+};
 pub use audit_export::{
     valid_host_id, AuditExport, AuditExportError, ExportFormat, ExportKind, SyslogUrl, Transport,
 };
@@ -31,7 +36,7 @@ pub use ratelimit::{
 pub use removed::RemovedKey;
 use schema::FileConfig;
 pub use schema::{
-    AgentUser, Approvals, AuditConfig, Limits, NameOrId, QueryValues, Redirect, ResolverConfig,
+    AgentUser, AuditConfig, Limits, NameOrId, QueryValues, Redirect, ResolverConfig,
     SecretStoreKind, SecretsConfig, Testing, TlsConfig, Upstream, MAX_SCAN_BODY_BYTES,
 };
 pub use upstream_proxy::{authority, ProxyUrlError, UpstreamProxy};
@@ -112,6 +117,8 @@ pub struct Config {
     pub explicit_groups: Vec<NameOrId>,
     /// The admin API's Unix socket.
     pub admin: PathBuf,
+    /// `listen.admin_https`: the admin API over HTTPS with client certificates.
+    pub admin_https: Option<AdminHttpsConfig>,
     pub policies: PathBuf,
     pub certs: PathBuf,
     pub upstream: Upstream,
@@ -280,6 +287,14 @@ impl Config {
             upgrades: f.upstream.upgrades,
             proxy: f.upstream.proxy,
         };
+        let admin_https = approvals::AdminHttpsKeys {
+            addr: f.listen.admin_https,
+            client_ca: f.listen.client_ca,
+            cert: f.listen.admin_https_cert,
+            key: f.listen.admin_https_key,
+        }
+        .check(relative)
+        .map_err(|e| invalid(CheckError::from(e).into()))?;
         let admin = match f.listen.admin {
             Some(p) => relative(&p),
             None if state_dir.is_some() => default_path("proxy.sock"),
@@ -324,6 +339,7 @@ impl Config {
             explicit_users: f.listen.explicit_users,
             explicit_groups: f.listen.explicit_groups,
             admin,
+            admin_https,
             policies: path_or(f.paths.policies, "policies"),
             certs,
             upstream,
@@ -332,7 +348,7 @@ impl Config {
             limits: f.limits,
             tls: f.tls,
             redirect: f.redirect,
-            approvals: f.approvals,
+            approvals: f.approvals.resolved(relative),
             vault: path_or(f.paths.vault, "vault"),
             secrets: f.secrets,
             metrics,

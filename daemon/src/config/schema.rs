@@ -35,7 +35,7 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) tls: TlsConfig,
     #[serde(default)]
-    pub(super) approvals: Approvals,
+    pub(super) approvals: super::Approvals,
     #[serde(default)]
     pub(super) secrets: SecretsConfig,
     #[serde(default)]
@@ -144,23 +144,6 @@ impl Default for SecretsConfig {
     }
 }
 
-/// Requests held by `ask` rules.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Approvals {
-    /// How long a held request waits for an operator; then it is denied.
-    #[serde(deserialize_with = "forms::duration")]
-    pub timeout: Duration,
-}
-
-impl Default for Approvals {
-    fn default() -> Self {
-        Approvals {
-            timeout: Duration::from_secs(60),
-        }
-    }
-}
-
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FileListen {
@@ -179,6 +162,12 @@ pub(super) struct FileListen {
     pub(super) explicit_users: Vec<NameOrId>,
     #[serde(default)]
     pub(super) explicit_groups: Vec<NameOrId>,
+    /// The admin API over HTTPS with client certificates (`config/approvals.rs`).
+    #[serde(default, deserialize_with = "forms::opt_socket_addr")]
+    pub(super) admin_https: Option<SocketAddr>,
+    pub(super) client_ca: Option<PathBuf>,
+    pub(super) admin_https_cert: Option<PathBuf>,
+    pub(super) admin_https_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

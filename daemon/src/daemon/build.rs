@@ -187,6 +187,7 @@ pub(super) async fn build_proxy(
     vault.set_token_client(Arc::new(forwarder.clone()));
     let dns_metrics =
         crate::dns_state::DnsMetrics::register(metrics.registry(), crate::metrics::NS);
+    let approvals = approvals(cfg, &vault, &metrics)?;
     let proxy = Proxy::new(ProxyParts {
         vault,
         dns_metrics,
@@ -199,13 +200,30 @@ pub(super) async fn build_proxy(
         dialer,
         forwarder,
         limits: cfg.limits.clone(),
-        approvals: Approvals::new(cfg.approvals.timeout),
+        approvals,
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
         denied_names: cfg.dns_answers.denied,
         fleet,
     });
     Ok((proxy, source))
+}
+
+/// The `ask` queue, telling `[approvals] webhook` of each held request when one is set.
+fn approvals(cfg: &Config, vault: &Arc<Vault>, metrics: &Metrics) -> anyhow::Result<Approvals> {
+    let approvals = Approvals::new(cfg.approvals.timeout);
+    let Some(webhook) = cfg.approvals.webhook() else {
+        return Ok(approvals);
+    };
+    let notify = crate::approvals::webhook::start(
+        &webhook,
+        &cfg.upstream.extra_ca,
+        vault.clone(),
+        metrics.registry(),
+        crate::metrics::NS,
+    )
+    .map_err(|e| BadInput(e.to_string()))?;
+    Ok(approvals.notifying(Box::new(notify)))
 }
 
 /// `[ratelimit] store`'s limiter, connecting in the background from now on (a store that is

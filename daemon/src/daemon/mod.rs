@@ -161,6 +161,15 @@ pub async fn serve(
     };
     let metrics_addr = metrics_bound.map_or_else(|| "off".to_string(), |a| a.to_string());
 
+    let admin_https = match &cfg.admin_https {
+        Some(https) => Some(
+            admin::AdminHttps::bind(https)
+                .await
+                .map_err(|e| BadInput(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let admin_https_addr = admin_https.as_ref().map(|h| h.addr);
     let admin = Arc::new(Admin::new(
         proxy.clone(),
         DaemonInfo {
@@ -170,11 +179,22 @@ pub async fn serve(
             dns: dns_addrs.clone(),
             metrics: metrics_bound,
             socket: cfg.admin.clone(),
+            admin_https: admin_https_addr,
             firewall,
             ca_path: cfg.certs.join("ca.pem"),
         },
         admin_auth(&cfg),
     ));
+    if let Some(https) = admin_https {
+        tracing::info!(
+            "admin API over HTTPS on {}: client certificates from {} only, never an agent uid",
+            https.addr,
+            cfg.admin_https
+                .as_ref()
+                .map_or_else(String::new, |h| h.client_ca.display().to_string())
+        );
+        tasks.spawn(admin::serve_https(https, admin.clone()));
+    }
     tasks.spawn(admin::serve(admin_listener, admin));
     tokio::spawn(crate::runtime::memory_release::watch());
     // Kept alive for the daemon's lifetime; dropping it stops hot reload.

@@ -139,6 +139,15 @@ async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // The operator sees what the agent sent, with any secret value in it redacted.
     let shown = proxy.vault.current();
+    let path = shown.redact(&ctx.path);
+    let query = ctx.query.as_deref().map(|q| shown.redact(q));
+    // Query values never leave the machine in a notice, whatever the audit log keeps.
+    let url = format!(
+        "{}://{}{}",
+        target.scheme_str(),
+        shown.redact(&target.authority()),
+        crate::audit::shown_path(&path, query.as_deref(), false)
+    );
     proxy
         .approvals
         .ask(Asked {
@@ -147,7 +156,8 @@ async fn ask<B>(ctx: &RequestCtx, req: &Request<B>) -> AskOutcome {
             method: shown.redact(req.method().as_str()).into_owned(),
             host: shown.redact(&target.host).into_owned(),
             port: target.port,
-            path: shown.redact(&ctx.path).into_owned(),
+            path: path.into_owned(),
+            url,
             rule_id: ctx.rule().map(|r| r.to_string()).unwrap_or_default(),
         })
         .await

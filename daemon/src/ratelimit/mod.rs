@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use concurrency::{ConcurrencyCaps, ConcurrencyPermit};
-pub(crate) use fleet::{FleetLimiter, FleetVerdict};
+pub(crate) use fleet::{FleetLimiter, FleetVerdict, StoreStatus};
 pub(crate) use limiter::Limiter;
 
 /// `requests` tokens per `per`, holding at most `burst`. Identical to the policy's struct.

@@ -206,6 +206,26 @@ async fn every_record_reaches_rsyslog_over_tcp_and_tls_in_order_across_an_outage
             .any(|l| l.contains("sink=\"tcp\"") && !l.ends_with(" 0")),
         "the outage is counted: {failures}"
     );
+    // `ctl status` says so, sink by sink.
+    let (code, out, err) = d.ctl(&[], &["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("status json");
+    let sinks = status["audit"]["export"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(sinks.len(), 3, "{out}");
+    for sink in &sinks {
+        assert_eq!(sink["connected"], false, "{sink}");
+        assert!(sink["down_since"].is_string(), "{sink}");
+        assert!(sink["last_error"]["reason"].is_string(), "{sink}");
+    }
+    assert!(
+        sinks.iter().any(|x| x["pending"].as_u64() > Some(0)),
+        "{out}"
+    );
+    let (_, text, _) = d.ctl(&[], &["status"]);
+    assert!(text.contains("RECEIVER DOWN since"), "{text}");
     plain.resume();
     tls.resume();
     round(&d, n).await;

@@ -194,6 +194,53 @@ async fn two_daemons_sharing_one_redis_allow_n_requests_in_all() {
     );
 }
 
+/// Many requests at once on both daemons: the checks a connection thread makes together go
+/// to the store as one script call (`ratelimit/fleet/batch.rs`), and the count stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_two_daemons_take_exactly_the_fleet_limit() {
+    if let Some(why) = redis::missing() {
+        eprintln!("{why}");
+        return;
+    }
+    let store = RedisServer::start();
+    let lines = || {
+        store_lines(
+            &store.url(),
+            "burst:",
+            &["on_store_error = \"deny\"", "timeout = \"1s\""],
+        )
+    };
+    let a = world("fleet-burst-a", 8, lines()).await;
+    let b = world("fleet-burst-b", 8, lines()).await;
+    wait_store_up(&a).await;
+    wait_store_up(&b).await;
+    let (a, b) = (&a, &b);
+    let (from_a, from_b) = tokio::join!(
+        futures_util::future::join_all((0..10).map(|_| a.transparent(
+            "https",
+            "fleet.test",
+            "/echo",
+            &[]
+        ))),
+        futures_util::future::join_all((0..10).map(|_| b.transparent(
+            "https",
+            "fleet.test",
+            "/echo",
+            &[]
+        )))
+    );
+    let mut allowed = 0;
+    for out in from_a.iter().chain(&from_b) {
+        match out.status {
+            200 => allowed += 1,
+            429 => assert_eq!(error_code(out), "rate_limited", "{out:?}"),
+            other => panic!("unexpected {other}: {out:?}"),
+        }
+    }
+    assert_eq!(allowed, 8, "20 requests at once against a fleet limit of 8");
+    assert_eq!(a.requests().len() + b.requests().len(), 8);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     if let Some(why) = redis::missing() {
@@ -279,6 +326,12 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     }
     let (out, _) = get(&local, "fleet.test").await;
     assert_eq!(out.status, 429, "the local bucket is still spent: {out:?}");
+    // `ctl status` shows the outage and what the daemon does meanwhile.
+    let (_, text, err) = deny.daemon.ctl(&[], &["status"]);
+    assert!(
+        text.contains("DOWN since") && text.contains("fleet-limited requests are refused"),
+        "{text}{err}"
+    );
     assert_eq!(
         metric(&local, "agenshield_proxy_ratelimit_store_up").await,
         0.0
@@ -293,6 +346,14 @@ async fn a_store_outage_follows_on_store_error_without_a_request_hanging() {
     assert_eq!(out.status, 200, "the store decides again: {out:?}");
     let (out, _) = get(&deny, "fleet.test").await;
     assert_eq!(out.status, 200, "{out:?}");
+    let (_, json, _) = deny.daemon.ctl(&[], &["status", "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&json).expect("status json");
+    assert_eq!(st["ratelimit_store"]["up"], true, "{json}");
+    assert!(st["ratelimit_store"]["down_since"].is_null(), "{json}");
+    assert!(
+        st["ratelimit_store"]["last_error"]["reason"].is_string(),
+        "{json}"
+    );
 
     // One warning per outage and one line when the store is back, not one per request.
     for w in [&local, &deny] {

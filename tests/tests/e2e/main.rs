@@ -14,6 +14,7 @@
 
 mod admin_linux;
 mod agents_linux;
+mod approvals;
 mod audit_checkpoints;
 mod audit_export;
 mod budget;

@@ -16,6 +16,7 @@ mod metrics;
 pub(crate) mod ocsf;
 mod reader;
 mod sink;
+mod status;
 mod syslog;
 mod transport;
 
@@ -30,6 +31,8 @@ use tokio::task::JoinHandle;
 pub(crate) use metrics::ExportMetrics;
 use reader::{LogReader, Resumed};
 use sink::{HeadSeq, Sink};
+pub(crate) use status::ExportStatus;
+use status::SinkStatus;
 use transport::{Connector, TlsSetupError};
 
 use super::rotation::{ExportHold, HeldFor};
@@ -39,6 +42,7 @@ use crate::config::AuditExport;
 pub(crate) struct Exports {
     stop: watch::Sender<Option<Instant>>,
     tasks: Vec<JoinHandle<()>>,
+    statuses: Vec<Arc<SinkStatus>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +106,15 @@ pub(crate) fn start(
             max_hold: e.max_hold,
             dropped: metrics.dropped.with_label_values(&[&name]),
         });
+        let status = Arc::new(SinkStatus::new(
+            name.clone(),
+            e.url.to_string(),
+            e.format.as_str(),
+            shipped.clone(),
+            head.clone(),
+        ));
         sinks.push(Sink {
+            status,
             name,
             format: e.format,
             host_id: e.host_id.clone().unwrap_or_else(syslog::default_host_id),
@@ -114,14 +126,27 @@ pub(crate) fn start(
             head: head.clone(),
         });
     }
+    let statuses = sinks.iter().map(|s| s.status.clone()).collect();
     let tasks = sinks
         .into_iter()
         .map(|s| tokio::spawn(s.run(stopped.clone())))
         .collect();
-    Ok((Exports { stop, tasks }, ExportHold::new(held)))
+    Ok((
+        Exports {
+            stop,
+            tasks,
+            statuses,
+        },
+        ExportHold::new(held),
+    ))
 }
 
 impl Exports {
+    /// Each sink's state, as `ctl status` shows it.
+    pub(crate) fn status(&self) -> Vec<ExportStatus> {
+        self.statuses.iter().map(|s| s.view()).collect()
+    }
+
     /// Lets every sink ship what the log holds, for up to `within`, then stops them (their
     /// cursors saved and fsynced).
     pub(crate) async fn finish(self, within: Duration) {

@@ -15,8 +15,11 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::cursor::Cursor;
-use crate::audit::chain::unseal;
+use crate::audit::chain::stated_hash;
 use crate::audit::rotation::rotated;
+
+/// How many bytes at a line's end hold its seal (`,"hash":"` + 64 hex + `"}`).
+const SEAL_TAIL: usize = 9 + 64 + 2;
 
 /// The longest line read (a record is under 100 KiB; this only bounds memory).
 const MAX_LINE: usize = 8 << 20;
@@ -310,18 +313,13 @@ fn read_full_at(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
 }
 
 fn line(bytes: &[u8], end: u64) -> Line {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        seq: Option<u64>,
-        time: Option<String>,
-        kind: Option<String>,
-    }
-    let env: Option<Envelope> = serde_json::from_slice(bytes).ok();
-    let hash = std::str::from_utf8(bytes)
+    let (seq, time, kind) = envelope(bytes);
+    // The seal is ASCII at the end: only that much needs to be text.
+    let tail = &bytes[bytes.len().saturating_sub(SEAL_TAIL)..];
+    let hash = std::str::from_utf8(tail)
         .ok()
-        .and_then(unseal)
-        .map(|s| s.hash.to_string());
-    let (seq, time, kind) = env.map_or((None, None, None), |e| (e.seq, e.time, e.kind));
+        .and_then(stated_hash)
+        .map(str::to_string);
     Line {
         bytes: bytes.to_vec(),
         seq,
@@ -330,6 +328,67 @@ fn line(bytes: &[u8], end: u64) -> Line {
         kind,
         end,
     }
+}
+
+/// The line's `seq`, `time` and `kind`. The writer puts them first, in that order, after
+/// `v` (`{"v":2,"seq":7,"time":"…","kind":"request",…`), so they are read from the front
+/// of the line without parsing the rest; a line shaped otherwise (a foreign or older
+/// writer, a line cut short) is parsed whole.
+fn envelope(bytes: &[u8]) -> (Option<u64>, Option<String>, Option<String>) {
+    if let Some(found) = envelope_in_front(bytes) {
+        return found;
+    }
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        seq: Option<u64>,
+        time: Option<String>,
+        kind: Option<String>,
+    }
+    let env: Option<Envelope> = serde_json::from_slice(bytes).ok();
+    env.map_or((None, None, None), |e| (e.seq, e.time, e.kind))
+}
+
+type Front = (Option<u64>, Option<String>, Option<String>);
+
+fn envelope_in_front(bytes: &[u8]) -> Option<Front> {
+    let rest = bytes.strip_prefix(b"{\"v\":")?;
+    let (_, rest) = digits(rest)?;
+    let rest = rest.strip_prefix(b",\"seq\":")?;
+    let (seq, rest) = digits(rest)?;
+    let rest = rest.strip_prefix(b",\"time\":\"")?;
+    let (time, rest) = plain_string(rest)?;
+    let rest = rest.strip_prefix(b",\"kind\":\"")?;
+    let (kind, rest) = plain_string(rest)?;
+    // The envelope ends there: another member follows, or the object (then the seal) ends.
+    if !matches!(rest.first(), Some(b',' | b'}')) {
+        return None;
+    }
+    Some((Some(seq), Some(time), Some(kind)))
+}
+
+/// A JSON unsigned integer at the front of `b` (no sign, no leading zero unless it is 0,
+/// no fraction) and what follows it.
+fn digits(b: &[u8]) -> Option<(u64, &[u8])> {
+    let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    let text = std::str::from_utf8(&b[..n]).ok()?;
+    if n == 0 || (n > 1 && text.starts_with('0')) {
+        return None;
+    }
+    if matches!(b.get(n), Some(b'.' | b'e' | b'E')) {
+        return None;
+    }
+    Some((text.parse().ok()?, &b[n..]))
+}
+
+/// A JSON string's content up to its closing quote, when it has no escapes and no control
+/// characters (what the writer's time and kind always are), and what follows the quote.
+fn plain_string(b: &[u8]) -> Option<(String, &[u8])> {
+    let n = memchr::memchr2(b'"', b'\\', b)?;
+    if b[n] != b'"' || b[..n].iter().any(|c| *c < 0x20) {
+        return None;
+    }
+    let text = std::str::from_utf8(&b[..n]).ok()?;
+    Some((text.to_string(), &b[n + 1..]))
 }
 
 /// The seq of the file's first line, if it is a record.

@@ -181,3 +181,60 @@ async fn rotation_waits_for_a_sink_up_to_its_max_hold_then_counts_what_it_lost()
 fn rotation_path(path: &Path, n: u32) -> PathBuf {
     rotated(path, n)
 }
+
+/// What a whole-line parse says the envelope is (what `envelope` must agree with).
+fn parsed_whole(line: &[u8]) -> (Option<u64>, Option<String>, Option<String>) {
+    let v: serde_json::Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(_) => return (None, None, None),
+    };
+    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    (
+        v.get("seq").and_then(serde_json::Value::as_u64),
+        text("time"),
+        text("kind"),
+    )
+}
+
+#[test]
+fn the_envelope_read_from_the_front_is_the_envelope_of_the_whole_line() {
+    for golden in ["audit-records.jsonl", "audit-records-v1.jsonl"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(golden);
+        let text = std::fs::read(&path).expect("golden");
+        for l in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            assert_eq!(envelope(l), parsed_whole(l), "{golden}");
+            // The writer's shape is read in front (a record after a drop names it between
+            // `time` and `kind`: that one is parsed whole).
+            let plain = !l.windows(16).any(|w| w == b"\"dropped_before\"");
+            if golden == "audit-records.jsonl" && plain {
+                assert!(envelope_in_front(l).is_some(), "read in front");
+                assert!(line(l, 0).hash.is_some(), "a sealed line states its hash");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_line_of_another_shape_is_parsed_whole_and_never_misread() {
+    let odd: [&[u8]; 8] = [
+        br#"{"seq":7,"v":2,"time":"t","kind":"request"}"#,
+        br#"{"v":2,"seq":07,"time":"t","kind":"request"}"#,
+        br#"{"v":2,"seq":7.5,"time":"t","kind":"request"}"#,
+        br#"{"v":2,"seq":7,"time":"a\"b","kind":"request"}"#,
+        br#"{"v":2,"seq":7,"time":"t","kind":"req\u0065st"}"#,
+        br#"{"v":2,"seq":7,"time":"t","kind":"request""#,
+        br#"{"v":2,"seq":99999999999999999999999,"time":"t","kind":"k"}"#,
+        b"{\"v\":2,\"seq\":7,\"time\":\"t\xff\",\"kind\":\"k\"}",
+    ];
+    for l in odd {
+        // Not read in front, so parsed whole, as it always was.
+        assert_eq!(envelope_in_front(l), None, "{}", String::from_utf8_lossy(l));
+    }
+    assert_eq!(
+        envelope(br#"{"v":2,"seq":7,"time":"t","kind":"request"}"#),
+        (Some(7), Some("t".into()), Some("request".into()))
+    );
+    assert_eq!(line(b"not json", 0).hash, None);
+}

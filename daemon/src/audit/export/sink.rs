@@ -18,6 +18,7 @@ use super::cursor::{self, Cursor};
 use super::metrics::ExportMetrics;
 use super::ocsf;
 use super::reader::{Line, LogReader};
+use super::status::SinkStatus;
 use super::syslog::{frame, Envelope};
 use super::transport::{Conn, Connector, Failure};
 use crate::config::ExportFormat;
@@ -37,6 +38,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub(crate) type HeadSeq = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
 
 pub(crate) struct Sink {
+    pub status: Arc<SinkStatus>,
     pub name: String,
     pub format: ExportFormat,
     pub host_id: String,
@@ -189,6 +191,7 @@ impl Sink {
         match self.connector.connect().await {
             Ok(c) => {
                 st.conn = Some(c);
+                self.status.connected();
                 if let Some(since) = st.down_since.take() {
                     tracing::info!(sink = %self.name, after = ?since.elapsed(), from_seq = self.reader.seq() + 1, "audit export: receiver back; shipping what waited");
                 }
@@ -202,6 +205,7 @@ impl Sink {
     }
 
     fn failed(&self, f: Failure, st: &mut State) {
+        self.status.failed(f.as_str());
         self.metrics
             .failures
             .with_label_values(&[&self.name, f.as_str()])

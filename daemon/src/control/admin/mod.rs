@@ -1,8 +1,11 @@
 //! The admin API: HTTP/1.1 with JSON over a Unix socket. Every connection's peer credentials
 //! are checked (root, the daemon's own uid and the admin group are served; an agent uid is
-//! refused even if the socket's mode is loosened).
+//! refused even if the socket's mode is loosened). The same routes over HTTPS with client
+//! certificates when `listen.admin_https` is set (`https.rs`).
 
 mod auth;
+mod caller;
+mod https;
 mod routes;
 mod secrets;
 
@@ -16,6 +19,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 
 pub(crate) use auth::AdminAuth;
+pub use https::{check_tls as check_https_tls, HttpsError};
+pub(crate) use https::{serve as serve_https, AdminHttps};
+
+use caller::Caller;
 
 use crate::proxy::Proxy;
 
@@ -30,6 +37,8 @@ pub(crate) struct DaemonInfo {
     pub dns: Vec<std::net::SocketAddr>,
     pub metrics: Option<std::net::SocketAddr>,
     pub socket: PathBuf,
+    /// The HTTPS listener's address, when `listen.admin_https` is set.
+    pub admin_https: Option<std::net::SocketAddr>,
     pub firewall: Option<crate::control::firewall_view::FirewallView>,
     /// The CA certificate's file.
     pub ca_path: PathBuf,
@@ -107,14 +116,14 @@ pub(crate) async fn serve(listener: UnixListener, admin: Arc<Admin>) {
                     admin
                         .auth
                         .check(cred.uid(), cred.gid())
-                        .map(|()| cred.uid())
+                        .map(|()| Caller::Local { uid: cred.uid() })
                 });
             let svc = service_fn(move |req| {
                 let admin = admin.clone();
                 let verdict = verdict.clone();
                 async move {
                     Ok::<_, std::convert::Infallible>(match verdict {
-                        Ok(uid) => routes::route(&admin, uid, req).await,
+                        Ok(caller) => routes::route(&admin, &caller, req).await,
                         Err(why) => {
                             tracing::warn!("admin socket: refused: {why}");
                             routes::forbidden(&why.to_string())

@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde::Serialize;
 
+use super::caller::Caller;
 use super::Admin;
 use crate::audit::ReloadTrigger;
 use crate::body::{full, ProxyBody};
@@ -38,14 +39,18 @@ pub(super) fn forbidden(why: &str) -> Response<ProxyBody> {
     error(StatusCode::FORBIDDEN, format!("permission denied: {why}"))
 }
 
-pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn route(
+    admin: &Admin,
+    caller: &Caller,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     let path = req.uri().path().to_string();
     let query = parse_query(req.uri().query());
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (req.method().clone(), segments.as_slice()) {
         (Method::GET, ["v1", "status"]) => status(admin).await,
         (Method::POST, ["v1", "reload"]) => {
-            tracing::info!(uid, "reload requested over the admin socket");
+            tracing::info!(caller = %caller, "reload requested over the admin API");
             match reload(&admin.proxy, ReloadTrigger::CtlReload) {
                 Ok(p) => json(
                     StatusCode::OK,
@@ -65,9 +70,11 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
         (Method::GET, ["v1", "secrets"]) => super::secrets::list(admin),
         (Method::PUT, ["v1", "secrets", name]) => {
             let name = name.to_string();
-            super::secrets::set(admin, uid, &name, req).await
+            super::secrets::set(admin, caller, &name, req).await
         }
-        (Method::DELETE, ["v1", "secrets", name]) => super::secrets::remove(admin, uid, name).await,
+        (Method::DELETE, ["v1", "secrets", name]) => {
+            super::secrets::remove(admin, caller, name).await
+        }
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),
         (Method::POST, ["v1", "pending", id, verb @ ("approve" | "deny")]) => {
             let approve = *verb == "approve";
@@ -76,7 +83,7 @@ pub(super) async fn route(admin: &Admin, uid: u32, req: Request<Incoming>) -> Re
                 .is_some_and(|v| v == "1" || v == "true");
             match admin.proxy.approvals.decide(id, approve, remember) {
                 Ok(p) => {
-                    tracing::info!(uid, pending = %id, approve, remember, agent = %p.asked.agent_uid.map_or_else(|| "-".to_string(), |u| u.to_string()), method = %p.asked.method, host = %p.asked.host, path = p.asked.path.as_str(), "approval answered");
+                    tracing::info!(caller = %caller, pending = %id, approve, remember, agent = %p.asked.agent_uid.map_or_else(|| "-".to_string(), |u| u.to_string()), method = %p.asked.method, host = %p.asked.host, path = p.asked.path.as_str(), "approval answered");
                     json(StatusCode::OK, &p)
                 }
                 Err(e) => error(StatusCode::NOT_FOUND, e.to_string()),
@@ -101,6 +108,8 @@ struct Status {
     pending: usize,
     /// Raw TCP relays and upgraded connections open now.
     tunnels: usize,
+    /// `[ratelimit] store`, when set: whether it answers.
+    ratelimit_store: Option<crate::ratelimit::StoreStatus>,
     /// Token budgets' counters in windows not yet over (`budget/`).
     budgets: Vec<crate::budget::Spend>,
 }
@@ -120,6 +129,8 @@ struct Listeners {
     /// `None`: no metrics listener.
     metrics: Option<String>,
     admin: String,
+    /// The HTTPS admin listener (`listen.admin_https`); `None`: off.
+    admin_https: Option<String>,
 }
 
 /// Where the audit chain stands: a reviewer who keeps this elsewhere can later show that
@@ -133,6 +144,8 @@ struct AuditHead {
     ready: bool,
     /// Why not.
     problem: Option<String>,
+    /// `[[audit.export]]` sinks: what each shipped and whether it can.
+    export: Vec<crate::audit::export::ExportStatus>,
 }
 
 #[derive(Serialize)]
@@ -168,6 +181,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                 dns: info.dns.iter().map(ToString::to_string).collect(),
                 metrics: info.metrics.map(|m| m.to_string()),
                 admin: info.socket.display().to_string(),
+                admin_https: info.admin_https.map(|a| a.to_string()),
             },
             firewall,
             ca: CaInfo {
@@ -183,12 +197,14 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
                     hash: head.hash,
                     ready: ready.is_ok(),
                     problem: ready.err().map(|e| e.to_string()),
+                    export: a.export_status(),
                 }
             }),
             policy: admin.proxy.policies.info(),
             counts: admin.proxy.events.counters.snapshot(),
             pending: admin.proxy.approvals.len(),
             tunnels: admin.proxy.tunnels.len(),
+            ratelimit_store: admin.proxy.fleet.as_ref().map(|f| f.status()),
             budgets: admin.proxy.tokens.snapshot(),
         },
     )

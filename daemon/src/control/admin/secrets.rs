@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use zeroize::Zeroizing;
 
+use super::caller::Caller;
 use super::routes::{error, json};
 use super::Admin;
 use crate::audit::ReloadTrigger;
@@ -47,7 +48,7 @@ pub(super) fn list(admin: &Admin) -> Response<ProxyBody> {
 
 pub(super) async fn set(
     admin: &Admin,
-    uid: u32,
+    caller: &Caller,
     name: &str,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
@@ -60,19 +61,19 @@ pub(super) async fn set(
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if is_json {
-        if !may_define_fetched(admin, uid) {
-            tracing::warn!(uid, secret = %name, "admin socket: a fetched secret's definition refused: not root");
+        if !may_define_fetched(admin, caller) {
+            tracing::warn!(caller = %caller, secret = %name, "admin API: a fetched secret's definition refused: not root");
             return error(
                 StatusCode::FORBIDDEN,
                 format!(
                     "secret {name}: only root may define a fetched secret (--from-command, \
                      --oauth2-token-url): the daemon runs it as itself, with every secret, the \
-                     CA key and the audit log within reach. uid {uid} may store a value (on \
-                     stdin); run this as root (sudo)"
+                     CA key and the audit log within reach. {caller} may store a value (on \
+                     stdin); run this as root (sudo) on the daemon's machine"
                 ),
             );
         }
-        return set_provider(admin, uid, name, req).await;
+        return set_provider(admin, caller, name, req).await;
     }
     let bytes = match read_value(req.into_body()).await {
         Ok(b) => b,
@@ -100,7 +101,7 @@ pub(super) async fn set(
             format!("storing {name}: {e}"),
         );
     }
-    tracing::info!(uid, secret = %name, replaced, "secret stored over the admin socket");
+    tracing::info!(caller = %caller, secret = %name, replaced, "secret stored over the admin API");
     // A policy that was refused for want of this secret can load now.
     if admin.proxy.policies.info().last_error.is_some() {
         let _ = reload(&admin.proxy, ReloadTrigger::SecretStored(name.to_string()));
@@ -119,15 +120,17 @@ pub(super) async fn set(
 }
 
 /// Root, or the daemon's own uid (which runs the command anyway).
-fn may_define_fetched(admin: &Admin, uid: u32) -> bool {
-    uid == 0 || uid == admin.auth.own_uid
+fn may_define_fetched(admin: &Admin, caller: &Caller) -> bool {
+    caller
+        .uid()
+        .is_some_and(|uid| uid == 0 || uid == admin.auth.own_uid)
 }
 
 /// A fetched secret: the body is its definition (`ProviderSpec` as JSON). It is fetched
 /// once before it is stored; a definition that does not work is refused with why.
 async fn set_provider(
     admin: &Admin,
-    uid: u32,
+    caller: &Caller,
     name: SecretName,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
@@ -155,7 +158,7 @@ async fn set_provider(
         }
         Err(ProviderError::Fetch(e)) => {
             let e = vault.current().redact(&e.to_string()).into_owned();
-            tracing::warn!(uid, secret = %name, "a fetched secret was refused: its first fetch failed: {e}");
+            tracing::warn!(caller = %caller, secret = %name, "a fetched secret was refused: its first fetch failed: {e}");
             return error(
                 StatusCode::BAD_GATEWAY,
                 format!("secret {name} not stored: fetching it failed: {e}"),
@@ -169,7 +172,7 @@ async fn set_provider(
             );
         }
     }
-    tracing::info!(uid, secret = %name, kind = kind.as_str(), replaced, "fetched secret stored over the admin socket");
+    tracing::info!(caller = %caller, secret = %name, kind = kind.as_str(), replaced, "fetched secret stored over the admin API");
     if admin.proxy.policies.info().last_error.is_some() {
         let _ = reload(&admin.proxy, ReloadTrigger::SecretStored(name.to_string()));
     }
@@ -193,7 +196,7 @@ async fn set_provider(
     )
 }
 
-pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<ProxyBody> {
+pub(super) async fn remove(admin: &Admin, caller: &Caller, name: &str) -> Response<ProxyBody> {
     let name = match SecretName::new(name) {
         Ok(n) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -211,7 +214,7 @@ pub(super) async fn remove(admin: &Admin, uid: u32, name: &str) -> Response<Prox
     }
     match admin.proxy.vault.remove(&name).await {
         Ok(true) => {
-            tracing::info!(uid, secret = %name, "secret removed over the admin socket");
+            tracing::info!(caller = %caller, secret = %name, "secret removed over the admin API");
             json(
                 StatusCode::OK,
                 &serde_json::json!({ "ok": true, "name": name.as_str() }),

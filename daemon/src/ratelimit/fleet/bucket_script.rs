@@ -1,5 +1,5 @@
-//! The fleet token bucket: one Lua script that Redis runs atomically per check, and the key
-//! it runs on.
+//! The fleet token bucket: one Lua script that Redis runs atomically per batch of checks
+//! (`batch.rs`), and the keys it runs on.
 //!
 //! It is the local bucket (`bucket.rs`) in Redis: capacity `burst` tokens, starting full,
 //! refilled continuously at `requests / per`, one token per request, all in integer
@@ -17,47 +17,57 @@ use std::time::Duration;
 use super::super::{AgentKey, RateLimit};
 use crate::config::FleetKey;
 
-/// KEYS[1]: the bucket. ARGV: requests, unit (one token, µs), burst.
-/// Returns {1, 0} when a token was taken, {0, µs until one is there} otherwise.
+/// KEYS: the buckets of one batch of checks (`batch.rs`), in order, a key possibly more than
+/// once. ARGV: for the i-th key, `requests`, `unit` (one token, µs), `burst` at 3i-2..3i.
+/// Returns {taken, wait} for each key in order, flat: taken 1 when a token was taken, else 0
+/// and the µs until one is there. Each check sees the ones before it in the batch (a key
+/// read after it was written in the same call), so a batch takes exactly the tokens the same
+/// checks would take one call at a time.
 pub(super) const TOKEN_BUCKET: &str = r#"
-local requests = tonumber(ARGV[1])
-local unit = tonumber(ARGV[2])
-local burst = tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local cap = burst * unit
-local s = redis.call('HMGET', KEYS[1], 'c', 't', 'u')
-local credit = tonumber(s[1])
-local last = tonumber(s[2])
-local old_unit = tonumber(s[3])
-if credit == nil or last == nil or old_unit == nil then
-  credit = cap
-  last = now
-  old_unit = unit
+local out = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local requests = tonumber(ARGV[3 * i - 2])
+  local unit = tonumber(ARGV[3 * i - 1])
+  local burst = tonumber(ARGV[3 * i])
+  local cap = burst * unit
+  local s = redis.call('HMGET', key, 'c', 't', 'u')
+  local credit = tonumber(s[1])
+  local last = tonumber(s[2])
+  local old_unit = tonumber(s[3])
+  if credit == nil or last == nil or old_unit == nil then
+    credit = cap
+    last = now
+    old_unit = unit
+  end
+  if old_unit ~= unit then
+    credit = math.floor(credit * unit / old_unit)
+  end
+  if now > last then
+    credit = credit + (now - last) * requests
+    last = now
+  end
+  if credit > cap then
+    credit = cap
+  end
+  local taken = 0
+  local wait = 0
+  if credit >= unit then
+    credit = credit - unit
+    taken = 1
+  else
+    wait = math.ceil((unit - credit) / requests)
+  end
+  redis.call('HSET', key, 'c', string.format('%.17g', credit), 't',
+    string.format('%.17g', last), 'u', string.format('%.17g', unit))
+  local full_ms = math.ceil((cap - credit) / requests / 1000)
+  redis.call('PEXPIRE', key, full_ms + 1000)
+  out[2 * i - 1] = taken
+  out[2 * i] = wait
 end
-if old_unit ~= unit then
-  credit = math.floor(credit * unit / old_unit)
-end
-if now > last then
-  credit = credit + (now - last) * requests
-  last = now
-end
-if credit > cap then
-  credit = cap
-end
-local taken = 0
-local wait = 0
-if credit >= unit then
-  credit = credit - unit
-  taken = 1
-else
-  wait = math.ceil((unit - credit) / requests)
-end
-redis.call('HSET', KEYS[1], 'c', string.format('%.17g', credit), 't',
-  string.format('%.17g', last), 'u', string.format('%.17g', unit))
-local full_ms = math.ceil((cap - credit) / requests / 1000)
-redis.call('PEXPIRE', KEYS[1], full_ms + 1000)
-return {taken, wait}
+return out
 "#;
 
 /// One token, in µs: `per` (at least 1 s by the policy's bounds).
@@ -67,7 +77,7 @@ pub(super) fn unit_us(rate: &RateLimit) -> u64 {
         .max(1)
 }
 
-/// The script's answer: taken, or the wait until a token is there.
+/// The script's answer for one check: taken, or the wait until a token is there.
 pub(super) fn parse_reply((taken, wait_us): (i64, i64)) -> Option<Duration> {
     (taken != 1).then(|| Duration::from_micros(u64::try_from(wait_us).unwrap_or(0).max(1)))
 }

@@ -2,7 +2,8 @@
 //! bucket in the shared store (Redis), so every daemon under the same policy counts together.
 //!
 //! # Never a hang, never a silent pass
-//! A check is one atomic script (`bucket_script.rs`: EVALSHA, EVAL on NOSCRIPT) with a
+//! A check is atomic: the checks a thread makes at about the same time go as one script
+//! call (`batch.rs`, `bucket_script.rs`: EVALSHA, EVAL on NOSCRIPT), each with a
 //! deadline (`ratelimit.timeout`, a few milliseconds), on its thread's own connection. With
 //! no connection (`store.rs` keeps one per thread up in the background) it fails at once. Without an answer, the rule's request is
 //! decided as `ratelimit.on_store_error` says: `local`, counted in this daemon's own bucket
@@ -14,6 +15,7 @@
 //! A bucket is per rule and per agent uid or destination host (`ratelimit.fleet_key`), keyed
 //! by the rule's id as written, so every host running the same policy names the same key.
 
+mod batch;
 mod bucket_script;
 mod client;
 mod counter;
@@ -26,13 +28,16 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use redis::Script;
+use tokio::sync::oneshot;
 
 pub(crate) use client::StoreSetupError;
 pub(crate) use counter::FleetCounter;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
+pub(crate) use outage::StoreStatus;
 
 use super::{AgentKey, RateLimit};
 use crate::config::{FleetKey, OnStoreError, RateLimitConfig};
+use batch::Check;
 use outage::Outage;
 use store::Store;
 
@@ -53,7 +58,7 @@ pub(crate) enum FleetVerdict {
 pub(crate) struct FleetLimiter {
     store: Arc<Store>,
     outage: Arc<Outage>,
-    script: Script,
+    script: Arc<Script>,
     timeout: Duration,
     prefix: String,
     by: FleetKey,
@@ -83,7 +88,7 @@ impl FleetLimiter {
         Ok(Some(FleetLimiter {
             store: Arc::new(Store::new(client, outage.clone())),
             outage,
-            script: Script::new(bucket_script::TOKEN_BUCKET),
+            script: Arc::new(Script::new(bucket_script::TOKEN_BUCKET)),
             timeout: cfg.timeout,
             prefix: cfg.key_prefix.clone(),
             by: cfg.fleet_key,
@@ -106,31 +111,43 @@ impl FleetLimiter {
         host: &str,
         rate: RateLimit,
     ) -> FleetVerdict {
-        let Some(mut conn) = self.store.connection() else {
+        if self.store.connection().is_none() {
             return self.failed(StoreErrorReason::Unreachable, "not connected");
-        };
-        let key = bucket_script::key(&self.prefix, rule, self.by, agent, host);
-        let mut call = self.script.key(key);
-        call.arg(rate.requests)
-            .arg(bucket_script::unit_us(&rate))
-            .arg(rate.burst);
-        let answer =
-            tokio::time::timeout(self.timeout, call.invoke_async::<(i64, i64)>(&mut conn)).await;
-        match answer {
-            Ok(Ok(reply)) => {
+        }
+        let (answer, answered) = oneshot::channel();
+        let first = self.store.queue().push(Check {
+            key: bucket_script::key(&self.prefix, rule, self.by, agent, host),
+            requests: u64::from(rate.requests),
+            unit_us: bucket_script::unit_us(&rate),
+            burst: u64::from(rate.burst),
+            answer,
+        });
+        if first {
+            tokio::spawn(batch::flush(
+                self.store.clone(),
+                self.script.clone(),
+                self.timeout,
+            ));
+        }
+        match tokio::time::timeout(self.timeout, answered).await {
+            Ok(Ok(Ok(reply))) => {
                 self.outage.answered(|| self.store.all_connected());
                 match bucket_script::parse_reply(reply) {
                     None => FleetVerdict::Allowed,
                     Some(wait) => FleetVerdict::Limited(wait),
                 }
             }
-            Ok(Err(e)) if e.is_io_error() || e.is_unrecoverable_error() => {
-                self.store.broke();
-                self.failed(StoreErrorReason::Io, &e.to_string())
-            }
-            Ok(Err(e)) => self.failed(StoreErrorReason::Reply, &e.to_string()),
+            Ok(Ok(Err(f))) => self.failed(f.reason(), f.detail()),
+            // The flush went away without an answer (its runtime is stopping).
+            Ok(Err(_)) => self.failed(StoreErrorReason::Unreachable, "no answer"),
             Err(_) => self.failed(StoreErrorReason::Timeout, "no answer in time"),
         }
+    }
+
+    /// The store's state, as `ctl status` shows it.
+    pub(crate) fn status(&self) -> StoreStatus {
+        let (connected, threads) = self.store.connected();
+        self.outage.status(connected, threads)
     }
 
     fn failed(&self, reason: StoreErrorReason, detail: &str) -> FleetVerdict {

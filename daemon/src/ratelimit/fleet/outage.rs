@@ -13,6 +13,8 @@ use crate::config::OnStoreError;
 pub(super) struct Outage {
     down: AtomicBool,
     since: Mutex<Option<Instant>>,
+    /// When the outage began and the last failure, as `ctl status` shows them.
+    shown_state: Mutex<Shown>,
     /// Checks decided without the store in this outage.
     fallbacks: AtomicU64,
     mode: OnStoreError,
@@ -27,6 +29,7 @@ impl Outage {
         Outage {
             down: AtomicBool::new(false),
             since: Mutex::new(None),
+            shown_state: Mutex::new(Shown::default()),
             fallbacks: AtomicU64::new(0),
             mode,
             shown,
@@ -47,6 +50,17 @@ impl Outage {
     }
 
     fn begin(&self, reason: &str, detail: &str) {
+        let now = crate::clock::now_rfc3339();
+        if let Ok(mut st) = self.shown_state.lock() {
+            st.last_error = Some(LastError {
+                reason: reason.to_string(),
+                message: detail.to_string(),
+                at: now.clone(),
+            });
+            if !self.down.load(Ordering::Acquire) {
+                st.down_since = Some(now);
+            }
+        }
         if self.down.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -93,11 +107,64 @@ impl Outage {
             .and_then(|mut s| s.take())
             .map(|t| t.elapsed());
         let fell_back = self.fallbacks.swap(0, Ordering::Relaxed);
+        if let Ok(mut st) = self.shown_state.lock() {
+            st.down_since = None;
+        }
         tracing::info!(
             store = %self.shown,
             away_ms = away.map(|d| d.as_millis()).unwrap_or(0),
             checks_without_store = fell_back,
             "fleet rate-limit store reachable again; fleet rate limits count in it again"
         );
+    }
+}
+
+/// What `ctl status` shows of the store (`/v1/status` `ratelimit_store`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct StoreStatus {
+    /// The store's URL, password hidden.
+    pub store: String,
+    pub on_store_error: &'static str,
+    /// Every connection thread has its connection and the last check was answered.
+    pub up: bool,
+    /// Threads with a connection now, of all.
+    pub connected: usize,
+    pub threads: usize,
+    /// When the current outage began (`None` while up).
+    pub down_since: Option<String>,
+    /// The last failure (a check or a connect), kept after the store is back.
+    pub last_error: Option<LastError>,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct LastError {
+    pub reason: String,
+    pub message: String,
+    pub at: String,
+}
+
+#[derive(Default)]
+struct Shown {
+    down_since: Option<String>,
+    last_error: Option<LastError>,
+}
+
+impl Outage {
+    /// The store's state; `connected`, `threads`: from the connections.
+    pub(super) fn status(&self, connected: usize, threads: usize) -> StoreStatus {
+        let (down_since, last_error) = self
+            .shown_state
+            .lock()
+            .map(|st| (st.down_since.clone(), st.last_error.clone()))
+            .unwrap_or_default();
+        StoreStatus {
+            store: self.shown.clone(),
+            on_store_error: self.mode.as_str(),
+            up: !self.down.load(Ordering::Acquire) && connected == threads,
+            connected,
+            threads,
+            down_since,
+            last_error,
+        }
     }
 }

@@ -21,6 +21,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client};
 use tokio::sync::Notify;
 
+use super::batch::Queue;
 use super::metrics::StoreErrorReason;
 use super::outage::Outage;
 use crate::runtime::shards;
@@ -30,11 +31,12 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// One thread's connection, and the signal that it broke.
+/// One thread's connection, the signal that it broke, and its checks not yet sent.
 #[derive(Default)]
 struct Slot {
     conn: ArcSwapOption<MultiplexedConnection>,
     broken: Notify,
+    queue: Queue,
 }
 
 pub(super) struct Store {
@@ -62,6 +64,21 @@ impl Store {
     /// The calling thread's connection, if it has one now.
     pub(super) fn connection(&self) -> Option<MultiplexedConnection> {
         self.slot().conn.load().as_deref().cloned()
+    }
+
+    /// The calling thread's queue of checks (`batch.rs`).
+    pub(super) fn queue(&self) -> &Queue {
+        &self.slot().queue
+    }
+
+    /// How many threads have their connection now, of how many.
+    pub(super) fn connected(&self) -> (usize, usize) {
+        let n = self
+            .slots
+            .iter()
+            .filter(|s| s.conn.load().is_some())
+            .count();
+        (n, self.slots.len())
     }
 
     /// Whether every thread has its connection.

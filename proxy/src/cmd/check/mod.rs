@@ -178,6 +178,7 @@ pub fn check(cfg: &Config) -> Report {
     ));
     parts.push(worker::ca(&cfg.certs));
     parts.push(runtime.block_on(worker::upstream(cfg, &bound)));
+    parts.extend(worker::approvals(cfg, &vault));
     parts.push(match agenshield_proxy::daemon::build::identities(cfg) {
         Ok(ids) => part(
             "access",

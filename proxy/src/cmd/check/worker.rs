@@ -241,3 +241,44 @@ pub(super) async fn upstream(cfg: &Config, bound: &BoundAddrs) -> Part {
         ),
     )
 }
+
+/// `[listen] admin_https` (its TLS files as the serving user reads them) and `[approvals]
+/// webhook` (its key in the store): `None` when neither is set.
+pub(super) fn approvals(cfg: &Config, vault: &VaultState) -> Option<Part> {
+    let https = cfg.admin_https.as_ref();
+    let webhook = cfg.approvals.webhook();
+    if https.is_none() && webhook.is_none() {
+        return None;
+    }
+    let mut said = Vec::new();
+    if let Some(h) = https {
+        if let Err(e) = agenshield_proxy::control::admin::check_https_tls(h) {
+            return Some(part("approval", Verdict::Failed, e.to_string()));
+        }
+        said.push(format!(
+            "admin HTTPS on {} for client certificates from {}",
+            h.addr,
+            h.client_ca.display()
+        ));
+    }
+    if let Some(w) = webhook {
+        let held = matches!(vault, Ok(Some(v)) if v.contains(&w.hmac_secret));
+        if !held {
+            return Some(part(
+                "approval",
+                Verdict::Failed,
+                format!(
+                    "approvals.hmac_secret: no secret {:?} in the store (agenshield proxy ctl \
+                     secrets set {})",
+                    w.hmac_secret, w.hmac_secret
+                ),
+            ));
+        }
+        said.push(format!(
+            "webhook to {} signed with secret {:?}",
+            w.url.host_str().unwrap_or(""),
+            w.hmac_secret
+        ));
+    }
+    Some(part("approval", Verdict::Ok, said.join("; ")))
+}

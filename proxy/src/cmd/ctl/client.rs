@@ -1,4 +1,5 @@
-//! Talking to the daemon's admin socket.
+//! Talking to the daemon's admin API: its Unix socket, or (`--remote`) its HTTPS listener
+//! with a client certificate (`remote.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +8,10 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
+
+use super::remote::Remote;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
@@ -22,16 +26,31 @@ pub enum CtlError {
     BadInput(String),
     #[error("talking to the daemon: {0}")]
     Protocol(String),
+    /// `--remote`: no connection, or the TLS handshake failed (a certificate refused).
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 pub struct Client {
-    socket: PathBuf,
+    target: Target,
+}
+
+enum Target {
+    Socket(PathBuf),
+    Remote(Box<Remote>),
 }
 
 impl Client {
     pub fn new(socket: &Path) -> Client {
         Client {
-            socket: socket.to_path_buf(),
+            target: Target::Socket(socket.to_path_buf()),
+        }
+    }
+
+    /// The daemon's HTTPS admin listener at `remote`.
+    pub fn remote(remote: Remote) -> Client {
+        Client {
+            target: Target::Remote(Box::new(remote)),
         }
     }
 
@@ -55,32 +74,36 @@ impl Client {
         body: Bytes,
         content_type: &'static str,
     ) -> Result<(StatusCode, Incoming), CtlError> {
-        let stream = UnixStream::connect(&self.socket)
-            .await
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-                    CtlError::NotRunning(self.socket.clone())
-                }
-                std::io::ErrorKind::PermissionDenied => CtlError::NoAccess(self.socket.clone()),
-                _ => CtlError::Protocol(format!("{}: {e}", self.socket.display())),
-            })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| CtlError::Protocol(e.to_string()))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
         let req = Request::builder()
             .method(method)
             .uri(path)
-            .header(http::header::HOST, "agenshield")
+            .header(
+                http::header::HOST,
+                match &self.target {
+                    Target::Socket(_) => "agenshield".to_string(),
+                    Target::Remote(r) => r.authority(),
+                },
+            )
             .header(http::header::CONTENT_TYPE, content_type)
             .body(Full::new(body))
             .map_err(|e| CtlError::Protocol(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| CtlError::Protocol(e.to_string()))?;
+        let resp = match &self.target {
+            Target::Socket(socket) => {
+                let stream = UnixStream::connect(socket)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                            CtlError::NotRunning(socket.clone())
+                        }
+                        std::io::ErrorKind::PermissionDenied => CtlError::NoAccess(socket.clone()),
+                        _ => CtlError::Protocol(format!("{}: {e}", socket.display())),
+                    })?;
+                exchange(stream, req).await?
+            }
+            Target::Remote(remote) => exchange(remote.connect().await?, req)
+                .await
+                .map_err(|e| remote.closed(&e))?,
+        };
         let status = resp.status();
         if status == StatusCode::FORBIDDEN {
             let text = resp
@@ -105,6 +128,23 @@ impl Client {
         let (status, body) = self.send(method, path, body).await?;
         read_json(status, body).await
     }
+}
+
+/// One request on a fresh HTTP/1.1 connection over `io`.
+async fn exchange<T>(io: T, req: Request<Full<Bytes>>) -> Result<http::Response<Incoming>, CtlError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| CtlError::Protocol(e.to_string()))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| CtlError::Protocol(e.to_string()))
 }
 
 /// A JSON answer; a non-2xx answer becomes `Err` with the daemon's message.

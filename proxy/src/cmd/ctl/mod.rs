@@ -6,6 +6,7 @@ mod ca;
 pub(crate) mod client;
 mod escape;
 pub(crate) mod output;
+pub(crate) mod remote;
 mod render;
 mod secrets;
 mod suggest;
@@ -42,7 +43,18 @@ pub fn run(args: CtlArgs, cfg: &Config) -> u8 {
 async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
     let json = args.json;
     output::set_json(json);
-    let client = Client::new(socket);
+    let client = match &args.remote {
+        None => Client::new(socket),
+        Some(url) => {
+            let (Some(cert), Some(key)) = (&args.cert, &args.key) else {
+                return output::bad_input("--remote needs --cert FILE and --key FILE: the client certificate the daemon's listen.client_ca issued");
+            };
+            match remote::Remote::new(url, cert, key, args.ca.as_deref()) {
+                Ok(r) => Client::remote(r),
+                Err(e) => return fail(e),
+            }
+        }
+    };
     match args.command {
         CtlCommand::Policy(PolicyCommand::Lint { files }) => lint(cfg, &files, json),
         CtlCommand::Audit(AuditCommand::Verify {
@@ -159,6 +171,7 @@ pub(crate) fn fail(e: CtlError) -> u8 {
         CtlError::NoAccess(_) => ErrorCode::NoAccess,
         CtlError::Refused(_) => ErrorCode::Refused,
         CtlError::Protocol(_) => ErrorCode::Protocol,
+        CtlError::Unreachable(_) => ErrorCode::NotRunning,
     };
     output::error(code, &e.to_string())
 }

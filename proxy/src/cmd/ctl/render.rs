@@ -90,7 +90,14 @@ pub(super) fn status(v: &Value) -> String {
                 None => "off".to_string(),
             }
         ),
-        format!("admin socket  {}", s(&v["listeners"]["admin"])),
+        format!(
+            "admin socket  {}{}",
+            s(&v["listeners"]["admin"]),
+            match v["listeners"]["admin_https"].as_str() {
+                Some(a) => format!("\nadmin HTTPS   https://{a} (client certificates)"),
+                None => String::new(),
+            }
+        ),
         format!("firewall      {firewall}"),
         format!(
             "CA            {}  SHA-256 {}",
@@ -111,6 +118,8 @@ pub(super) fn status(v: &Value) -> String {
             ),
             None => "audit log     off".into(),
         },
+        export_lines(&v["audit"]["export"]).join("\n"),
+        store_line(&v["ratelimit_store"]),
         format!(
             "policy        {}  {} rules  {}  loaded {}",
             s(&p["hash"]),
@@ -163,6 +172,78 @@ fn budget_lines(b: &Value) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// `[[audit.export]]`: one line per sink (none without sinks).
+fn export_lines(sinks: &Value) -> Vec<String> {
+    let Some(sinks) = sinks.as_array() else {
+        return Vec::new();
+    };
+    sinks
+        .iter()
+        .map(|x| {
+            let state = if x["connected"].as_bool() == Some(true) {
+                "connected".to_string()
+            } else {
+                match x["down_since"].as_str() {
+                    Some(t) => format!("RECEIVER DOWN since {t}; records wait in the log"),
+                    None => "not connected yet".to_string(),
+                }
+            };
+            let last = match x["last_error"].as_object() {
+                Some(e) => format!(
+                    "  last failure {} at {}",
+                    e.get("reason").map(s).unwrap_or("-"),
+                    e.get("at").map(s).unwrap_or("-")
+                ),
+                None => String::new(),
+            };
+            format!(
+                "audit export  {} {} ({})  shipped {}  pending {}  {state}{last}",
+                s(&x["name"]),
+                s(&x["url"]),
+                s(&x["format"]),
+                x["shipped_seq"],
+                x["pending"]
+            )
+        })
+        .collect()
+}
+
+/// `[ratelimit] store`: whether the fleet's store answers (empty without one).
+fn store_line(st: &Value) -> String {
+    if !st.is_object() {
+        return String::new();
+    }
+    let state = if st["up"].as_bool() == Some(true) {
+        format!("up ({}/{} connections)", st["connected"], st["threads"])
+    } else {
+        let then = match st["on_store_error"].as_str() {
+            Some("deny") => "fleet-limited requests are refused",
+            _ => "fleet limits count in this daemon's own buckets",
+        };
+        match st["down_since"].as_str() {
+            Some(t) => format!("DOWN since {t}; {then}"),
+            None => format!(
+                "connecting ({}/{} connections)",
+                st["connected"], st["threads"]
+            ),
+        }
+    };
+    let last = match st["last_error"].as_object() {
+        Some(e) => format!(
+            "  last failure {} at {}: {}",
+            e.get("reason").map(s).unwrap_or("-"),
+            e.get("at").map(s).unwrap_or("-"),
+            e.get("message").map(s).unwrap_or("-")
+        ),
+        None => String::new(),
+    };
+    format!(
+        "rate store    {}  {state}  on_store_error {}{last}",
+        s(&st["store"]),
+        s(&st["on_store_error"])
+    )
 }
 
 /// `[policy.source]`: the bundle in force, the last sync and error, and what of the local

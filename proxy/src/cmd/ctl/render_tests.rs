@@ -226,3 +226,50 @@ fn plain_output_is_unchanged() {
         "method": "GET", "host": "café.test", "port": 443, "path": "/日本", "rule_id": "ask"}]);
     assert_eq!(render_safely(&v, pending), pending(&v));
 }
+
+#[test]
+fn status_shows_each_export_sink_and_the_rate_store_and_what_they_lack() {
+    let v = json!({
+        "version": "1", "pid": 1, "uptime_secs": 5,
+        "policy": {"hash": "h", "rules": 1, "mode": "enforce", "dir": "/p", "loaded_at": "t"},
+        "listeners": {"transparent": [], "explicit": "e", "admin": "a"},
+        "firewall": {"enabled": false}, "ca": {"path": "c", "sha256": "s"},
+        "audit": {"path": "a", "seq": 90, "hash": "h", "export": [
+            {"name": "siem", "url": "tls://relay.test:6514", "format": "ocsf", "shipped_seq": 90,
+             "pending": 0, "connected": true, "down_since": null, "last_error": null},
+            {"name": "backup", "url": "tcp://127.0.0.1:514", "format": "agenshield",
+             "shipped_seq": 40, "pending": 50, "connected": false,
+             "down_since": "2026-12-07T06:00:00.000Z",
+             "last_error": {"reason": "connect", "at": "2026-12-07T06:00:01.000Z"}},
+        ]},
+        "ratelimit_store": {"store": "redis://127.0.0.1:6379/0", "on_store_error": "deny",
+            "up": false, "connected": 1, "threads": 3, "down_since": "2026-12-07T06:00:02.000Z",
+            "last_error": {"reason": "timeout", "message": "no answer in time",
+                           "at": "2026-12-07T06:00:03.000Z"}},
+        "counts": {}, "tunnels": 0, "pending": 0,
+    });
+    let out = render_safely(&v, status);
+    assert!(
+        out.contains(
+            "audit export  siem tls://relay.test:6514 (ocsf)  shipped 90  pending 0  connected"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("audit export  backup tcp://127.0.0.1:514 (agenshield)  shipped 40  pending 50  RECEIVER DOWN since 2026-12-07T06:00:00.000Z; records wait in the log  last failure connect at 2026-12-07T06:00:01.000Z"),
+        "{out}"
+    );
+    assert!(
+        out.contains("rate store    redis://127.0.0.1:6379/0  DOWN since 2026-12-07T06:00:02.000Z; fleet-limited requests are refused  on_store_error deny  last failure timeout at 2026-12-07T06:00:03.000Z: no answer in time"),
+        "{out}"
+    );
+    // Without sinks or a store, no such lines.
+    let mut bare = v.clone();
+    bare["audit"]["export"] = json!([]);
+    bare["ratelimit_store"] = json!(null);
+    let out = render_safely(&bare, status);
+    assert!(
+        !out.contains("audit export") && !out.contains("rate store"),
+        "{out}"
+    );
+}
