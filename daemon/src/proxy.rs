@@ -32,6 +32,8 @@ pub(crate) struct Proxy {
     /// The shared store's buckets, for `scope = "fleet"` rates (`[ratelimit] store`).
     pub fleet: Option<FleetLimiter>,
     pub caps: ConcurrencyCaps,
+    /// Rules' LLM token budgets: their counters (`budget/`).
+    pub tokens: Arc<crate::budget::TokenBudgets>,
     pub vault: Arc<Vault>,
     /// Bytes of each request body the leak guard reads.
     pub scan_body_bytes: usize,
@@ -95,6 +97,10 @@ impl Proxy {
             limiter: Limiter::new(),
             fleet: p.fleet,
             caps: ConcurrencyCaps::new(),
+            tokens: Arc::new(crate::budget::TokenBudgets::new(
+                p.metrics.registry(),
+                crate::metrics::NS,
+            )),
             vault: p.vault,
             scan_body_bytes: p.scan_body_bytes,
             metrics: p.metrics,

@@ -12,6 +12,7 @@ pub mod dlp;
 #[cfg(target_os = "linux")]
 pub mod installation;
 pub mod mcp;
+pub mod llm;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod ocsf;

@@ -45,6 +45,7 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         would_deny: false,
         limit_scope: None,
         dlp: None,
+        budget: None,
         end: None,
         dns: None,
         mcp: None,

@@ -248,7 +248,8 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::UserNotAdmitted
         | ErrorCode::SecretNotForUser
         | ErrorCode::PolicyUnavailable
-        | ErrorCode::CredentialExfiltration => true,
+        | ErrorCode::CredentialExfiltration
+        | ErrorCode::TokenBudgetExhausted => true,
         // Our resolver was asked: the name left the machine.
         ErrorCode::UpstreamDns
         | ErrorCode::UpstreamConnect

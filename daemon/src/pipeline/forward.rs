@@ -127,6 +127,15 @@ pub(super) fn respond(
             .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?,
         None => resp,
     };
+    // Under a token budget, the body is read on its way for its usage.
+    let resp = match &ctx.budget {
+        Some(meter) => {
+            meter.respond(resp.headers());
+            let meter = meter.clone();
+            resp.map(|b| crate::budget::meter::tap(b, meter))
+        }
+        None => resp,
+    };
     Ok(match ctx.permit.take() {
         Some(permit) => resp.map(|b| body::guarded(b, permit)),
         None => resp,

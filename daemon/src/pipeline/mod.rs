@@ -2,11 +2,13 @@
 //!
 //! `record::ready` (the audit log can take the record) → `target` (which upstream,
 //! SNI/Host/port agree, the path normalized, the head within
-//! bounds) → `decide` (policy, and an operator for `ask`) → `mcp::request` (under a rule
+//! bounds) → `decide` (policy, and an operator for `ask`) → `dlp::inspect` (credentials in
+//! the URL and headers go only home) → `mcp::request` (under a rule
 //! with `mcp`: the JSON-RPC body read and decided) → `secrets::inspect` (where may
-//! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
-//! guard the body) → `forward` (upstream, redact the response) → `mcp::response` (list
-//! results filtered) → `record` (the log line, the
+//! the secrets it carries go) → `budget` (a rule's LLM token budget) → `limit` (rates,
+//! concurrency) → `dlp::body` (the body scanned as it streams) → `secrets::apply` (inject,
+//! guard the body) → `forward` (upstream, redact
+//! the response) → `mcp::response` (list results filtered) → `record` (the log line, the
 //! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
@@ -15,6 +17,7 @@
 //! `limit` and `record`; failed TLS handshakes and refusals by the HTTP server through
 //! `record`.
 
+mod budget;
 pub(crate) mod decide;
 pub(crate) mod dlp;
 mod dlp_body;
@@ -74,6 +77,8 @@ pub(crate) struct RequestCtx {
     pub dlp: Option<Arc<dlp::DlpPhase>>,
     /// The rule's concurrency slot, held until the response body ends.
     pub permit: Option<ConcurrencyPermit>,
+    /// Under a rule's token budget: what counts this request's tokens.
+    pub budget: Option<Arc<crate::budget::Meter>>,
     /// Request body bytes sent upstream.
     pub bytes_up: Arc<AtomicU64>,
     /// Filled in by `forward` for an upgrade: the relay waits for the 101's record, then
@@ -131,6 +136,7 @@ async fn phases(
     let read: SendFuture<'_, _> = Box::pin(mcp::request(ctx, req));
     let req = read.await?;
     secrets::inspect(ctx, &req).await?;
+    budget::check(ctx).await?;
     limit::check(ctx).await?;
     let req = dlp::body(ctx, req).await?;
     let req = secrets::apply(ctx, req).await?;
@@ -161,6 +167,7 @@ impl RequestCtx {
             secrets: None,
             dlp: None,
             permit: None,
+            budget: None,
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
             recorded: false,

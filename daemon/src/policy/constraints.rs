@@ -67,6 +67,7 @@ pub(crate) fn rules(
             priority,
             rate: None,
             max_concurrent: None,
+            budget: None,
             matchers: vec![m],
         });
     };

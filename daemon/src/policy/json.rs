@@ -170,6 +170,7 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             priority: r.priority.unwrap_or(0),
             rate: None,
             max_concurrent: None,
+            budget: None,
             matchers,
         });
     }

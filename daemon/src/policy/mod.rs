@@ -9,6 +9,7 @@
 //! matched as `/a/b` and cannot dodge a deny on `/a/**`); upstream gets [`NormalizedPath::forward`].
 
 mod agents;
+mod budget;
 mod compile;
 mod constraints;
 mod dlp;
@@ -64,6 +65,7 @@ pub(crate) fn default_rule_id() -> Arc<str> {
 }
 
 pub use agents::{agent_uid, AgentError};
+pub use budget::{format_per as format_budget_per, BudgetScope, TokenBudget};
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
 pub use dlp::{DlpMode, DlpRule};
 pub use error::{Conflict, Location, PolicyError};
@@ -335,9 +337,12 @@ impl Policy {
             Some(r) if !store_configured => Err(PolicyError::Rule {
                 at: r.at.clone(),
                 rule: r.rule.to_string(),
-                message: "`rate.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
-                          = \"redis://…\"` in proxy.toml, or write `scope = \"local\"`"
-                    .into(),
+                message: format!(
+                    "`{}.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
+                     = \"redis://…\"` in proxy.toml, or write `scope = \"{}\"`",
+                    r.key,
+                    if r.key == "budget" { "agent" } else { "local" }
+                ),
             }),
             _ => Ok(()),
         }

@@ -42,6 +42,8 @@ pub(crate) struct RuleDef {
     pub priority: i32,
     pub rate: Option<Spanned<RateFile>>,
     pub max_concurrent: Option<Spanned<i64>>,
+    /// `budget = { tokens, per, scope }`: LLM tokens per window (TOML only).
+    pub budget: Option<Spanned<super::budget::BudgetFile>>,
     /// Secrets the rule's requests may carry (placeholders swapped, values let through).
     pub secrets: Option<List<String>>,
     /// Where placeholders are swapped (`swap = ["headers", "url", "body"]`; TOML only).

@@ -156,9 +156,18 @@ fn obligations(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<Obligat
                 })?,
         ),
     };
+    let budget = match &def.budget {
+        None => None,
+        Some(b) if action == Action::Deny => return Err(only_allow("budget", b.span())),
+        Some(b) => Some(
+            super::budget::compile_budget(b.get_ref())
+                .map_err(|(span, e)| err(span, e.to_string()))?,
+        ),
+    };
     Ok(Obligations {
         rate,
         max_concurrent,
+        budget,
     })
 }
 

@@ -116,6 +116,7 @@ impl RecordBase {
             incomplete: false,
             would_deny: false,
             limit_scope: None,
+            budget: None,
             end: None,
             dns: None,
             dlp: None,

@@ -73,12 +73,14 @@ pub(crate) enum ErrorCode {
     McpToolChanged,
     /// A body under an `mcp` rule that is not JSON-RPC, or larger than the cap.
     McpBodyInvalid,
+    /// The rule's LLM token budget for this window is spent (`policy/budget.rs`).
+    TokenBudgetExhausted,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 31] = [
+    pub(crate) const ALL: [ErrorCode; 32] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::RateLimitStoreUnavailable,
@@ -110,6 +112,7 @@ impl ErrorCode {
         ErrorCode::McpToolDenied,
         ErrorCode::McpToolChanged,
         ErrorCode::McpBodyInvalid,
+        ErrorCode::TokenBudgetExhausted,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -132,7 +135,8 @@ impl ErrorCode {
             ErrorCode::BadRequest | ErrorCode::McpBodyInvalid => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
-            | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -172,7 +176,8 @@ impl ErrorCode {
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
             | ErrorCode::Busy
-            | ErrorCode::ConnectionBudget => Verdict::Limited,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -218,6 +223,7 @@ impl ErrorCode {
             ErrorCode::McpToolDenied => "mcp_tool_denied",
             ErrorCode::McpToolChanged => "mcp_tool_changed",
             ErrorCode::McpBodyInvalid => "mcp_body_invalid",
+            ErrorCode::TokenBudgetExhausted => "token_budget_exhausted",
         }
     }
 
@@ -229,6 +235,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::TokenBudgetExhausted
                 | ErrorCode::RateLimitStoreUnavailable
                 | ErrorCode::Busy
                 | ErrorCode::ConnectionBudget

@@ -8,6 +8,7 @@
 //! engines, the data path, control) can import it without an import pointing up.
 
 mod base;
+mod budget;
 mod conn;
 mod dlp;
 mod end;
@@ -25,6 +26,7 @@ use hickory_resolver::proto::rr::RecordType;
 use serde::{Serialize, Serializer};
 
 pub(crate) use base::{RecordBase, Redact, Stamp};
+pub(crate) use budget::BudgetFacts;
 pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
 pub(crate) use dlp::{DlpAction, DlpFacts, DlpFinding, DlpPlace, DlpVerdict};
 pub(crate) use end::{End, Relayed};
@@ -244,6 +246,10 @@ pub(crate) struct Record {
     /// Refused by a rate: whose bucket (`local`, `fleet`, `local_fallback`). Written only then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_scope: Option<LimitScope>,
+    /// Under a rule's token budget: this request's tokens and the budget's standing.
+    /// Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetFacts>,
     /// Close records: how the tunnel ended.
     pub end: Option<End>,
     /// DNS query records only: the question and the answer.
@@ -325,6 +331,7 @@ impl Record {
             status: None,
             error_code: None,
             limit_scope: None,
+            budget: None,
             ..self.clone()
         }
     }

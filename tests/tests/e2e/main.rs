@@ -17,6 +17,7 @@ mod agents_linux;
 mod approvals;
 mod audit_checkpoints;
 mod audit_export;
+mod budget;
 mod budgets_linux;
 mod compat_linux;
 mod control;

@@ -112,6 +112,8 @@ struct Status {
     tunnels: usize,
     /// `[ratelimit] store`, when set: whether it answers.
     ratelimit_store: Option<crate::ratelimit::StoreStatus>,
+    /// Token budgets' counters in windows not yet over (`budget/`).
+    budgets: Vec<crate::budget::Spend>,
 }
 
 #[derive(Serialize)]
@@ -205,6 +207,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             pending: admin.proxy.approvals.len(),
             tunnels: admin.proxy.tunnels.len(),
             ratelimit_store: admin.proxy.fleet.as_ref().map(|f| f.status()),
+            budgets: admin.proxy.tokens.snapshot(),
         },
     )
 }

@@ -205,6 +205,12 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
             _ => None,
         },
         dlp,
+        budget: match ending {
+            Ending::Refused(Refusal {
+                budget: Some(b), ..
+            }) => Some(b.as_ref().clone()),
+            _ => ctx.budget.as_ref().map(|m| m.at_decision()),
+        },
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
 }
@@ -393,6 +399,8 @@ struct Open {
     started: Instant,
     /// Request body bytes sent upstream so far.
     up: Arc<AtomicU64>,
+    /// Under a token budget: settled when the record is completed.
+    budget: Option<Arc<crate::budget::Meter>>,
 }
 
 impl PendingRecord {
@@ -404,6 +412,7 @@ impl PendingRecord {
             open: Some(Open {
                 started: ctx.started,
                 up: ctx.bytes_up.clone(),
+                budget: ctx.budget.clone(),
             }),
             on_recorded: ctx.on_recorded.take(),
         }
@@ -430,6 +439,9 @@ impl PendingRecord {
             r.bytes_up = open.up.load(Ordering::Relaxed);
             r.bytes_down = down;
             r.incomplete |= incomplete;
+            if let Some(meter) = &open.budget {
+                r.budget = Some(meter.settle(r.bytes_up));
+            }
         }
         self.proxy
             .metrics

@@ -18,6 +18,7 @@
 mod batch;
 mod bucket_script;
 mod client;
+mod counter;
 mod metrics;
 mod outage;
 mod store;
@@ -30,6 +31,7 @@ use redis::Script;
 use tokio::sync::oneshot;
 
 pub(crate) use client::StoreSetupError;
+pub(crate) use counter::FleetCounter;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
 pub(crate) use outage::StoreStatus;
 
