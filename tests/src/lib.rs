@@ -11,8 +11,8 @@ pub mod daemon;
 pub mod dlp;
 #[cfg(target_os = "linux")]
 pub mod installation;
-pub mod mcp;
 pub mod llm;
+pub mod mcp;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod ocsf;

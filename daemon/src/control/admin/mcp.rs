@@ -38,7 +38,11 @@ struct Accept {
     tool: String,
 }
 
-pub(super) async fn accept(admin: &Admin, caller: &super::caller::Caller, req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn accept(
+    admin: &Admin,
+    caller: &super::caller::Caller,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
