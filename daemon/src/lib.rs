@@ -42,6 +42,7 @@ pub mod upstream;
 mod admission;
 mod approvals;
 mod body;
+mod budget;
 mod clock;
 mod conn;
 // The engine of issue 37 (credentials that may only go home); the pipeline does not call it yet.
@@ -51,6 +52,7 @@ mod dns;
 mod dns_state;
 mod events;
 mod flush_coalesce;
+mod mcp;
 mod metrics;
 mod pipeline;
 mod proxy;

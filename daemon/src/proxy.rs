@@ -32,6 +32,8 @@ pub(crate) struct Proxy {
     /// The shared store's buckets, for `scope = "fleet"` rates (`[ratelimit] store`).
     pub fleet: Option<FleetLimiter>,
     pub caps: ConcurrencyCaps,
+    /// Rules' LLM token budgets: their counters (`budget/`).
+    pub tokens: Arc<crate::budget::TokenBudgets>,
     pub vault: Arc<Vault>,
     /// Bytes of each request body the leak guard reads.
     pub scan_body_bytes: usize,
@@ -52,6 +54,8 @@ pub(crate) struct Proxy {
     pub dns: crate::dns_state::DnsState,
     /// Who may use which listener, and whose requests secrets serve.
     pub identities: Identities,
+    /// Pinned MCP tool definitions and the older transport's SSE sessions (`mcp/`).
+    pub mcp: Arc<crate::mcp::McpState>,
     next_conn: AtomicU64,
 }
 
@@ -70,6 +74,7 @@ pub(crate) struct ProxyParts {
     pub approvals: Approvals,
     pub upgrades: Vec<String>,
     pub identities: Identities,
+    pub mcp: Arc<crate::mcp::McpState>,
     /// `dns.denied`: what the DNS stub answers for a name no rule allows.
     pub denied_names: crate::config::DeniedAnswer,
     /// The DNS stub's series.
@@ -92,6 +97,10 @@ impl Proxy {
             limiter: Limiter::new(),
             fleet: p.fleet,
             caps: ConcurrencyCaps::new(),
+            tokens: Arc::new(crate::budget::TokenBudgets::new(
+                p.metrics.registry(),
+                crate::metrics::NS,
+            )),
             vault: p.vault,
             scan_body_bytes: p.scan_body_bytes,
             metrics: p.metrics,
@@ -103,6 +112,7 @@ impl Proxy {
             tunnels: Arc::default(),
             dns: crate::dns_state::DnsState::new(p.denied_names, p.dns_metrics),
             identities: p.identities,
+            mcp: p.mcp,
             next_conn: AtomicU64::new(1),
         }
     }

@@ -290,6 +290,12 @@ pub enum CtlCommand {
         after_help = "Examples:\n  agenshield proxy ctl pending list\n  agenshield proxy ctl pending approve p1"
     )]
     Pending(PendingCommand),
+    /// MCP tool definitions pinned per server (rules with `mcp = { pin = true }`)
+    #[command(subcommand)]
+    #[command(
+        after_help = "Examples:\n  agenshield proxy ctl mcp list\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file"
+    )]
+    Mcp(McpCommand),
     /// The CA whose leaves the agent sees (read from the certificate directory)
     #[command(subcommand)]
     #[command(
@@ -437,6 +443,12 @@ pub enum PolicyCommand {
         /// or denied under report mode): for CI checks of a policy change
         #[arg(long)]
         exit_code: bool,
+        /// Also check this MCP tool call (`tools/call` NAME) against the rule's `mcp`
+        #[arg(long, value_name = "NAME")]
+        mcp_tool: Option<String>,
+        /// Also check this MCP (JSON-RPC) method against the rule's `mcp.methods`
+        #[arg(long, value_name = "METHOD")]
+        mcp_method: Option<String>,
     },
     /// Validate policy files (a directory, or files; default: the configured policy
     /// directory); exit 2 on errors
@@ -506,6 +518,23 @@ pub enum CaCommand {
     /// The CA certificate (PEM) on stdout, to trust it elsewhere
     #[command(after_help = "Example:\n  agenshield proxy ctl ca export > agenshield-ca.pem")]
     Export,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Every pinned tool: server, name, hash, and a changed definition waiting, if any
+    #[command(after_help = "Example:\n  agenshield proxy ctl mcp list")]
+    List,
+    /// Accept a pinned tool's changed definition: it is listed and callable again
+    #[command(
+        after_help = "Example:\n  agenshield proxy ctl mcp accept mcp.example.com:443 read_file"
+    )]
+    Accept {
+        /// The server, `host:port` as `ctl mcp list` shows it
+        server: String,
+        /// The tool's name
+        tool: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,8 +8,11 @@ pub mod bundle_server;
 pub mod corp_proxy;
 pub mod curl;
 pub mod daemon;
+pub mod dlp;
 #[cfg(target_os = "linux")]
 pub mod installation;
+pub mod llm;
+pub mod mcp;
 #[cfg(target_os = "linux")]
 pub mod netlab;
 pub mod ocsf;

@@ -44,8 +44,11 @@ pub(super) fn request_record(n: u64, decision: Verdict) -> Record {
         incomplete: false,
         would_deny: false,
         limit_scope: None,
+        dlp: None,
+        budget: None,
         end: None,
         dns: None,
+        mcp: None,
         reason: None,
     }
 }

@@ -248,13 +248,16 @@ fn before_upstream(code: ErrorCode) -> bool {
         | ErrorCode::UserNotAdmitted
         | ErrorCode::SecretNotForUser
         | ErrorCode::PolicyUnavailable
-        | ErrorCode::CredentialExfiltration => true,
+        | ErrorCode::CredentialExfiltration
+        | ErrorCode::TokenBudgetExhausted => true,
         // Our resolver was asked: the name left the machine.
         ErrorCode::UpstreamDns
         | ErrorCode::UpstreamConnect
         | ErrorCode::UpstreamTls
         | ErrorCode::UpstreamError
         | ErrorCode::ClientGone => false,
+        // Each names its own method and tool (`mcp`), which a repeat count would lose.
+        ErrorCode::McpToolDenied | ErrorCode::McpToolChanged | ErrorCode::McpBodyInvalid => false,
     }
 }
 

@@ -131,6 +131,8 @@ pub struct Config {
     pub approvals: Approvals,
     /// The file vault (used when `secrets.store = "file"`).
     pub vault: PathBuf,
+    /// The daemon's pinned MCP tool definitions (`paths.mcp_pins`).
+    pub mcp_pins: PathBuf,
     pub secrets: SecretsConfig,
     /// The metrics listener (`/metrics`); `None`: off.
     pub metrics: Option<SocketAddr>,
@@ -349,6 +351,10 @@ impl Config {
             tls: f.tls,
             redirect: f.redirect,
             approvals: f.approvals.resolved(relative),
+            mcp_pins: match f.paths.mcp_pins {
+                Some(p) => relative(&p),
+                None => path_or(f.paths.vault.clone(), "vault").with_file_name("mcp-pins.json"),
+            },
             vault: path_or(f.paths.vault, "vault"),
             secrets: f.secrets,
             metrics,

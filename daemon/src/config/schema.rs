@@ -179,6 +179,8 @@ pub(super) struct FilePaths {
     pub(super) audit: Option<PathBuf>,
     /// The audit checkpoint key (default: `audit-key.pem` in the CA directory).
     pub(super) audit_key: Option<PathBuf>,
+    /// The pinned MCP tool definitions (default: `mcp-pins.json` beside the vault).
+    pub(super) mcp_pins: Option<PathBuf>,
 }
 
 /// Firewall redirection of the agent users' traffic into the transparent listener.

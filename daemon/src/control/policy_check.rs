@@ -59,6 +59,85 @@ pub struct CheckResult {
     /// The agent uid decided for (`--agent`); `None`: no agent, so no rule with `agents`
     /// applies.
     pub agent: Option<u32>,
+    /// The MCP call checked (`--mcp-method`, `--mcp-tool`), when one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpCall>,
+}
+
+/// An MCP call to check against the deciding rule's `mcp` (`tool` alone means `tools/call`).
+/// Pins are the daemon's state and not consulted: a pinned tool that changed is refused by
+/// the daemon even where this says allow.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct McpCall {
+    pub method: Option<String>,
+    pub tool: Option<String>,
+}
+
+/// `check`, then the MCP call against the deciding rule's `mcp`: a call its lists refuse
+/// turns an `allow` (or `ask`) into `deny`, and the explanation says which list.
+pub fn check_mcp(
+    policy: &Policy,
+    method: &str,
+    url: &str,
+    agent: Option<u32>,
+    denied: DeniedAnswer,
+    call: &McpCall,
+) -> Result<CheckResult, CheckError> {
+    let mut r = check(policy, method, url, agent, denied)?;
+    let scheme = if r.scheme == "https" {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
+    let path = normalize_path(&r.path).map_err(CheckError::Path)?;
+    let d = policy.decide(&RequestFacts {
+        host: &r.host,
+        port: r.port,
+        scheme,
+        method: Some(&r.method),
+        path: Some(&path.matching),
+        agent,
+    });
+    let rpc = call
+        .method
+        .clone()
+        .or_else(|| call.tool.as_ref().map(|_| "tools/call".to_string()))
+        .unwrap_or_default();
+    let shown = match &call.tool {
+        Some(t) => format!("{rpc} {t:?}"),
+        None => rpc.clone(),
+    };
+    let rule = r.rule_id.clone().unwrap_or_default();
+    match (&d.mcp, r.decision) {
+        (_, "deny") => {}
+        (None, _) => r.explanation.push_str(&format!(
+            "; rule {rule} has no `mcp`: MCP calls under it are not inspected"
+        )),
+        (Some(m), _) => {
+            let refused = m
+                .method(&rpc)
+                .and_then(|()| call.tool.as_deref().map_or(Ok(()), |t| m.tool(t)));
+            match refused {
+                Ok(()) => r.explanation.push_str(&format!(
+                    "; MCP {shown} is allowed by {} (pins aside)",
+                    m.summary()
+                )),
+                Err(why) => {
+                    r.decision = "deny";
+                    r.explanation = format!(
+                        "{shown} is not allowed by rule {rule} ({}): {}",
+                        why.key(),
+                        m.summary()
+                    );
+                }
+            }
+        }
+    }
+    r.mcp = Some(McpCall {
+        method: Some(rpc),
+        tool: call.tool.clone(),
+    });
+    Ok(r)
 }
 
 /// Decides `method url` (or `DNS name`) under `policy`; `denied` is how the stub answers a
@@ -126,6 +205,7 @@ pub fn check(
         port,
         path: path.forward,
         agent,
+        mcp: None,
     })
 }
 
@@ -169,6 +249,7 @@ fn check_name(
         obligations: serde_json::Value::Null,
         policy_hash: policy.hash().to_string(),
         agent,
+        mcp: None,
     }
 }
 

@@ -203,6 +203,11 @@ pub(super) async fn build_proxy(
         approvals,
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
+        mcp: Arc::new(crate::mcp::McpState {
+            pins: crate::mcp::pins::PinStore::open(cfg.mcp_pins.clone())
+                .map_err(|e| BadInput(e.to_string()))?,
+            sessions: Arc::default(),
+        }),
         denied_names: cfg.dns_answers.denied,
         fleet,
     });

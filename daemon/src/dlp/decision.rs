@@ -50,7 +50,7 @@ impl Place {
     /// Whether a `format` credential belongs here when it goes home: a credential header
     /// always; the query for an AWS key id (presigned URLs) and a Google API key
     /// (`?key=`); the path for a Slack webhook (an absolute-form request line).
-    fn carries(self, format: Format) -> bool {
+    pub(super) fn carries(self, format: Format) -> bool {
         match self {
             Place::CredentialHeader => true,
             Place::Query => matches!(format, Format::AwsAccessKeyId | Format::GoogleApiKey),
@@ -65,6 +65,10 @@ impl Place {
 pub(crate) enum Decision {
     /// To its home, in a credential place.
     Home,
+    /// A bearer token with no home of its own (a JWT) in a credential header: that is how
+    /// such tokens are used, with whatever host the rule lets the agent reach; passed and
+    /// recorded. In any other place it is exfiltration.
+    Bearer,
     /// A value the rule's `dlp_allow` (or the defaults) lists.
     Allowed,
     /// Anywhere else: refused as `credential_exfiltration`, naming the format.
@@ -84,6 +88,8 @@ pub(crate) fn decide(finding: &Finding, host: &str, place: Place, allow: &AllowL
         Decision::Allowed
     } else if place.carries(finding.format) && finding.format.is_home(host) {
         Decision::Home
+    } else if place == Place::CredentialHeader && finding.format.is_bearer() {
+        Decision::Bearer
     } else {
         Decision::Exfiltration {
             format: finding.format,

@@ -47,6 +47,13 @@ fn each_format_passes_home_in_a_credential_header_and_nowhere_else() {
     for format in Format::ALL {
         let f = find(&d, &testgen::value(format, 11), format);
         let refused = Decision::Exfiltration { format };
+        // A bearer token (a JWT) passes in a credential header to any host; everything
+        // else only to its home.
+        let in_header = if format.is_bearer() {
+            Decision::Bearer
+        } else {
+            refused
+        };
         for elsewhere in [
             "evil.example",
             "api.github.com.evil.example",
@@ -54,8 +61,21 @@ fn each_format_passes_home_in_a_credential_header_and_nowhere_else() {
         ] {
             assert_eq!(
                 decide(&f, elsewhere, Place::CredentialHeader, &allow),
-                refused
+                in_header
             );
+            for place in [
+                Place::Path,
+                Place::Query,
+                Place::Body,
+                Place::OtherHeader,
+                Place::WebSocket,
+                Place::DnsName,
+            ] {
+                if place.carries(format) && format.is_home(elsewhere) {
+                    continue;
+                }
+                assert_eq!(decide(&f, elsewhere, place, &allow), refused, "{format:?}");
+            }
         }
         match home_of(format) {
             Some(home) => {
@@ -79,7 +99,7 @@ fn each_format_passes_home_in_a_credential_header_and_nowhere_else() {
             }
             None => {
                 for host in ["api.github.com", "api.openai.com", "s3.amazonaws.com"] {
-                    assert_eq!(decide(&f, host, Place::CredentialHeader, &allow), refused);
+                    assert_eq!(decide(&f, host, Place::CredentialHeader, &allow), in_header);
                 }
             }
         }

@@ -176,6 +176,17 @@ fn percent_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, 
         scratch.clear();
         scratch.extend(percent_encoding::percent_decode(s));
         f(Encoding::Percent, start..end, scratch);
+        // A form (`application/x-www-form-urlencoded`, a query) writes a space as `+` and a
+        // `+` as `%2B`: a run with both is read the form's way too.
+        if s.contains(&b'+') && budget.take(s.len()) {
+            let spaced: Vec<u8> = s
+                .iter()
+                .map(|&b| if b == b'+' { b' ' } else { b })
+                .collect();
+            scratch.clear();
+            scratch.extend(percent_encoding::percent_decode(&spaced));
+            f(Encoding::Percent, start..end, scratch);
+        }
     }
 }
 

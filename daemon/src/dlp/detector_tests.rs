@@ -240,6 +240,8 @@ fn a_private_key_in_a_form_body_is_found() {
         Format::OpenSshPrivateKey,
         Format::PemPrivateKey,
         Format::GitHubToken,
+        // A key id and its secret, a space between them: `+` in a form.
+        Format::AwsSecretAccessKey,
     ] {
         let key = testgen::value(format, 5);
         let body = form_urlencoded::Serializer::new(String::new())

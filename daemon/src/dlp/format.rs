@@ -85,10 +85,17 @@ impl Format {
         }
     }
 
-    /// The home host patterns, as policy text. Empty: the credential has no home and may go
-    /// nowhere. A JWT has none on purpose: which API accepts a bearer token is written only
-    /// in its own unverifiable claims (`iss`, `aud`), and issuers are countless; a rule
-    /// whose API takes JWTs says so with `dlp = "report"` or `dlp_allow`.
+    /// A bearer token without a home: passes in a credential header to any host the rule
+    /// allows (recorded), is exfiltration anywhere else.
+    pub(crate) fn is_bearer(self) -> bool {
+        self == Format::Jwt
+    }
+
+    /// The home host patterns, as policy text. Empty: the credential has no home. A JWT has
+    /// none on purpose: which API accepts a bearer token is written only in its own
+    /// unverifiable claims (`iss`, `aud`), and issuers are countless; so a JWT may go in a
+    /// credential header to whatever host the rule allows ([`Format::is_bearer`]) and
+    /// nowhere else. A private key goes nowhere.
     pub(crate) fn home_patterns(self) -> &'static [&'static str] {
         match self {
             Format::AwsAccessKeyId | Format::AwsSecretAccessKey => {

@@ -23,19 +23,44 @@ mod decompress;
 mod detector;
 mod format;
 mod marker;
+mod redact;
+mod stream;
 mod verify;
 
-// The pipeline wiring that uses the engine is not built yet: the tests are its only callers.
-#[allow(unused_imports)]
+#[allow(unused_imports)] // The constants are for tests and docs.
 pub(crate) use allow::{AllowList, AWS_EXAMPLE_KEYS};
 #[allow(unused_imports)]
 pub(crate) use decision::{decide, Decision, Place, CREDENTIAL_HEADERS};
-#[allow(unused_imports)]
 pub(crate) use decompress::{decompress_capped, ContentEncoding};
 #[allow(unused_imports)]
 pub(crate) use detector::{Detector, Encoding, Finding, Findings, Fingerprint};
-#[allow(unused_imports)]
 pub(crate) use format::Format;
+pub(crate) use redact::shown;
+#[allow(unused_imports)]
+pub(crate) use stream::{StreamScan, OVERLAP, STEP};
+
+/// The one detector the data path uses (its automaton is built once, on first use; its
+/// fingerprint key is drawn then, per process).
+pub(crate) fn detector() -> &'static Detector {
+    static DETECTOR: std::sync::LazyLock<Detector> = std::sync::LazyLock::new(Detector::new);
+    &DETECTOR
+}
+
+/// A place as records name it.
+impl From<Place> for crate::record::DlpPlace {
+    fn from(p: Place) -> Self {
+        use crate::record::DlpPlace as P;
+        match p {
+            Place::Path => P::Path,
+            Place::Query => P::Query,
+            Place::CredentialHeader => P::CredentialHeader,
+            Place::OtherHeader => P::Header,
+            Place::Body => P::Body,
+            Place::WebSocket => P::Websocket,
+            Place::DnsName => P::DnsName,
+        }
+    }
+}
 
 /// Why the engine could not read a body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +71,8 @@ pub(crate) enum DlpError {
     Corrupt { encoding: &'static str },
     #[error("request body has a content coding the proxy cannot read: {0:?}")]
     UnknownEncoding(String),
+    #[error("request body {0}")]
+    Unreadable(String),
 }
 
 #[cfg(test)]
@@ -66,6 +93,10 @@ mod corpus_tests;
 #[cfg(test)]
 #[path = "decompress_tests.rs"]
 mod decompress_tests;
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod stream_tests;
 
 #[cfg(test)]
 #[path = "throughput_tests.rs"]

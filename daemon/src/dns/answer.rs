@@ -12,6 +12,7 @@ use hickory_resolver::proto::rr::rdata::HTTPS;
 use hickory_resolver::proto::rr::{DNSClass, RData, Record, RecordType};
 
 use crate::config::DeniedAnswer;
+use crate::pipeline::dlp::DlpPhase;
 use crate::pipeline::refusal::Refusal;
 use crate::pipeline::secrets::{Head, SecretPhase};
 use crate::pipeline::{record, secrets};
@@ -55,6 +56,8 @@ pub(crate) struct Outcome {
     pub decision: Option<Decision>,
     /// Why it was refused or failed; `None` when answered.
     pub refusal: Option<Refusal>,
+    /// Credentials found in the name (`docs/dlp.md`), for the record.
+    pub dlp: Option<crate::record::DlpFacts>,
 }
 
 impl Outcome {
@@ -68,6 +71,7 @@ impl Outcome {
             ttl: 0,
             decision: None,
             refusal: Some(refusal),
+            dlp: None,
         }
     }
 }
@@ -92,6 +96,7 @@ pub(crate) async fn answer(
         return Outcome::refused(asked, ResponseCode::Refused, r);
     }
     let decision = policy.decide_name(&asked, agent);
+    let asked_name = asked.clone();
     let normalized = crate::policy::normalize_host(&asked);
     let is_host = normalized.is_ok();
     let host = normalized.unwrap_or(asked);
@@ -117,6 +122,27 @@ pub(crate) async fn answer(
             _ => nxdomain,
         };
     }
+    // A name is a place too: a credential in it would leave with the question.
+    let dlp = match DlpPhase::new(decision.dlp.as_deref(), &host) {
+        None => None,
+        Some(check) => {
+            let mut scratch = crate::dlp::Findings::default();
+            let verdict = check.scan(
+                asked_name.as_bytes(),
+                crate::dlp::Place::DnsName,
+                &mut scratch,
+            );
+            if let Err(b) = verdict {
+                let r = b.refusal(&host, decision.rule_id.as_deref());
+                return Outcome {
+                    dlp: check.facts(),
+                    decision: Some(decision),
+                    ..Outcome::refused(host, ResponseCode::Refused, r)
+                };
+            }
+            check.facts()
+        }
+    };
     if !ANSWERED.contains(&rtype) {
         let r = Refusal::new(
             ErrorCode::QueryTypeRefused,
@@ -178,6 +204,7 @@ pub(crate) async fn answer(
         ttl,
         decision: Some(decision),
         refusal: None,
+        dlp,
     }
 }
 
@@ -199,6 +226,7 @@ fn synthetic(
         ttl: 0,
         decision: Some(decision),
         refusal: None,
+        dlp: None,
     };
     if rtype != RecordType::A {
         return none;

@@ -188,6 +188,7 @@ mod tests {
                 .collect(),
             addrs: Vec::new(),
             ttl: 60,
+            dlp: None,
             decision: None,
             refusal: None,
         }

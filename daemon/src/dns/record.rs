@@ -86,11 +86,26 @@ pub(super) async fn record(
         decision: verdict,
         rule,
         error_code: outcome.refusal.as_ref().map(|r| r.code),
-        reason: reason.map(|r| secrets.redact(&r).into_owned()),
+        reason: reason.map(|r| {
+            let r = secrets.redact(&r).into_owned();
+            match &outcome.dlp {
+                Some(_) => crate::dlp::shown(&r).into_owned(),
+                None => r,
+            }
+        }),
         // Report mode answered a name enforcing would refuse: `ctl policy suggest` reads it.
         would_deny: outcome.decision.as_ref().is_some_and(|d| d.reported_deny),
         ms: record::ms_since(asked.started),
-        ..base.query(secrets.redact(&outcome.host).into(), facts, at)
+        dlp: outcome.dlp.clone(),
+        ..base.query(
+            match &outcome.dlp {
+                // A credential in the name is not written.
+                Some(_) => crate::dlp::shown(&secrets.redact(&outcome.host)).into(),
+                None => secrets.redact(&outcome.host).into(),
+            },
+            facts,
+            at,
+        )
     };
     record::connection(proxy, rec).await
 }

@@ -50,6 +50,11 @@ pub(super) async fn forward(
         .forward(target, &path_and_query, req, ctx.upgrade.is_some())
         .await
         .map_err(|r| {
+            // The credential check stopped the upload: that is the reason.
+            if let Some(b) = ctx.dlp.as_ref().and_then(|p| p.blocked()) {
+                let rule = ctx.rule().map(|r| r.to_string());
+                return b.refusal(&target.host, rule.as_deref());
+            }
             // The body guard stopped the upload: that, not the aborted stream, is the reason.
             match ctx.secrets.as_ref().and_then(|p| p.body_refusal()) {
                 Some(e) => secrets::refused(ctx, e),
@@ -85,9 +90,20 @@ pub(super) fn respond(
                     format!("the upstream switched to {to:?}, which was not asked for"),
                 ));
             }
-            // Under a rule that binds secrets, a WebSocket is relayed message by message,
-            // which needs frames as sent: no extension (none was offered).
-            let guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
+            // Under a rule that binds secrets, or under the credential check, a WebSocket is
+            // relayed message by message, which needs frames as sent: no extension (none was
+            // offered).
+            let mut guard = ctx.secrets.as_ref().and_then(|p| p.frame_guard());
+            if let Some(check) = super::dlp::frame_check(ctx) {
+                let g = guard.get_or_insert_with(|| FrameGuard {
+                    set: ctx.proxy.vault.current(),
+                    bindings: None,
+                    dlp: None,
+                    swapped: Arc::default(),
+                    tls: target.scheme == crate::policy::Scheme::Https,
+                });
+                g.dlp = Some(check);
+            }
             if guard.is_some() {
                 crate::secrets::rewrite::websocket::check_accepted(resp.headers())
                     .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?;
@@ -109,6 +125,15 @@ pub(super) fn respond(
         Some(phase) => phase
             .response(resp, ctx.method == http::Method::HEAD)
             .map_err(|why| Refusal::new(ErrorCode::UpstreamError, why.to_string()))?,
+        None => resp,
+    };
+    // Under a token budget, the body is read on its way for its usage.
+    let resp = match &ctx.budget {
+        Some(meter) => {
+            meter.respond(resp.headers());
+            let meter = meter.clone();
+            resp.map(|b| crate::budget::meter::tap(b, meter))
+        }
         None => resp,
     };
     Ok(match ctx.permit.take() {

@@ -2,9 +2,13 @@
 //!
 //! `record::ready` (the audit log can take the record) → `target` (which upstream,
 //! SNI/Host/port agree, the path normalized, the head within
-//! bounds) → `decide` (policy, and an operator for `ask`) → `secrets::inspect` (where may
-//! the secrets it carries go) → `limit` (rates, concurrency) → `secrets::apply` (inject,
-//! guard the body) → `forward` (upstream, redact the response) → `record` (the log line, the
+//! bounds) → `decide` (policy, and an operator for `ask`) → `dlp::inspect` (credentials in
+//! the URL and headers go only home) → `mcp::request` (under a rule
+//! with `mcp`: the JSON-RPC body read and decided) → `secrets::inspect` (where may
+//! the secrets it carries go) → `budget` (a rule's LLM token budget) → `limit` (rates,
+//! concurrency) → `dlp::body` (the body scanned as it streams) → `secrets::apply` (inject,
+//! guard the body) → `forward` (upstream, redact
+//! the response) → `mcp::response` (list results filtered) → `record` (the log line, the
 //! `ctl tail` event, the audit entry and the metrics, from one [`crate::record::Record`]).
 //!
 //! Each phase is a function in a file named for it that goes on or returns a
@@ -13,9 +17,13 @@
 //! `limit` and `record`; failed TLS handshakes and refusals by the HTTP server through
 //! `record`.
 
+mod budget;
 pub(crate) mod decide;
+pub(crate) mod dlp;
+mod dlp_body;
 mod forward;
 pub(crate) mod limit;
+mod mcp;
 pub(crate) mod record;
 pub(crate) mod refusal;
 pub(crate) mod secrets;
@@ -65,8 +73,12 @@ pub(crate) struct RequestCtx {
     /// Once decided and let through: `Allow`, or `AskApproved`.
     pub verdict: Option<Verdict>,
     pub secrets: Option<SecretPhase>,
+    /// The credential check, unless the rule says `dlp = "off"` (`dlp.rs`).
+    pub dlp: Option<Arc<dlp::DlpPhase>>,
     /// The rule's concurrency slot, held until the response body ends.
     pub permit: Option<ConcurrencyPermit>,
+    /// Under a rule's token budget: what counts this request's tokens.
+    pub budget: Option<Arc<crate::budget::Meter>>,
     /// Request body bytes sent upstream.
     pub bytes_up: Arc<AtomicU64>,
     /// Filled in by `forward` for an upgrade: the relay waits for the 101's record, then
@@ -75,6 +87,8 @@ pub(crate) struct RequestCtx {
     /// The record phase has taken the request; until then, dropping the context (the
     /// client went away mid-pipeline) records it as abandoned.
     pub recorded: bool,
+    /// Under a rule with `mcp`: what the MCP phase read and decided.
+    pub mcp: Option<mcp::McpExchange>,
 }
 
 /// Handles one HTTP request from the agent. Never fails: refusals become responses.
@@ -107,6 +121,8 @@ pub(crate) async fn handle(
     record::respond(ctx, outcome).await
 }
 
+type SendFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 async fn phases(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
@@ -114,11 +130,20 @@ async fn phases(
     record::ready(&ctx.proxy)?;
     target::find(ctx, &req)?;
     decide::request(ctx, &req).await?;
+    dlp::inspect(ctx, &req)?;
+    // Boxed as `dyn Send`: otherwise rustc cannot prove the whole request future `Send` for
+    // every lifetime (the higher-ranked `Send` limitation, rust-lang/rust#64552).
+    let read: SendFuture<'_, _> = Box::pin(mcp::request(ctx, req));
+    let req = read.await?;
     secrets::inspect(ctx, &req).await?;
+    budget::check(ctx).await?;
     limit::check(ctx).await?;
+    let req = dlp::body(ctx, req).await?;
     let req = secrets::apply(ctx, req).await?;
     let forwarded = forward::forward(ctx, req).await?;
-    forward::respond(ctx, forwarded)
+    let resp = forward::respond(ctx, forwarded)?;
+    let filtered: SendFuture<'_, _> = Box::pin(mcp::response(ctx, resp));
+    filtered.await
 }
 
 impl RequestCtx {
@@ -140,10 +165,13 @@ impl RequestCtx {
             decision: None,
             verdict: None,
             secrets: None,
+            dlp: None,
             permit: None,
+            budget: None,
             bytes_up: Arc::new(AtomicU64::new(0)),
             on_recorded: None,
             recorded: false,
+            mcp: None,
         }
     }
 
@@ -160,3 +188,7 @@ impl Drop for RequestCtx {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "dlp_body_tests.rs"]
+mod dlp_body_tests;

@@ -40,6 +40,9 @@ struct Body<'a> {
     policy_hash: &'a str,
     explanation: &'a str,
     retryable: bool,
+    /// A spent token budget: its limit, the spend and when it resets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<&'a crate::record::BudgetFacts>,
 }
 
 /// Renders a refusal as the response the agent receives.
@@ -52,6 +55,7 @@ pub(crate) fn render(r: &Refusal, request_id: &str, policy_hash: &str) -> Respon
         policy_hash,
         explanation: &r.explanation,
         retryable: r.code.retryable(),
+        budget: r.budget.as_deref(),
     };
     let mut json = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
     json.push(b'\n');

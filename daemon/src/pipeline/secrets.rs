@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use http::{header, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::refusal::Refusal;
 use super::RequestCtx;
@@ -65,10 +64,10 @@ pub(super) async fn inspect<B>(ctx: &mut RequestCtx, req: &Request<B>) -> Result
 /// upstream may change (`ctx.upstream_path`, `ctx.query`).
 pub(super) async fn apply(
     ctx: &mut RequestCtx,
-    req: Request<Incoming>,
+    req: Request<ProxyBody>,
 ) -> Result<Request<ProxyBody>, Refusal> {
     let up = ctx.bytes_up.clone();
-    let req = req.map(|b| BodyExt::boxed(CountedBody::new(crate::body::stream(b), up)));
+    let req = req.map(|b| BodyExt::boxed(CountedBody::new(b, up)));
     let Some(phase) = &ctx.secrets else {
         return Ok(req);
     };
@@ -304,7 +303,8 @@ impl SecretPhase {
             .filter(|_| self.websocket && self.binds())?;
         Some(FrameGuard {
             set: self.set.clone(),
-            bindings,
+            bindings: Some(bindings),
+            dlp: None,
             swapped: self.body_used.clone(),
             tls: self.tls,
         })

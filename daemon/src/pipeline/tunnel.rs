@@ -49,6 +49,7 @@ impl Tunnel {
         let guarded = guard.relay(client, upstream, idle, &mut live.revoked).await;
         let swapped = guard.swapped_names();
         proxy.vault.record_use(&swapped);
-        record::guarded_tunnel_closed(proxy, &self.decided, &guarded, &swapped, started).await;
+        let dlp = guard.dlp.as_ref().and_then(|c| c.facts());
+        record::guarded_tunnel_closed(proxy, &self.decided, &guarded, &swapped, dlp, started).await;
     }
 }

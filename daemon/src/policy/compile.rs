@@ -37,6 +37,8 @@ pub(crate) struct Compiled {
 pub(crate) struct FleetRule {
     pub rule: std::sync::Arc<str>,
     pub at: Location,
+    /// Which key says it: `rate` or `budget`.
+    pub key: &'static str,
 }
 
 /// A policy-wide key (`default`, `mode`) and the file that set it first.
@@ -164,6 +166,14 @@ pub(crate) fn compile(
                 fleet_rules.push(FleetRule {
                     rule: rule_id.clone(),
                     at: at(scope),
+                    key: "rate",
+                });
+            }
+            if let Some(scope) = super::budget::fleet_scope(def) {
+                fleet_rules.push(FleetRule {
+                    rule: rule_id.clone(),
+                    at: at(scope),
+                    key: "budget",
                 });
             }
             ids.insert(def.id.get_ref().clone(), (file_idx, def.id.span()));

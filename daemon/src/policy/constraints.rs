@@ -60,11 +60,14 @@ pub(crate) fn rules(
             sigv4: None,
             agents: None,
             tls: None,
+            dlp: Default::default(),
+            mcp: None,
             id: Spanned::new(span.clone(), format!("agenshield:{stem}:{name}")),
             action: Spanned::new(span, action.to_owned()),
             priority,
             rate: None,
             max_concurrent: None,
+            budget: None,
             matchers: vec![m],
         });
     };

@@ -154,9 +154,11 @@ impl Policy {
     ) -> Decision {
         let reported_deny = action != Action::Allow && self.mode == Mode::Report;
         // The rule's obligations hold for what it allows, and for an ask once approved.
-        let (obligations, secrets) = match rule {
-            Some(r) if r.action != Action::Deny => (r.obligations, r.secrets.clone()),
-            _ => (Obligations::default(), None),
+        let (obligations, secrets, dlp) = match rule {
+            Some(r) if r.action != Action::Deny => {
+                (r.obligations, r.secrets.clone(), r.dlp.clone())
+            }
+            _ => (Obligations::default(), None, None),
         };
         let mut text = String::with_capacity(128);
         // Writing to a String cannot fail.
@@ -206,8 +208,12 @@ impl Policy {
             explanation: text,
             obligations,
             secrets,
+            dlp,
             names_agents: rule.is_some_and(|r| r.agents.is_some()),
             unavailable: self.unavailable,
+            mcp: rule
+                .filter(|r| r.action != Action::Deny)
+                .and_then(|r| r.mcp.clone()),
         }
     }
 }
@@ -225,8 +231,10 @@ pub(super) fn invalid(explanation: String) -> Decision {
         explanation,
         obligations: Obligations::default(),
         secrets: None,
+        dlp: None,
         names_agents: false,
         unavailable: false,
+        mcp: None,
     }
 }
 

@@ -163,11 +163,14 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             sigv4: None,
             agents: None,
             tls: None,
+            dlp: Default::default(),
+            mcp: None,
             id: Spanned::new(id_span.clone(), id),
             action: Spanned::new(id_span, action.to_owned()),
             priority: r.priority.unwrap_or(0),
             rate: None,
             max_concurrent: None,
+            budget: None,
             matchers,
         });
     }

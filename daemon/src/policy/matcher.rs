@@ -35,6 +35,10 @@ pub(crate) struct CompiledRule {
     /// The agent uids it applies to, sorted; `None`: every agent. A deny with `agents` also
     /// applies where the agent is unknown.
     pub agents: Option<Box<[u32]>>,
+    /// `dlp` and `dlp_allow` (shared by all its matchers); `None`: the defaults.
+    pub dlp: Option<Arc<super::DlpRule>>,
+    /// The rule's `mcp` section (shared by all its matchers).
+    pub mcp: Option<Arc<super::mcp::McpRule>>,
 }
 
 /// A set of schemes as a bit mask.

@@ -9,8 +9,10 @@
 //! matched as `/a/b` and cannot dodge a deny on `/a/**`); upstream gets [`NormalizedPath::forward`].
 
 mod agents;
+mod budget;
 mod compile;
 mod constraints;
+mod dlp;
 mod error;
 mod eval;
 mod glob;
@@ -21,6 +23,7 @@ mod json;
 mod layers;
 mod load;
 mod matcher;
+mod mcp;
 mod model;
 mod name;
 mod passthrough;
@@ -62,7 +65,9 @@ pub(crate) fn default_rule_id() -> Arc<str> {
 }
 
 pub use agents::{agent_uid, AgentError};
+pub use budget::{format_per as format_budget_per, BudgetScope, TokenBudget};
 pub use constraints::{ALLOWED_HOSTS_PRIORITY, CONSTRAINT_PRIORITY};
+pub use dlp::{DlpMode, DlpRule};
 pub use error::{Conflict, Location, PolicyError};
 pub use host::{normalize_host, HostError};
 /// For `dlp/`: its home hosts are written and matched as rule hosts are.
@@ -73,6 +78,7 @@ pub use inject::{
 };
 pub use layers::{Composed, LocalMode};
 pub use load::{list_dir, load_files};
+pub use mcp::{McpRefusal, McpRule};
 pub use path::{normalize_path, NormalizedPath, PathError, MAX_PATH_LEN};
 pub use rate::{
     Obligations, RateLimit, RateScope, MAX_CONCURRENT, MAX_RATE_PER, MAX_RATE_REQUESTS,
@@ -178,11 +184,16 @@ pub struct Decision {
     pub obligations: Obligations,
     /// The secrets the deciding rule binds, when it allows or asks.
     pub secrets: Option<Arc<SecretBindings>>,
+    /// The deciding rule's `dlp` and `dlp_allow` when it allows or asks; `None`: the
+    /// defaults (`block`, the AWS example keys only).
+    pub dlp: Option<Arc<DlpRule>>,
     /// The deciding rule lists its users in `agents` (and matched one of them): its secrets
     /// serve exactly those, whoever they are; a rule without `agents` serves agent users only.
     pub names_agents: bool,
     /// Refused because there is no policy yet (see [`Policy::unavailable`]).
     pub unavailable: bool,
+    /// The deciding rule's `mcp` section, when it allows or asks.
+    pub mcp: Option<Arc<McpRule>>,
 }
 
 impl Decision {
@@ -326,9 +337,12 @@ impl Policy {
             Some(r) if !store_configured => Err(PolicyError::Rule {
                 at: r.at.clone(),
                 rule: r.rule.to_string(),
-                message: "`rate.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
-                          = \"redis://…\"` in proxy.toml, or write `scope = \"local\"`"
-                    .into(),
+                message: format!(
+                    "`{}.scope = \"fleet\"` needs a shared store: set `[ratelimit] store \
+                     = \"redis://…\"` in proxy.toml, or write `scope = \"{}\"`",
+                    r.key,
+                    if r.key == "budget" { "agent" } else { "local" }
+                ),
             }),
             _ => Ok(()),
         }
@@ -414,6 +428,10 @@ macro_rules! display_as_str {
     )*};
 }
 display_as_str!(Action, Mode, Scheme);
+
+#[cfg(test)]
+#[path = "dlp_tests.rs"]
+mod dlp_tests;
 
 #[cfg(test)]
 #[path = "policy_tests.rs"]

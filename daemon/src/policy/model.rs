@@ -42,6 +42,8 @@ pub(crate) struct RuleDef {
     pub priority: i32,
     pub rate: Option<Spanned<RateFile>>,
     pub max_concurrent: Option<Spanned<i64>>,
+    /// `budget = { tokens, per, scope }`: LLM tokens per window (TOML only).
+    pub budget: Option<Spanned<super::budget::BudgetFile>>,
     /// Secrets the rule's requests may carry (placeholders swapped, values let through).
     pub secrets: Option<List<String>>,
     /// Where placeholders are swapped (`swap = ["headers", "url", "body"]`; TOML only).
@@ -54,6 +56,10 @@ pub(crate) struct RuleDef {
     pub agents: Option<List<super::agents::AgentFile>>,
     /// `tls = "passthrough"`: TLS it allows is spliced, not intercepted.
     pub tls: Option<Spanned<String>>,
+    /// `dlp` and `dlp_allow` (TOML only).
+    pub dlp: super::dlp::DlpDef,
+    /// `mcp = { … }`: what MCP clients may ask of the servers it allows (TOML only).
+    pub mcp: Option<Spanned<super::mcp::McpFile>>,
     /// The rule matches when any of these does (TOML: one; AgenShield: one per pattern).
     pub matchers: Vec<MatchDef>,
 }

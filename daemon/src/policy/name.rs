@@ -67,8 +67,13 @@ impl Policy {
             explanation,
             obligations: Obligations::default(),
             secrets: None,
+            // The name's first rule that may allow it says whether its names are scanned.
+            dlp: rule
+                .filter(|r| r.action != Action::Deny)
+                .and_then(|r| r.dlp.clone()),
             names_agents: false,
             unavailable: self.unavailable,
+            mcp: None,
         }
     }
 }

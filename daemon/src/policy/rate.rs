@@ -66,11 +66,14 @@ pub struct Obligations {
     pub rate: Option<RateLimit>,
     /// Requests in flight at once, per host, under this rule.
     pub max_concurrent: Option<u32>,
+    /// LLM tokens the rule's responses may spend per window (`policy/budget.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::budget::TokenBudget>,
 }
 
 impl Obligations {
     pub fn is_empty(&self) -> bool {
-        self.rate.is_none() && self.max_concurrent.is_none()
+        self.rate.is_none() && self.max_concurrent.is_none() && self.budget.is_none()
     }
 }
 
@@ -290,6 +293,7 @@ mod tests {
         let o = Obligations {
             rate: Some(r),
             max_concurrent: Some(4),
+            budget: None,
         };
         let json = serde_json::to_string(&o).expect("serializes");
         assert_eq!(

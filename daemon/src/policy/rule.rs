@@ -61,6 +61,8 @@ pub(crate) fn compile_rule(
         ));
     }
     let passthrough = passthrough(def, action, &err)?;
+    let dlp = super::dlp::compile_dlp(&def.dlp, action, &err)?;
+    let mcp = super::mcp::compile_mcp(def.mcp.as_ref(), action, &err)?;
     let agents = super::agents::compile_agents(def.agents.as_ref(), &err)?;
     let id: Arc<str> = Arc::from(def.id.get_ref().as_str());
     let mut out = Vec::with_capacity(def.matchers.len());
@@ -96,6 +98,10 @@ pub(crate) fn compile_rule(
             }
         };
         let mut shown = summary(m);
+        if let Some(section) = &mcp {
+            shown.push(' ');
+            shown.push_str(&section.summary());
+        }
         if let Some(uids) = &agents {
             let uids: Vec<String> = uids.iter().map(u32::to_string).collect();
             shown.push_str(&format!(" agents={}", uids.join(",")));
@@ -114,6 +120,8 @@ pub(crate) fn compile_rule(
             secrets: secrets.clone(),
             passthrough,
             agents: agents.clone(),
+            dlp: dlp.clone(),
+            mcp: mcp.clone(),
         };
         out.push((rule, hosts));
     }
@@ -148,9 +156,18 @@ fn obligations(def: &RuleDef, action: Action, err: &ErrFn<'_>) -> Result<Obligat
                 })?,
         ),
     };
+    let budget = match &def.budget {
+        None => None,
+        Some(b) if action == Action::Deny => return Err(only_allow("budget", b.span())),
+        Some(b) => Some(
+            super::budget::compile_budget(b.get_ref())
+                .map_err(|(span, e)| err(span, e.to_string()))?,
+        ),
+    };
     Ok(Obligations {
         rate,
         max_concurrent,
+        budget,
     })
 }
 

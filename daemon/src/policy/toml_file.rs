@@ -47,12 +47,16 @@ struct RuleFile {
     description: Option<String>,
     rate: Option<Spanned<RateFile>>,
     max_concurrent: Option<Spanned<i64>>,
+    budget: Option<Spanned<super::budget::BudgetFile>>,
     secrets: Option<List<String>>,
     swap: Option<List<String>>,
     inject: Option<Spanned<Vec<InjectFile>>>,
     sigv4: Option<Spanned<Sigv4File>>,
     agents: Option<List<super::agents::AgentFile>>,
     tls: Option<Spanned<String>>,
+    dlp: Option<Spanned<String>>,
+    dlp_allow: Option<List<String>>,
+    mcp: Option<Spanned<super::mcp::McpFile>>,
 }
 
 /// Parses and shape-checks one TOML source.
@@ -112,12 +116,18 @@ pub(crate) fn parse(src: &PolicySource) -> Result<ParsedSource, PolicyError> {
             priority: r.priority.unwrap_or(0),
             rate: r.rate,
             max_concurrent: r.max_concurrent,
+            budget: r.budget,
             secrets: r.secrets,
             swap: r.swap,
             inject: r.inject,
             sigv4: r.sigv4,
             agents: r.agents,
             tls: r.tls,
+            dlp: super::dlp::DlpDef {
+                mode: r.dlp,
+                allow: r.dlp_allow,
+            },
+            mcp: r.mcp,
             matchers: vec![matcher],
         });
     }

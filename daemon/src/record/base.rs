@@ -116,8 +116,11 @@ impl RecordBase {
             incomplete: false,
             would_deny: false,
             limit_scope: None,
+            budget: None,
             end: None,
             dns: None,
+            dlp: None,
+            mcp: None,
             reason: None,
         }
     }

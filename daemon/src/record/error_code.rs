@@ -66,12 +66,21 @@ pub(crate) enum ErrorCode {
     /// A well-known credential (an API key, a token, a private key) headed somewhere other
     /// than its home, or not in a credential header there (`dlp/`).
     CredentialExfiltration,
+    /// An MCP call (a tool, a method, a prompt, a resource) the rule's `mcp` does not allow.
+    McpToolDenied,
+    /// A call to a pinned MCP tool whose definition changed since it was pinned, until an
+    /// operator accepts the change.
+    McpToolChanged,
+    /// A body under an `mcp` rule that is not JSON-RPC, or larger than the cap.
+    McpBodyInvalid,
+    /// The rule's LLM token budget for this window is spent (`policy/budget.rs`).
+    TokenBudgetExhausted,
 }
 
 impl ErrorCode {
     /// Every code (the audit schema lists the same; a test compares them).
     #[cfg(test)]
-    pub(crate) const ALL: [ErrorCode; 28] = [
+    pub(crate) const ALL: [ErrorCode; 32] = [
         ErrorCode::PolicyDenied,
         ErrorCode::RateLimited,
         ErrorCode::RateLimitStoreUnavailable,
@@ -100,6 +109,10 @@ impl ErrorCode {
         ErrorCode::SecretNotForUser,
         ErrorCode::PolicyUnavailable,
         ErrorCode::CredentialExfiltration,
+        ErrorCode::McpToolDenied,
+        ErrorCode::McpToolChanged,
+        ErrorCode::McpBodyInvalid,
+        ErrorCode::TokenBudgetExhausted,
     ];
 
     pub(crate) fn status(self) -> StatusCode {
@@ -115,12 +128,15 @@ impl ErrorCode {
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser
             | ErrorCode::PolicyUnavailable
-            | ErrorCode::CredentialExfiltration => StatusCode::FORBIDDEN,
+            | ErrorCode::CredentialExfiltration
+            | ErrorCode::McpToolDenied
+            | ErrorCode::McpToolChanged => StatusCode::FORBIDDEN,
             ErrorCode::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest | ErrorCode::McpBodyInvalid => StatusCode::BAD_REQUEST,
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
-            | ErrorCode::ConnectionBudget => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Busy | ErrorCode::AuditUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -153,11 +169,15 @@ impl ErrorCode {
             | ErrorCode::UserNotAdmitted
             | ErrorCode::SecretNotForUser
             | ErrorCode::PolicyUnavailable
-            | ErrorCode::CredentialExfiltration => Verdict::Deny,
+            | ErrorCode::CredentialExfiltration
+            | ErrorCode::McpToolDenied
+            | ErrorCode::McpToolChanged
+            | ErrorCode::McpBodyInvalid => Verdict::Deny,
             ErrorCode::RateLimited
             | ErrorCode::RateLimitStoreUnavailable
             | ErrorCode::Busy
-            | ErrorCode::ConnectionBudget => Verdict::Limited,
+            | ErrorCode::ConnectionBudget
+            | ErrorCode::TokenBudgetExhausted => Verdict::Limited,
             ErrorCode::SecretUnavailable
             | ErrorCode::UpstreamDns
             | ErrorCode::UpstreamConnect
@@ -200,6 +220,10 @@ impl ErrorCode {
             ErrorCode::SecretNotForUser => "secret_not_for_user",
             ErrorCode::PolicyUnavailable => "policy_unavailable",
             ErrorCode::CredentialExfiltration => "credential_exfiltration",
+            ErrorCode::McpToolDenied => "mcp_tool_denied",
+            ErrorCode::McpToolChanged => "mcp_tool_changed",
+            ErrorCode::McpBodyInvalid => "mcp_body_invalid",
+            ErrorCode::TokenBudgetExhausted => "token_budget_exhausted",
         }
     }
 
@@ -211,6 +235,7 @@ impl ErrorCode {
                 | ErrorCode::UpstreamConnect
                 | ErrorCode::UpstreamError
                 | ErrorCode::RateLimited
+                | ErrorCode::TokenBudgetExhausted
                 | ErrorCode::RateLimitStoreUnavailable
                 | ErrorCode::Busy
                 | ErrorCode::ConnectionBudget

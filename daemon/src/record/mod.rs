@@ -8,11 +8,14 @@
 //! engines, the data path, control) can import it without an import pointing up.
 
 mod base;
+mod budget;
 mod conn;
+mod dlp;
 mod end;
 mod error_code;
 mod listener;
 pub(crate) mod log;
+mod mcp;
 mod refusal;
 
 use std::net::SocketAddr;
@@ -23,10 +26,13 @@ use hickory_resolver::proto::rr::RecordType;
 use serde::{Serialize, Serializer};
 
 pub(crate) use base::{RecordBase, Redact, Stamp};
+pub(crate) use budget::BudgetFacts;
 pub(crate) use conn::{ConnCtx, Dest, DestHost, HostMismatch, TlsSide};
+pub(crate) use dlp::{DlpAction, DlpFacts, DlpFinding, DlpPlace, DlpVerdict};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
+pub(crate) use mcp::McpFacts;
 pub(crate) use refusal::{LimitScope, Refusal};
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed
@@ -240,11 +246,22 @@ pub(crate) struct Record {
     /// Refused by a rate: whose bucket (`local`, `fleet`, `local_fallback`). Written only then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_scope: Option<LimitScope>,
+    /// Under a rule's token budget: this request's tokens and the budget's standing.
+    /// Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetFacts>,
     /// Close records: how the tunnel ended.
     pub end: Option<End>,
     /// DNS query records only: the question and the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsFacts>,
+    /// Credentials found in the request (format and place, never a value), and what was
+    /// done. Written only when one was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dlp: Option<DlpFacts>,
+    /// Requests under a rule with `mcp`: the JSON-RPC method and tool decided. Written only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpFacts>,
     /// Why, in words, for the log line (a refusal's message, a failure's cause); redacted.
     #[serde(skip)]
     pub reason: Option<String>,
@@ -314,6 +331,7 @@ impl Record {
             status: None,
             error_code: None,
             limit_scope: None,
+            budget: None,
             ..self.clone()
         }
     }

@@ -29,6 +29,9 @@ pub(crate) struct Refusal {
     pub retry_after: Option<u64>,
     /// A rate's refusal: whose bucket refused (recorded as `limit_scope`).
     pub limit_scope: Option<LimitScope>,
+    /// A spent token budget's standing (sent in the refusal's JSON and recorded); boxed, so
+    /// every other refusal stays small.
+    pub budget: Option<Box<super::BudgetFacts>>,
 }
 
 impl Refusal {
@@ -42,6 +45,7 @@ impl Refusal {
             rule_id: None,
             retry_after: None,
             limit_scope: None,
+            budget: None,
         }
     }
 }

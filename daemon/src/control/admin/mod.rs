@@ -6,6 +6,7 @@
 mod auth;
 mod caller;
 mod https;
+mod mcp;
 mod routes;
 mod secrets;
 

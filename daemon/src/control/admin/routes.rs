@@ -75,6 +75,8 @@ pub(super) async fn route(
         (Method::DELETE, ["v1", "secrets", name]) => {
             super::secrets::remove(admin, caller, name).await
         }
+        (Method::GET, ["v1", "mcp", "pins"]) => super::mcp::list(admin),
+        (Method::POST, ["v1", "mcp", "accept"]) => super::mcp::accept(admin, caller, req).await,
         (Method::GET, ["v1", "pending"]) => json(StatusCode::OK, &admin.proxy.approvals.list()),
         (Method::POST, ["v1", "pending", id, verb @ ("approve" | "deny")]) => {
             let approve = *verb == "approve";
@@ -110,6 +112,8 @@ struct Status {
     tunnels: usize,
     /// `[ratelimit] store`, when set: whether it answers.
     ratelimit_store: Option<crate::ratelimit::StoreStatus>,
+    /// Token budgets' counters in windows not yet over (`budget/`).
+    budgets: Vec<crate::budget::Spend>,
 }
 
 #[derive(Serialize)]
@@ -203,6 +207,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             pending: admin.proxy.approvals.len(),
             tunnels: admin.proxy.tunnels.len(),
             ratelimit_store: admin.proxy.fleet.as_ref().map(|f| f.status()),
+            budgets: admin.proxy.tokens.snapshot(),
         },
     )
 }
@@ -224,6 +229,9 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
         url: String,
         #[serde(default)]
         agent: Option<u32>,
+        /// An MCP call to check too (`ctl policy check --mcp-tool`).
+        #[serde(default)]
+        mcp: Option<crate::control::policy_check::McpCall>,
     }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -239,13 +247,19 @@ async fn policy_check(admin: &Admin, req: Request<Incoming>) -> Response<ProxyBo
         }
     };
     let denied = admin.proxy.dns.denied;
-    match check(
-        &admin.proxy.policy(),
-        &ask.method,
-        &ask.url,
-        ask.agent,
-        denied,
-    ) {
+    let policy = admin.proxy.policy();
+    let checked = match &ask.mcp {
+        Some(call) => crate::control::policy_check::check_mcp(
+            &policy,
+            &ask.method,
+            &ask.url,
+            ask.agent,
+            denied,
+            call,
+        ),
+        None => check(&policy, &ask.method, &ask.url, ask.agent, denied),
+    };
+    match checked {
         Ok(r) => json(StatusCode::OK, &r),
         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }

@@ -26,7 +26,9 @@ use crate::body::ready::{take_ready, Ready};
 use crate::body::ProxyBody;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
-use crate::record::{log, ErrorCode, Protocol, Record, Redact, RequestId, Stamp, Verdict};
+use crate::record::{
+    log, ErrorCode, McpFacts, Protocol, Record, Redact, RequestId, Stamp, Verdict,
+};
 use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::secrets::set::SecretSet;
 use crate::upstream::pool::UpstreamAddr;
@@ -76,7 +78,11 @@ pub(super) async fn respond(
     pending.decided();
     let resp = match outcome {
         Ok(resp) => resp,
-        Err(r) => refusal::render(&r, &ctx.id.to_string(), ctx.policy.hash()),
+        Err(r) => {
+            let id = ctx.id.to_string();
+            super::mcp::answer(&ctx, &r, &id, ctx.policy.hash())
+                .unwrap_or_else(|| refusal::render(&r, &id, ctx.policy.hash()))
+        }
     };
     attach(pending, resp, ctx.method == http::Method::HEAD).await
 }
@@ -109,7 +115,7 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ),
         Ending::Refused(r) => (
             r.verdict,
-            Some(r.code.status().as_u16()),
+            Some(super::mcp::answered_status(ctx, r)),
             Some(r.code),
             None,
             Some(r.message.clone()),
@@ -157,6 +163,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         started: ctx.started_at.clone(),
         policy: ctx.policy.hash_shared(),
     };
+    // A credential the check found in the URL or the name is not written either.
+    let dlp = ctx.dlp.as_ref().and_then(|p| p.facts());
+    let (host, path) = match &dlp {
+        Some(_) => (
+            host.map(|h: Arc<str>| crate::dlp::shown(&h).into()),
+            crate::dlp::shown(&path).into_owned(),
+        ),
+        None => (host, path),
+    };
     Record {
         port,
         method: Some(secrets.redact(ctx.method.as_str()).into_owned()),
@@ -176,9 +191,25 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
         ms: ms_since(ctx.started),
         incomplete: matches!(ending, Ending::Abandoned),
         would_deny: ctx.decision.as_ref().is_some_and(|d| d.reported_deny),
+        mcp: ctx
+            .mcp
+            .as_ref()
+            .and_then(|m| m.facts.as_ref())
+            .map(|f| McpFacts {
+                method: f.method.as_deref().map(|m| secrets.redact(m).into_owned()),
+                tool: f.tool.as_deref().map(|t| secrets.redact(t).into_owned()),
+                batch: f.batch,
+            }),
         limit_scope: match ending {
             Ending::Refused(r) => r.limit_scope,
             _ => None,
+        },
+        dlp,
+        budget: match ending {
+            Ending::Refused(Refusal {
+                budget: Some(b), ..
+            }) => Some(b.as_ref().clone()),
+            _ => ctx.budget.as_ref().map(|m| m.at_decision()),
         },
         ..ctx.conn.base(&secrets).request(protocol, host, at)
     }
@@ -277,9 +308,18 @@ pub(crate) async fn guarded_tunnel_closed(
     decided: &Record,
     guarded: &GuardedRelay,
     swapped: &[Arc<str>],
+    dlp: Option<crate::record::DlpFacts>,
     started: Instant,
 ) {
     let mut record = closed(decided, &guarded.relayed, started);
+    if dlp.is_some() {
+        record.dlp = dlp;
+    }
+    if let Some(why) = &guarded.dlp_refused {
+        tracing::warn!("WebSocket closed: {why}");
+        record.error_code = Some(ErrorCode::CredentialExfiltration);
+        record.reason = Some(why.clone());
+    }
     for name in swapped {
         if !record.secrets.contains(name) {
             record.secrets.push(name.clone());
@@ -359,6 +399,8 @@ struct Open {
     started: Instant,
     /// Request body bytes sent upstream so far.
     up: Arc<AtomicU64>,
+    /// Under a token budget: settled when the record is completed.
+    budget: Option<Arc<crate::budget::Meter>>,
 }
 
 impl PendingRecord {
@@ -370,6 +412,7 @@ impl PendingRecord {
             open: Some(Open {
                 started: ctx.started,
                 up: ctx.bytes_up.clone(),
+                budget: ctx.budget.clone(),
             }),
             on_recorded: ctx.on_recorded.take(),
         }
@@ -396,6 +439,9 @@ impl PendingRecord {
             r.bytes_up = open.up.load(Ordering::Relaxed);
             r.bytes_down = down;
             r.incomplete |= incomplete;
+            if let Some(meter) = &open.budget {
+                r.budget = Some(meter.settle(r.bytes_up));
+            }
         }
         self.proxy
             .metrics

@@ -25,6 +25,7 @@
 mod batch;
 mod bucket_script;
 mod client;
+mod counter;
 mod lease;
 mod metrics;
 mod outage;
@@ -39,6 +40,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub(crate) use client::StoreSetupError;
+pub(crate) use counter::FleetCounter;
 pub(crate) use metrics::{FleetMetrics, StoreErrorReason};
 pub(crate) use outage::StoreStatus;
 

@@ -43,10 +43,22 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// The longest reason a Close frame may carry (RFC 6455 §5.5: 125 bytes, less the code).
 const MAX_CLOSE_REASON: usize = 123;
 
+/// The credential check (`pipeline/dlp.rs`) on the agent's messages: each text or binary
+/// message (reassembled, unmasked) and close reason is checked before any of it goes on.
+pub(crate) trait FrameCheck: Send + Sync {
+    /// `Err`: the message is refused (the text says why, never a value).
+    fn check(&self, message: &[u8]) -> Result<(), String>;
+    /// What the check found so far, for the close record.
+    fn facts(&self) -> Option<crate::record::DlpFacts>;
+}
+
 /// The secrets a WebSocket is guarded against, and what it swapped.
 pub(crate) struct FrameGuard {
     pub set: Arc<SecretSet>,
-    pub bindings: Arc<SecretBindings>,
+    /// `None`: the rule binds no secret (the guard is there for the credential check).
+    pub bindings: Option<Arc<SecretBindings>>,
+    /// The credential check, unless the rule says `dlp = "off"`.
+    pub dlp: Option<Arc<dyn FrameCheck>>,
     /// Bound secrets swapped into messages, in the order first swapped.
     pub swapped: Arc<Mutex<Vec<Arc<str>>>>,
     /// The WebSocket runs over TLS: only then is a placeholder swapped for its value.
@@ -58,6 +70,8 @@ pub(crate) struct GuardedRelay {
     pub relayed: Relayed,
     /// The message the leak guard refused, when it closed the connection.
     pub refused: Option<SecretRefusal>,
+    /// Why the credential check refused a message, when it closed the connection.
+    pub dlp_refused: Option<String>,
 }
 
 /// Whether an upstream's 101 may be relayed message by message: it must not have agreed to
@@ -87,7 +101,7 @@ impl FrameGuard {
     fn swapper(&self, swap: BodySwap, place: Place) -> Swapper {
         Swapper {
             set: self.set.clone(),
-            bindings: Some(self.bindings.clone()),
+            bindings: self.bindings.clone(),
             swap,
             place,
             swapped: self.swapped.clone(),
@@ -127,7 +141,8 @@ impl FrameGuard {
         let (mut to_agent, mut from_agent) = agent.split();
         let (mut to_far, mut from_far) = far.split();
 
-        let text_swap = match (self.bindings.swap.websocket, self.tls) {
+        let swaps = self.bindings.as_ref().is_some_and(|b| b.swap.websocket);
+        let text_swap = match (swaps, self.tls) {
             (true, true) => BodySwap::Text,
             (true, false) => BodySwap::Refused {
                 place: Place::WebSocketMessageOverPlainHttp,
@@ -156,6 +171,17 @@ impl FrameGuard {
                         return Ok(());
                     };
                     let msg = msg.map_err(Flow::Broken)?;
+                    if let Some(check) = &self.dlp {
+                        let bytes: &[u8] = match &msg {
+                            Message::Text(t) => t.as_bytes(),
+                            Message::Binary(b) => b,
+                            Message::Close(Some(f)) => f.reason.as_bytes(),
+                            _ => &[],
+                        };
+                        if !bytes.is_empty() {
+                            check.check(bytes).map_err(Flow::Credential)?;
+                        }
+                    }
                     let close = matches!(msg, Message::Close(_));
                     let out = outbound(msg, &text, &binary, &reason).map_err(Flow::Refused)?;
                     if close {
@@ -203,6 +229,7 @@ impl FrameGuard {
             supervise(both, &activity, idle, stop).await
         };
 
+        let mut dlp_refused = None;
         let (end, error, refused) = match outcome {
             Ok(Ok(())) => (End::Closed, None, None),
             Ok(Err(Flow::Broken(e))) => match e {
@@ -217,6 +244,13 @@ impl FrameGuard {
                 }
                 e => (End::Error, Some(std::io::Error::other(e)), None),
             },
+            Ok(Err(Flow::Credential(why))) => {
+                let reason = "agenshield: message refused: credential_exfiltration";
+                let _ = to_agent.send(close(CloseCode::Policy, reason)).await;
+                let _ = to_far.send(close(CloseCode::Away, "")).await;
+                dlp_refused = Some(why);
+                (End::Refused, None, None)
+            }
             Ok(Err(Flow::Refused(r))) => {
                 let why = "agenshield: message refused by the secret guard";
                 let _ = to_agent.send(close(CloseCode::Policy, why)).await;
@@ -235,6 +269,7 @@ impl FrameGuard {
                 error,
             },
             refused,
+            dlp_refused,
         }
     }
 }
@@ -243,6 +278,8 @@ impl FrameGuard {
 enum Flow {
     Broken(tungstenite::Error),
     Refused(SecretRefusal),
+    /// The credential check refused a message (why).
+    Credential(String),
 }
 
 enum Rest {

@@ -36,7 +36,8 @@ fn guard(websocket: bool, tls: bool) -> FrameGuard {
             ("gh", GH),
             ("other", OTHER),
         ])),
-        bindings: Arc::new(b),
+        bindings: Some(Arc::new(b)),
+        dlp: None,
         swapped: Arc::default(),
         tls,
     }

@@ -5,6 +5,7 @@ mod audit_keys;
 mod ca;
 pub(crate) mod client;
 mod escape;
+mod mcp;
 pub(crate) mod output;
 pub(crate) mod remote;
 mod render;
@@ -74,6 +75,8 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             policy,
             agent,
             exit_code,
+            mcp_tool,
+            mcp_method,
         }) => {
             let agent = match agent
                 .as_deref()
@@ -84,7 +87,13 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
                 Err(e) => return output::bad_input(e),
             };
             let ask = (method.as_str(), url.as_str(), agent);
-            policy_check(cfg, &client, ask, policy.as_deref(), exit_code, json).await
+            let mcp = (mcp_tool.is_some() || mcp_method.is_some()).then_some(
+                agenshield_proxy::control::policy_check::McpCall {
+                    method: mcp_method,
+                    tool: mcp_tool,
+                },
+            );
+            policy_check(cfg, &client, ask, mcp, policy.as_deref(), exit_code, json).await
         }
         CtlCommand::Policy(PolicyCommand::Suggest {
             since,
@@ -149,6 +158,7 @@ async fn dispatch(args: CtlArgs, cfg: &Config, socket: &Path) -> u8 {
             .await
         }
         CtlCommand::Secrets(cmd) => secrets::run(&client, cmd, json).await,
+        CtlCommand::Mcp(cmd) => mcp::run(&client, cmd, json).await,
         CtlCommand::Ca(cmd) => ca::run(cfg, cmd, json),
         CtlCommand::Tail {
             follow,
@@ -229,6 +239,7 @@ async fn policy_check(
     cfg: &Config,
     client: &Client,
     (method, url, agent): (&str, &str, Option<u32>),
+    mcp: Option<agenshield_proxy::control::policy_check::McpCall>,
     policy: Option<&Path>,
     exit_code: bool,
     json: bool,
@@ -236,14 +247,20 @@ async fn policy_check(
     let offline = |path: &Path| -> Result<serde_json::Value, u8> {
         let p = load_policy(path).map_err(|e| policy_error(&e))?;
         let denied = cfg.dns_answers.denied;
-        let r = agenshield_proxy::control::policy_check::check(&p, method, url, agent, denied)
-            .map_err(output::bad_input)?;
+        let r = match &mcp {
+            Some(call) => agenshield_proxy::control::policy_check::check_mcp(
+                &p, method, url, agent, denied, call,
+            ),
+            None => agenshield_proxy::control::policy_check::check(&p, method, url, agent, denied),
+        }
+        .map_err(output::bad_input)?;
         Ok(serde_json::to_value(&r).unwrap_or_default())
     };
     let result = match policy {
         Some(path) => offline(path),
         None => {
-            let body = serde_json::json!({ "method": method, "url": url, "agent": agent });
+            let body =
+                serde_json::json!({ "method": method, "url": url, "agent": agent, "mcp": mcp });
             match client
                 .json(Method::POST, "/v1/policy/check", Some(body))
                 .await

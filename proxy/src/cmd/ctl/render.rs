@@ -139,11 +139,39 @@ pub(super) fn status(v: &Value) -> String {
             "connections   {}   tunnels open {}   pending approvals {}",
             c["connections"], v["tunnels"], v["pending"]
         ),
+        budget_lines(&v["budgets"]).join("\n"),
     ]
     .into_iter()
     .filter(|l| !l.is_empty())
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// Token budgets' spend in their current windows, one counter a line.
+fn budget_lines(b: &Value) -> Vec<String> {
+    let Some(list) = b.as_array() else {
+        return Vec::new();
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            format!(
+                "{}rule:{} {} ({})  {} of {} tokens per {}  resets {}",
+                if i == 0 {
+                    "token budgets "
+                } else {
+                    "              "
+                },
+                s(&x["rule"]),
+                s(&x["who"]),
+                s(&x["scope"]),
+                x["spent"],
+                x["limit"],
+                s(&x["per"]),
+                s(&x["resets"])
+            )
+        })
+        .collect()
 }
 
 /// `[[audit.export]]`: one line per sink (none without sinks).
@@ -552,8 +580,15 @@ pub(super) fn event(v: &Value) -> String {
     } else {
         ""
     };
+    // An MCP exchange: its JSON-RPC method and tool.
+    let mcp = match (v["mcp"]["method"].as_str(), v["mcp"]["tool"].as_str()) {
+        (Some(m), Some(t)) => format!(" mcp={m}:{t}"),
+        (Some(m), None) => format!(" mcp={m}"),
+        (None, _) if v["mcp"].is_object() => " mcp=response".into(),
+        _ => String::new(),
+    };
     // What follows the rule on a decision line.
-    let tail = format!("{secrets}{agent}{would}");
+    let tail = format!("{mcp}{secrets}{agent}{would}");
     let decision = s(&v["decision"]);
     let what = match s(&v["kind"]) {
         "close" => format!(

@@ -1,0 +1,217 @@
+//! MCP-aware rules (issue 37), with a real MCP server and client: the official Python SDK
+//! (`tests/mcp/server.py`, three tools over Streamable HTTP; `tests/mcp/client.py`) through
+//! the explicit listener. The rule allows `search` and `read_*` and pins definitions: the
+//! client sees only those, an allowed call works, a call to `delete_repo` comes back as a
+//! JSON-RPC error naming the rule, the list is filtered in SSE answers (the server's default),
+//! JSON ones and the older HTTP+SSE transport's stream (where the proxy's error is sent too), a server that changes a pinned tool's description is refused until `ctl mcp
+//! accept`, and every record names the method and tool.
+
+use agenshield_e2e::audit;
+use agenshield_e2e::curl::curl;
+use agenshield_e2e::daemon::{Daemon, DaemonOptions};
+use agenshield_e2e::mcp::{python, session, McpServer, Transport};
+use agenshield_e2e::world::LOCAL;
+use serde_json::Value;
+
+const POLICY: &str = r#"version = 1
+default = "deny"
+
+[[rule]]
+id = "mcp-tools"
+hosts = ["mcp.test"]
+action = "allow"
+mcp = { tools = ["search", "read_*"], deny_tools = ["read_secret*"], pin = true }
+"#;
+
+fn daemon() -> Daemon {
+    Daemon::start(DaemonOptions {
+        policies: vec![("main.toml".into(), POLICY.into())],
+        hosts: vec![("mcp.test".into(), LOCAL)],
+        ..Default::default()
+    })
+}
+
+fn requests(d: &Daemon) -> Vec<Value> {
+    audit::lines(&d.audit_path())
+        .into_iter()
+        .filter(|l| l["kind"] == "request")
+        .collect()
+}
+
+fn calls(report: &Value) -> &Vec<Value> {
+    report["calls"].as_array().expect("calls")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_sees_allowed_tools_and_a_denied_call_is_a_json_rpc_error() {
+    let Ok(py) = python().map_err(|why| eprintln!("{why}")) else {
+        return;
+    };
+    let d = daemon();
+    let proxy = format!("http://{}", d.explicit);
+    let transports = [
+        Transport::StreamableSse,
+        Transport::StreamableJson,
+        Transport::HttpSse,
+    ];
+    for transport in transports {
+        let server = McpServer::start(&py, transport);
+        let report = session(
+            &py,
+            &proxy,
+            transport,
+            server.addr.port(),
+            &[
+                r#"search={"query":"x"}"#,
+                r#"delete_repo={"name":"r"}"#,
+                r#"read_file={"path":"/a"}"#,
+            ],
+        )
+        .await;
+        assert_eq!(
+            report["tools"],
+            serde_json::json!(["search", "read_file"]),
+            "{transport:?}: the list holds only what the rule allows: {report}"
+        );
+        let c = calls(&report);
+        assert_eq!(c[0]["text"], "results for x", "{report}");
+        assert_eq!(c[1]["code"], -32001, "{report}");
+        let message = c[1]["message"].as_str().expect("a JSON-RPC error");
+        assert!(
+            message.contains("tools/call \"delete_repo\"")
+                && message.contains("not allowed by rule mcp-tools (mcp.tools)"),
+            "{message}"
+        );
+        assert_eq!(c[2]["text"], "contents of /a", "{report}");
+    }
+    let records = requests(&d);
+    audit::assert_matches_schema(&audit::lines(&d.audit_path()));
+    let denied: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["mcp"]["tool"] == "delete_repo")
+        .collect();
+    assert_eq!(denied.len(), 3, "one refusal per server: {records:?}");
+    for (r, status) in denied.iter().zip([200, 200, 202]) {
+        assert_eq!(r["mcp"]["method"], "tools/call");
+        assert_eq!(r["error_code"], "mcp_tool_denied");
+        assert_eq!(r["decision"], "deny");
+        assert_eq!(r["rule"], "mcp-tools");
+        // Streamable HTTP: the JSON-RPC error in the POST's answer; HTTP+SSE: 202, the error
+        // on the session's stream.
+        assert_eq!(r["status"], status, "{r}");
+    }
+    for tool in ["search", "read_file"] {
+        assert!(
+            records.iter().any(|r| r["mcp"]["tool"] == tool
+                && r["mcp"]["method"] == "tools/call"
+                && r["decision"] == "allow"),
+            "an allowed call to {tool} is recorded: {records:?}"
+        );
+    }
+    assert!(records.iter().any(|r| r["mcp"]["method"] == "tools/list"));
+    let (code, tail, _) = d.ctl(&[], &["tail"]);
+    assert_eq!(code, 0);
+    assert!(tail.contains("mcp=tools/call:delete_repo"), "{tail}");
+    let (code, check, err) = d.ctl(
+        &[],
+        &[
+            "policy",
+            "check",
+            "POST",
+            "http://mcp.test/mcp",
+            "--mcp-tool",
+            "delete_repo",
+            "--exit-code",
+        ],
+    );
+    assert_eq!(code, 1, "{check}{err}");
+    assert!(check.contains("mcp.tools"), "{check}{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_pinned_tool_is_refused_until_accepted() {
+    let Ok(py) = python().map_err(|why| eprintln!("{why}")) else {
+        return;
+    };
+    let d = daemon();
+    let proxy = format!("http://{}", d.explicit);
+    let t = Transport::StreamableSse;
+    let server = McpServer::start(&py, t);
+    let port = server.addr.port();
+    // First sight pins both; the search call makes the server rewrite read_file's description.
+    let first = session(&py, &proxy, t, port, &[r#"search={"query":"rug-pull"}"#]).await;
+    assert_eq!(first["tools"], serde_json::json!(["search", "read_file"]));
+    assert_eq!(calls(&first)[0]["text"], "changed");
+    let after = session(&py, &proxy, t, port, &[r#"read_file={"path":"/a"}"#]).await;
+    assert_eq!(
+        after["tools"],
+        serde_json::json!(["search"]),
+        "the changed tool is no longer listed: {after}"
+    );
+    let refused = &calls(&after)[0];
+    assert_eq!(refused["code"], -32002, "{after}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rule mcp-tools") && m.contains("mcp.pin")),
+        "{after}"
+    );
+    let server_name = format!("mcp.test:{port}");
+    let (code, list, _) = d.ctl(&[], &["mcp", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        list.lines()
+            .any(|l| l.contains(&server_name) && l.contains("read_file") && l.contains("CHANGED")),
+        "{list}"
+    );
+    let (code, out, err) = d.ctl(&[], &["mcp", "accept", &server_name, "read_file"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let accepted = session(&py, &proxy, t, port, &[r#"read_file={"path":"/a"}"#]).await;
+    assert_eq!(
+        accepted["tools"],
+        serde_json::json!(["search", "read_file"])
+    );
+    assert!(accepted["descriptions"]["read_file"]
+        .as_str()
+        .is_some_and(|t| t.contains("~/.ssh")));
+    assert_eq!(calls(&accepted)[0]["text"], "contents of /a");
+    let records = requests(&d);
+    assert!(
+        records.iter().any(|r| r["error_code"] == "mcp_tool_changed"
+            && r["mcp"]["tool"] == "read_file"
+            && r["mcp"]["method"] == "tools/call"),
+        "{records:?}"
+    );
+    // The pins are the daemon's file, kept across restarts.
+    let pins = std::fs::read_to_string(d.dir.path().join("mcp-pins.json")).expect("pin file");
+    assert!(
+        pins.contains(&server_name) && pins.contains("read_file"),
+        "{pins}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_json_rpc_is_refused_and_recorded() {
+    let d = daemon();
+    let proxy = format!("http://{}", d.explicit);
+    let out = curl(
+        &[
+            "--proxy",
+            &proxy,
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "--data",
+            "{not json",
+            "http://mcp.test:9/mcp",
+        ],
+        false,
+    )
+    .await;
+    assert_eq!(out.status, 400, "{}", out.text());
+    assert_eq!(out.json()["error_code"], "mcp_body_invalid");
+    assert!(requests(&d)
+        .iter()
+        .any(|r| r["error_code"] == "mcp_body_invalid" && r["rule"] == "mcp-tools"));
+}
