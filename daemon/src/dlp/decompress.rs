@@ -26,6 +26,11 @@ impl ContentEncoding {
         let t = token.trim();
         Ok(match t.to_ascii_lowercase().as_str() {
             "identity" | "" => ContentEncoding::Identity,
+            // S3's streaming upload framing (`size;chunk-signature=…` lines around plain
+            // chunks), not a compression: the bytes are scanned as they are. With another
+            // coding beside it the framed bytes are not that coding's stream, and reading
+            // them as one fails: refused, never sent unread.
+            "aws-chunked" => ContentEncoding::Identity,
             "gzip" | "x-gzip" => ContentEncoding::Gzip,
             "deflate" => ContentEncoding::Deflate,
             "br" => ContentEncoding::Brotli,

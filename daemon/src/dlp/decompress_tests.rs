@@ -105,6 +105,11 @@ fn garbage_and_unknown_codings_are_refused() {
         ContentEncoding::from_token("compress"),
         Err(DlpError::UnknownEncoding(_))
     ));
+    // The AWS CLI's streaming uploads: framing around plain bytes, scanned as they are.
+    assert_eq!(
+        ContentEncoding::from_token("aws-chunked"),
+        Ok(ContentEncoding::Identity)
+    );
 }
 
 #[test]
