@@ -10,7 +10,6 @@
 //! Budget windows are aligned to the Unix epoch; each test waits for a fresh window before a
 //! sequence that must fit in one, so a window never ends in the middle of it.
 
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agenshield_e2e::audit;
@@ -648,7 +647,7 @@ budget = { tokens = 100, per = "8s" }
         net.assert_route(net.a4);
         let ca = TestCa::new("budget agents CA");
         let listener = net
-            .bind_tcp(&[SocketAddr::new(net.a4, 443)])
+            .bind_tcp(&[std::net::SocketAddr::new(net.a4, 443)])
             .pop()
             .expect("listener");
         let _llm = LlmUpstream::serve_std(listener, &ca.leaf(&["api.llm.test"]));
