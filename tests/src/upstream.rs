@@ -288,6 +288,51 @@ fn text(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Resp
     resp
 }
 
+/// A JSON-RPC server that answers every call with what it was asked (`result.method`,
+/// `result.name`: the tool), and `tools/list` with tools `a` and `b`: a batch with an array,
+/// one message with one; nothing owed (only notifications): 202. `sse`: each answer as an
+/// event of a `text/event-stream` instead.
+fn jsonrpc(body: &[u8], sse: bool) -> Response<Body> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return text(StatusCode::BAD_REQUEST, TXT, "not JSON\n");
+    };
+    let (batch, items) = match v {
+        serde_json::Value::Array(items) => (true, items),
+        one => (false, vec![one]),
+    };
+    let answers: Vec<serde_json::Value> = items
+        .iter()
+        .filter_map(|m| {
+            let id = m.get("id")?.clone();
+            let method = m.get("method")?.as_str()?;
+            let result = if method == "tools/list" {
+                serde_json::json!({"tools": [{"name": "a"}, {"name": "b"}]})
+            } else {
+                serde_json::json!({"method": method, "name": m.pointer("/params/name")})
+            };
+            Some(serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}))
+        })
+        .collect();
+    if answers.is_empty() {
+        let mut resp = text(StatusCode::ACCEPTED, TXT, "");
+        resp.headers_mut().remove(header::CONTENT_TYPE);
+        return resp;
+    }
+    if sse {
+        let events: String = answers
+            .iter()
+            .map(|a| format!("event: message\ndata: {a}\n\n"))
+            .collect();
+        return text(StatusCode::OK, "text/event-stream", events);
+    }
+    let json = if batch {
+        serde_json::Value::Array(answers)
+    } else {
+        answers.into_iter().next().unwrap_or_default()
+    };
+    text(StatusCode::OK, "application/json", json.to_string())
+}
+
 async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Body>, Infallible> {
     let seen = record(&req, &info);
     let path = req.uri().path().to_owned();
@@ -316,6 +361,14 @@ async fn route(mut req: Request<Incoming>, info: ConnInfo) -> Result<Response<Bo
             http_body_util::Full::new(Bytes::from(a.body)).map_err(|e| match e {}),
         ))
         .expect("valid response")
+    } else if path == "/jsonrpc" || path == "/jsonrpc-sse" {
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        let body = body.unwrap_or_default();
+        seen.body
+            .lock()
+            .expect("body lock")
+            .extend_from_slice(&body);
+        jsonrpc(&body, path == "/jsonrpc-sse")
     } else if path.starts_with("/echo") {
         let mut body = req.into_body();
         let mut body_len = 0;

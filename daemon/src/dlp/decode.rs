@@ -7,8 +7,8 @@
 //! overlapping chunks (so a credential across a chunk edge is still seen whole, and scratch
 //! stays small), and every call has a work cap ([`DecodeBudget`]) proportional to its input.
 //! Form and multipart bodies need no decoder of their own: their fields are text, and their
-//! `%XX` escapes are the percent runs. Line-wrapped base64 (MIME, 76 characters a line) is
-//! decoded line by line.
+//! `%XX` escapes are the percent runs. Line-wrapped base64 (MIME, 76 characters a line; PEM,
+//! 64) is joined and decoded as one run: a credential across a line break is seen whole.
 
 use std::ops::Range;
 
@@ -31,6 +31,9 @@ const CHUNK: usize = 64 * 1024;
 const OVERLAP: usize = 24 * 1024;
 /// The longest run whose `/`-separated segments are decoded one by one (a URL path).
 const MAX_PATH_RUN: usize = 4096;
+/// The shortest line of a line-wrapped block (but its last): base64 and hex are wrapped at
+/// 60 characters or more (MIME 76, PEM 64).
+const MIN_WRAPPED_LINE: usize = 60;
 /// Encoded bytes decoded first to tell text from binary (a multiple of 4).
 const PROBE: usize = 256;
 /// Decoded bytes allowed per input byte, and per call.
@@ -278,26 +281,48 @@ fn hex4(s: &[u8], i: usize) -> Option<u16> {
 fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8>, f: OnRun<'_>) {
     let n = bytes.len();
     let mut i = 0;
+    // A line-wrapped block's lines, joined.
+    let mut joined = Vec::new();
     while i < n {
         while i < n && class(bytes[i]) & B64 == 0 {
             i += 1;
         }
         let start = i;
-        let (mut all, mut any) = (u8::MAX, 0u8);
-        while i < n {
-            let c = class(bytes[i]);
-            if c & B64 == 0 {
-                break;
-            }
-            all &= c;
-            any |= c;
-            i += 1;
-        }
+        let (all, any, end) = run_at(bytes, start);
+        i = end;
         if i - start < MIN_BASE64_RUN {
             continue;
         }
         let run = start..i;
-        if !decode_run(bytes, run.clone(), all, any, budget, scratch, f) {
+        // A line-wrapped block (MIME's 76 characters a line, PEM's 64): its lines decode as
+        // one run, so a credential across a line break is seen whole, and a binary block is
+        // told by its first bytes and not decoded line by line.
+        let block = wrapped_block(bytes, start, end, all, any);
+        if let Some((block_end, all, any)) = block {
+            joined.clear();
+            joined.extend(
+                bytes[start..block_end]
+                    .iter()
+                    .filter(|b| !matches!(b, b'\r' | b'\n')),
+            );
+            let whole = start..block_end;
+            let on_block = &mut |enc: Encoding, _: Range<usize>, d: &[u8]| f(enc, whole.clone(), d);
+            let decoded = decode_run(
+                &joined,
+                0..joined.len(),
+                all,
+                any,
+                budget,
+                scratch,
+                on_block,
+            );
+            if decoded == Decoded::BudgetSpent {
+                return;
+            }
+            i = block_end;
+            continue;
+        }
+        if decode_run(bytes, run.clone(), all, any, budget, scratch, f) == Decoded::BudgetSpent {
             return;
         }
         // A URL path (`/v1/<base64>/x`): its segments are decoded one by one too. Only in
@@ -319,7 +344,7 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
                 let (all, any) = bytes[seg.clone()]
                     .iter()
                     .fold((u8::MAX, 0u8), |(a, o), b| (a & class(*b), o | class(*b)));
-                if !decode_run(bytes, seg, all, any, budget, scratch, f) {
+                if decode_run(bytes, seg, all, any, budget, scratch, f) == Decoded::BudgetSpent {
                     return;
                 }
             }
@@ -327,8 +352,75 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
     }
 }
 
+/// The run of base64/hex bytes at `start`: the AND and OR of their classes, and its end.
+fn run_at(bytes: &[u8], start: usize) -> (u8, u8, usize) {
+    let (mut all, mut any) = (u8::MAX, 0u8);
+    let mut i = start;
+    while i < bytes.len() {
+        let c = class(bytes[i]);
+        if c & B64 == 0 {
+            break;
+        }
+        all &= c;
+        any |= c;
+        i += 1;
+    }
+    (all, any, i)
+}
+
+/// When the run `start..end` is the first line of a line-wrapped block: the block's end
+/// and the AND/OR of its classes. Each line but the last is at least `MIN_WRAPPED_LINE`
+/// long and ends with `\n` or `\r\n`, and every line is of one base64 alphabet.
+fn wrapped_block(
+    bytes: &[u8],
+    start: usize,
+    end: usize,
+    all: u8,
+    any: u8,
+) -> Option<(usize, u8, u8)> {
+    const BOTH: u8 = URL_ONLY | STD_ONLY;
+    if end - start < MIN_WRAPPED_LINE {
+        return None;
+    }
+    let (mut all, mut any, mut block_end, mut lines) = (all, any, end, 1);
+    loop {
+        let rest = &bytes[block_end..];
+        let nl = if rest.starts_with(b"\r\n") {
+            2
+        } else if rest.starts_with(b"\n") {
+            1
+        } else {
+            break;
+        };
+        let (a, o, e) = run_at(bytes, block_end + nl);
+        let len = e - (block_end + nl);
+        if len == 0 || (any | o) & BOTH == BOTH {
+            break;
+        }
+        all &= a;
+        any |= o;
+        block_end = e;
+        lines += 1;
+        if len < MIN_WRAPPED_LINE {
+            break; // a block's last line is its shortest
+        }
+    }
+    (lines > 1).then_some((block_end, all, any))
+}
+
+/// What [`decode_run`] made of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decoded {
+    /// Decoded (or not decodable: not one alphabet, too short), and handed on.
+    Text,
+    /// Binary underneath: not decoded past the probe.
+    Binary,
+    /// The work cap was reached: the scan stops decoding.
+    BudgetSpent,
+}
+
 /// Decodes one run as hex (all hex digits, 40 or more) or base64 (one alphabet), in chunks;
-/// `all`/`any` are the AND/OR of its byte classes. False when the budget ran out.
+/// `all`/`any` are the AND/OR of its byte classes.
 fn decode_run(
     bytes: &[u8],
     run: Range<usize>,
@@ -337,21 +429,21 @@ fn decode_run(
     budget: &mut DecodeBudget,
     scratch: &mut Vec<u8>,
     f: OnRun<'_>,
-) -> bool {
+) -> Decoded {
     let s = &bytes[run.clone()];
     let hex = all & HEX != 0;
     if hex && s.len() < MIN_HEX_RUN {
-        return true;
+        return Decoded::Text;
     }
     let url = any & URL_ONLY != 0;
     if !hex && url && any & STD_ONLY != 0 {
-        return true; // not one base64 alphabet
+        return Decoded::Text; // not one base64 alphabet
     }
     // Binary underneath (an image, a digest, compressed data): a credential is text, and one
     // level of encoding of text is what this looks through; the rest is not decoded.
     let probe = &s[..s.len().min(PROBE)];
     if !budget.take(probe.len()) {
-        return false;
+        return Decoded::BudgetSpent;
     }
     scratch.clear();
     let decoded = if hex {
@@ -359,8 +451,11 @@ fn decode_run(
     } else {
         base64_decode(probe, url, scratch)
     };
-    if !decoded || looks_binary(scratch) {
-        return true;
+    if !decoded {
+        return Decoded::Text;
+    }
+    if looks_binary(scratch) {
+        return Decoded::Binary;
     }
     let mut at = 0;
     loop {
@@ -372,7 +467,7 @@ fn decode_run(
             chunk.len() / 4 * 3 + 2
         };
         if !budget.take(cost) {
-            return false;
+            return Decoded::BudgetSpent;
         }
         scratch.clear();
         let ok = if hex {
@@ -385,7 +480,7 @@ fn decode_run(
             f(encoding, run.clone(), scratch);
         }
         if end == s.len() {
-            return true;
+            return Decoded::Text;
         }
         at = end - OVERLAP;
     }

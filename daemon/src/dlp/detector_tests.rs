@@ -282,3 +282,60 @@ fn a_base64_path_segment_of_a_url_is_found() {
         }
     }
 }
+
+/// Base64 of `data` wrapped at `width` characters with `eol` (MIME: 76 and CRLF).
+fn wrapped(data: &[u8], width: usize, eol: &str) -> String {
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, data);
+    b64.as_bytes()
+        .chunks(width)
+        .map(|l| std::str::from_utf8(l).expect("ascii"))
+        .collect::<Vec<_>>()
+        .join(eol)
+}
+
+#[test]
+fn a_line_wrapped_block_decodes_as_one_run() {
+    use super::decode::DecodeBudget;
+    let runs = |text: &str| {
+        let mut budget = DecodeBudget::for_input(text.len());
+        let mut scratch = Vec::new();
+        let mut calls = 0;
+        super::decode::each_run(
+            text.as_bytes(),
+            &mut budget,
+            &mut scratch,
+            &mut |_, r, _| {
+                // The whole block (but its `=` padding, which ends a run).
+            assert!(r.start == 0 && r.end + 2 >= text.len(), "{r:?}");
+                calls += 1
+            },
+        );
+        calls
+    };
+    // Binary (bytes no text has): told from its first bytes, nothing handed on.
+    let binary: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(7) ^ (i >> 5)) as u8 | 0x80)
+        .collect();
+    assert_eq!(runs(&wrapped(&binary, 76, "\r\n")), 0);
+    // Text with a token across a line break (57 bytes decode from each 76-character line),
+    // as mail and PEM wrap it: found.
+    let d = Detector::new();
+    let key = testgen::value(Format::GitHubToken, 4);
+    let mut text = "an ordinary line of a text file, wrapped as mail does it.\n".repeat(25);
+    text.insert_str(57 * 20 - 12, &format!(" {key} "));
+    for (width, eol) in [(76, "\r\n"), (76, "\n"), (64, "\n")] {
+        let block = wrapped(text.as_bytes(), width, eol);
+        assert_eq!(runs(&block), 1, "{width} {eol:?}");
+        assert_eq!(
+            formats(&scan(&d, &block)),
+            vec![Format::GitHubToken],
+            "{width} {eol:?}"
+        );
+    }
+    // A multipart boundary after a block is not part of it.
+    let block = format!(
+        "{}\r\n--boundary-1234567890-abcdefghijklmnop--\r\n",
+        wrapped(text.as_bytes(), 76, "\r\n")
+    );
+    assert_eq!(formats(&scan(&d, &block)), vec![Format::GitHubToken]);
+}

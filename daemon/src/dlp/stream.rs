@@ -20,8 +20,10 @@ use super::format::Format;
 /// after a scan: the longest credential the detector knows (a private-key block, percent-
 /// encoded) fits in it.
 pub(crate) const OVERLAP: usize = 32 * 1024;
-/// New bytes that make a scan run.
-pub(crate) const STEP: usize = 16 * 1024;
+/// New bytes that make a scan run. Each scan also covers the `OVERLAP` before them again,
+/// so a bulk upload is scanned (STEP + OVERLAP) / STEP = 1.33 times; a stream holds at most
+/// about STEP + OVERLAP bytes.
+pub(crate) const STEP: usize = 96 * 1024;
 /// Distinct findings remembered per stream (so one is reported once, not at every window
 /// that sees it again).
 const MAX_SEEN: usize = 256;

@@ -159,7 +159,7 @@ async fn sse_events_are_filtered_one_by_one() {
         "event: endpoint\ndata: /messages?session_id=1\n\nevent: message\nid: 7\ndata: {list}\n\n"
     );
     let body = crate::body::full(Bytes::from(stream));
-    let out = super::sse::filtered(body, r, pins, SERVER.into(), 1 << 20)
+    let out = super::sse::filtered(body, r, pins, SERVER.into(), 1 << 20, Vec::new())
         .collect()
         .await
         .expect("body")
@@ -176,12 +176,31 @@ async fn sse_events_are_filtered_one_by_one() {
 }
 
 #[tokio::test]
+async fn the_proxys_own_answers_come_first_on_an_sse_stream() {
+    let r = rule(r#"{ tools = ["search"] }"#);
+    let answer = r#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+    let body = crate::body::full(Bytes::from(format!("event: message\ndata: {answer}\n\n")));
+    let ours = r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32001,"message":"no"}}"#;
+    let out = super::sse::filtered(body, r, state(), SERVER.into(), 1 << 20, vec![ours.into()])
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let text = String::from_utf8(out.to_vec()).expect("utf-8");
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data, [ours, answer], "{text}");
+}
+
+#[tokio::test]
 async fn an_sse_event_over_the_cap_cuts_the_stream() {
     let r = rule(r#"{ tools = ["search"] }"#);
     let pins = state();
     let big = format!("data: {}\n\n", "x".repeat(4096));
     let body = crate::body::full(Bytes::from(big));
-    let out = super::sse::filtered(body, r, pins, SERVER.into(), 1024)
+    let out = super::sse::filtered(body, r, pins, SERVER.into(), 1024, Vec::new())
         .collect()
         .await;
     assert!(out.is_err());
@@ -202,7 +221,7 @@ async fn refusals_reach_the_older_transports_stream_by_its_endpoint() {
         })
     });
     let body = BodyExt::boxed(StreamBody::new(upstream));
-    let mut out = super::sse::filtered(body, r, state.clone(), SERVER.into(), 1 << 20);
+    let mut out = super::sse::filtered(body, r, state.clone(), SERVER.into(), 1 << 20, Vec::new());
     tx.send(Bytes::from_static(
         b"event: endpoint\ndata: /messages/?session_id=abc\n\n",
     ))
@@ -272,10 +291,17 @@ async fn mcp_filter_cost_of_a_1_mib_tools_list() {
     let started = std::time::Instant::now();
     for _ in 0..rounds {
         let body = crate::body::full(Bytes::from(event.clone()));
-        let out = super::sse::filtered(body, r.clone(), state.clone(), SERVER.into(), 16 << 20)
-            .collect()
-            .await
-            .expect("body");
+        let out = super::sse::filtered(
+            body,
+            r.clone(),
+            state.clone(),
+            SERVER.into(),
+            16 << 20,
+            Vec::new(),
+        )
+        .collect()
+        .await
+        .expect("body");
         assert!(!out.to_bytes().is_empty());
     }
     let sse = started.elapsed() / rounds;

@@ -34,13 +34,16 @@ pub(crate) enum ReadError {
     EventTooLarge(usize),
 }
 
-/// `body` (a `text/event-stream`) with every list result in it filtered by the rule.
+/// `body` (a `text/event-stream`) with every list result in it filtered by the rule, after
+/// `first`: the proxy's own messages sent before the server's (its errors for the refused
+/// messages of a batch forwarded in part).
 pub(crate) fn filtered(
     body: ProxyBody,
     rule: Arc<McpRule>,
     state: Arc<McpState>,
     server: Arc<str>,
     cap: usize,
+    first: Vec<String>,
 ) -> ProxyBody {
     let (tx, rx) = SseSessions::channel();
     let mut tx = Some(tx);
@@ -84,7 +87,11 @@ pub(crate) fn filtered(
             sse_stream::Sse::default().event("message").data(json),
         ))
     });
-    let upstream = events
+    let ours = futures_util::stream::iter(first).map(|json| {
+        Ok::<_, sse_stream::Error>(sse_stream::Sse::default().event("message").data(json))
+    });
+    let upstream = ours
+        .chain(events)
         .map(Some)
         .chain(futures_util::stream::once(async { None }));
     let merged = futures_util::stream::select(upstream, injected)

@@ -6,9 +6,11 @@
 //!
 //! A refused message is answered by the proxy with HTTP 200 and a JSON-RPC error carrying
 //! the same message as the 403 JSON names (the rule, the list), and recorded as a refusal.
-//! A batch with a refused element is refused whole: every element that expects an answer
-//! gets an error, the refused ones their reason, the others "not forwarded" (nothing of the
-//! batch reaches the server). Clients of the older HTTP+SSE transport read answers on the
+//! A batch is decided element by element: the allowed messages go to the server as a batch
+//! of their own, and the refused ones are answered by the proxy inside the server's answer
+//! (added to its JSON array, or sent first on its SSE stream; an answer of 202, owed
+//! nothing, becomes 200 with the errors). When every message of a batch is refused, nothing
+//! reaches the server and each message owed an answer gets its error. Clients of the older HTTP+SSE transport read answers on the
 //! SSE stream their session opened, not in the POST's response (they do not accept
 //! `text/event-stream` on the POST): the errors are sent as events into that stream
 //! (`mcp::sessions`) and the POST gets 202, as the server would answer; when no such stream
@@ -29,7 +31,7 @@ use crate::mcp::decide::{self, Refused};
 use crate::mcp::message::{self, Call};
 use crate::mcp::{filter::Filter, sse, MAX_REQUEST_BODY, MAX_RESPONSE_BODY};
 use crate::policy::McpRule;
-use crate::record::{ErrorCode, McpFacts};
+use crate::record::{ErrorCode, McpFacts, McpRefusedMessage};
 
 /// What the MCP phase learned of one request.
 pub(crate) struct McpExchange {
@@ -40,11 +42,22 @@ pub(crate) struct McpExchange {
     pub facts: Option<McpFacts>,
     /// The client reads JSON-RPC answers in the POST's response (Streamable HTTP).
     answers_inline: bool,
-    /// Set when the proxy answers for the server: each message's id and, if refused, why.
-    refused: Option<Vec<(Option<Value>, Option<Refused>)>>,
+    /// Set when the proxy answers for the server, in whole or in part: each message.
+    refused: Option<Vec<Owed>>,
     batch: bool,
     /// Older transport: the errors went to the session's SSE stream; the POST gets 202.
     injected: bool,
+    /// A batch forwarded in part: the refusal of its first refused message, whose errors
+    /// (one per refused message owed an answer) go into the server's answer.
+    partial: Option<Refusal>,
+}
+
+/// One message of a body the proxy answers for, in whole or in part.
+struct Owed {
+    /// `None`: no answer is owed (a notification, a response).
+    id: Option<Value>,
+    /// Why it was refused, and the message saying so; `None`: it was allowed.
+    refused: Option<(Refused, String)>,
 }
 
 /// JSON-RPC error codes of the implementation-defined range.
@@ -82,6 +95,7 @@ pub(super) async fn request(
         refused: None,
         batch: false,
         injected: false,
+        partial: None,
     });
     if parts.method != http::Method::POST {
         // A GET opens the server's SSE stream; a DELETE ends a session: nothing to read.
@@ -105,32 +119,79 @@ pub(super) async fn request(
         .map(|c| decide::decide(&rule, &ctx.proxy.mcp.pins, &server, c))
         .collect();
     let first_refused = verdicts.iter().position(Result::is_err);
-    let deciding = &parsed.calls[first_refused.unwrap_or(0)];
     let exchange = ctx.mcp.as_mut().expect("just set");
-    exchange.facts = Some(facts(deciding, parsed.batch.then_some(parsed.calls.len())));
     exchange.batch = parsed.batch;
     let Some(at) = first_refused else {
+        exchange.facts = Some(facts(&parsed.calls[0], &parsed, &verdicts));
         return Ok(Request::from_parts(parts, body::full(bytes)));
     };
-    let why = verdicts[at].expect_err("the first refused");
-    exchange.refused = Some(
-        parsed
-            .calls
-            .iter()
-            .zip(&verdicts)
-            .map(|(c, v)| (c.id.clone(), v.err()))
-            .collect(),
-    );
     let rule_id = ctx.rule().map(|r| r.to_string()).unwrap_or_default();
-    let message = format!(
-        "{} to {server} is not allowed by rule {rule_id} {}",
-        decide::shown(deciding),
-        why.why()
-    );
-    let refusal = Refusal {
-        rule_id: Some(rule_id),
-        ..Refusal::new(why.code(), message)
+    let said = |c: &Call, why: Refused| {
+        format!(
+            "{} to {server} is not allowed by rule {rule_id} {}",
+            decide::shown(c),
+            why.why()
+        )
     };
+    let owed: Vec<Owed> = parsed
+        .calls
+        .iter()
+        .zip(&verdicts)
+        .map(|(c, v)| Owed {
+            id: c.id.clone(),
+            refused: v.err().map(|why| (why, said(c, why))),
+        })
+        .collect();
+    let why = verdicts[at].expect_err("the first refused");
+    let refusal = Refusal {
+        rule_id: Some(rule_id.clone()),
+        ..Refusal::new(why.code(), said(&parsed.calls[at], why))
+    };
+    let first_allowed = verdicts.iter().position(Result::is_ok);
+    let exchange = ctx.mcp.as_mut().expect("just set");
+    exchange.refused = Some(owed);
+    if let (true, Some(first)) = (parsed.batch, first_allowed) {
+        // Element by element: the allowed messages go on, as a batch of their own.
+        let forwarded = allowed_only(&bytes, &verdicts).map_err(|e| invalid(ctx, &e))?;
+        ctx.mcp.as_mut().expect("just set").facts =
+            Some(facts(&parsed.calls[first], &parsed, &verdicts));
+        let mut answered_here = answers_inline;
+        if !answered_here {
+            // The older transport: the refused messages' errors go to the session's stream.
+            let exchange = ctx.mcp.as_ref().expect("just set");
+            let messages: Vec<String> = errors_for(
+                exchange,
+                &refusal,
+                &ctx.id.to_string(),
+                ctx.policy.hash(),
+                true,
+            )
+            .iter()
+            .map(Value::to_string)
+            .collect();
+            answered_here = messages.is_empty()
+                || ctx
+                    .proxy
+                    .mcp
+                    .sessions
+                    .inject(&server, &endpoint(ctx), &messages);
+        }
+        if answered_here {
+            let exchange = ctx.mcp.as_mut().expect("just set");
+            exchange.partial = Some(refusal);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
+            return Ok(Request::from_parts(
+                parts,
+                body::full(Bytes::from(forwarded)),
+            ));
+        }
+        // Nowhere to send the refused messages' errors: the batch is refused whole.
+    }
+    let exchange = ctx.mcp.as_mut().expect("just set");
+    exchange.facts = Some(facts(&parsed.calls[at], &parsed, &verdicts));
     if !answers_inline {
         // The older transport: answer on the session's SSE stream, where the client reads.
         let exchange = ctx.mcp.as_ref().expect("just set");
@@ -139,25 +200,66 @@ pub(super) async fn request(
                 .iter()
                 .map(Value::to_string)
                 .collect();
-        let endpoint = match &ctx.query {
-            Some(q) => format!("{}?{q}", ctx.path),
-            None => ctx.path.clone(),
-        };
-        let injected =
-            !messages.is_empty() && ctx.proxy.mcp.sessions.inject(&server, &endpoint, &messages);
+        let injected = !messages.is_empty()
+            && ctx
+                .proxy
+                .mcp
+                .sessions
+                .inject(&server, &endpoint(ctx), &messages);
         ctx.mcp.as_mut().expect("just set").injected = injected;
     }
     Err(refusal)
 }
 
-fn facts(call: &Call, batch: Option<usize>) -> McpFacts {
+/// The path (and query) the POST went to: the older transport's session endpoint.
+fn endpoint(ctx: &RequestCtx) -> String {
+    match &ctx.query {
+        Some(q) => format!("{}?{q}", ctx.path),
+        None => ctx.path.clone(),
+    }
+}
+
+/// The batch in `bytes` with only the messages `verdicts` allowed, in order.
+fn allowed_only(bytes: &[u8], verdicts: &[Result<(), Refused>]) -> Result<Vec<u8>, String> {
+    let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(bytes) else {
+        return Err("the batch could not be read again".to_string());
+    };
+    let kept: Vec<Value> = items
+        .into_iter()
+        .zip(verdicts)
+        .filter_map(|(item, v)| v.is_ok().then_some(item))
+        .collect();
+    serde_json::to_vec(&Value::Array(kept)).map_err(|e| e.to_string())
+}
+
+/// The record's MCP facts: `call` (the message that decided), and for a batch its size and
+/// every message refused in it.
+fn facts(call: &Call, parsed: &message::Body, verdicts: &[Result<(), Refused>]) -> McpFacts {
+    let tool = |c: &Call| match &c.target {
+        Some(message::Named::Tool(n)) => Some(n.clone()),
+        _ => None,
+    };
     McpFacts {
         method: call.method.clone(),
-        tool: match &call.target {
-            Some(message::Named::Tool(n)) => Some(n.clone()),
-            _ => None,
+        tool: tool(call),
+        batch: parsed.batch.then_some(parsed.calls.len()),
+        refused: if parsed.batch {
+            parsed
+                .calls
+                .iter()
+                .zip(verdicts)
+                .filter_map(|(c, v)| {
+                    let why = v.err()?;
+                    Some(McpRefusedMessage {
+                        method: c.method.clone(),
+                        tool: tool(c),
+                        error_code: why.code(),
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
         },
-        batch,
     }
 }
 
@@ -181,10 +283,34 @@ pub(super) async fn response(
         return Ok(resp);
     };
     let rule = &exchange.rule;
-    if !["tools", "prompts", "resources"]
+    // A batch forwarded in part, answered in the POST's response: the refused messages'
+    // errors go into the server's answer.
+    let owed = match (&exchange.partial, exchange.answers_inline) {
+        (Some(r), true) => errors(exchange, r, &ctx.id.to_string(), ctx.policy.hash()),
+        _ => Vec::new(),
+    };
+    if !owed.is_empty() && resp.status() == http::StatusCode::ACCEPTED {
+        // The server owed nothing (the allowed messages were notifications): the errors are
+        // the answer.
+        let (mut parts, _) = resp.into_parts();
+        let mut json = serde_json::to_vec(&Value::Array(owed)).unwrap_or_default();
+        json.push(b'\n');
+        parts.status = http::StatusCode::OK;
+        parts.headers.remove(header::CONTENT_ENCODING);
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(json.len()));
+        return Ok(Response::from_parts(parts, body::full(Bytes::from(json))));
+    }
+    let filters = ["tools", "prompts", "resources"]
         .iter()
-        .any(|k| rule.filters(k))
-    {
+        .any(|k| rule.filters(k));
+    let merges = !owed.is_empty() && resp.status().is_success();
+    if !filters && !merges {
         return Ok(resp);
     }
     let media = resp
@@ -211,6 +337,7 @@ pub(super) async fn response(
     }
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
+    let owed = if merges { owed } else { Vec::new() };
     if stream {
         let body = sse::filtered(
             body,
@@ -218,6 +345,7 @@ pub(super) async fn response(
             ctx.proxy.mcp.clone(),
             exchange.server.clone(),
             MAX_RESPONSE_BODY,
+            owed.iter().map(Value::to_string).collect(),
         );
         return Ok(Response::from_parts(parts, body));
     }
@@ -232,14 +360,32 @@ pub(super) async fn response(
         pins: &ctx.proxy.mcp.pins,
         server: &exchange.server,
     };
-    let bytes = match filter.bytes(&bytes) {
-        (Some(filtered), _) => Bytes::from(filtered),
-        (None, _) => bytes,
+    let bytes = if owed.is_empty() {
+        match filter.bytes(&bytes) {
+            (Some(filtered), _) => Bytes::from(filtered),
+            (None, _) => bytes,
+        }
+    } else {
+        merged(&bytes, owed, &filter).map_or(bytes, Bytes::from)
     };
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     Ok(Response::from_parts(parts, body::full(bytes)))
+}
+
+/// The server's JSON answer to a batch forwarded in part, with the proxy's errors for the
+/// refused messages added after its own, and filtered; `None` if it is not JSON (passed on
+/// as it came: the client cannot read it either).
+fn merged(bytes: &[u8], owed: Vec<Value>, filter: &Filter<'_>) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    filter.message(&mut v);
+    let mut all = match v {
+        Value::Array(items) => items,
+        one => vec![one],
+    };
+    all.extend(owed);
+    serde_json::to_vec(&Value::Array(all)).ok()
 }
 
 /// Why a whole body could not be read.
@@ -311,33 +457,53 @@ pub(super) fn answer(
     Some(resp)
 }
 
-/// The JSON-RPC errors answering a refused body: one per message owed an answer, in order.
+/// The JSON-RPC errors answering a refused body: one per message owed an answer, in order
+/// (for a batch forwarded in part, the refused messages' only).
 fn errors(exchange: &McpExchange, r: &Refusal, request_id: &str, policy_hash: &str) -> Vec<Value> {
+    let refused_only = exchange.partial.is_some();
+    errors_for(exchange, r, request_id, policy_hash, refused_only)
+}
+
+/// `refused_only`: no "not forwarded" errors for the allowed messages (they went on).
+fn errors_for(
+    exchange: &McpExchange,
+    r: &Refusal,
+    request_id: &str,
+    policy_hash: &str,
+    refused_only: bool,
+) -> Vec<Value> {
     let Some(items) = exchange.refused.as_ref() else {
         return Vec::new();
     };
-    let data = json!({
-        "error_code": r.code,
-        "rule_id": r.rule_id,
-        "request_id": request_id,
-        "policy_hash": policy_hash,
-        "explanation": r.explanation,
-    });
     items
         .iter()
-        .filter_map(|(id, refused)| {
-            let id = id.as_ref()?;
-            let (code, message) = match refused {
-                Some(Refused::Changed) => (RPC_CHANGED, r.message.clone()),
-                Some(Refused::Rule(_)) => (RPC_DENIED, r.message.clone()),
+        .filter_map(|o| {
+            let id = o.id.as_ref()?;
+            let (code, message, error_code) = match &o.refused {
+                Some((why, message)) => {
+                    let rpc = match why {
+                        Refused::Changed => RPC_CHANGED,
+                        Refused::Rule(_) => RPC_DENIED,
+                    };
+                    (rpc, message.clone(), why.code())
+                }
+                None if refused_only => return None,
                 None => (
                     RPC_NOT_FORWARDED,
                     format!(
                         "not forwarded: another message of the batch was refused: {}",
                         r.message
                     ),
+                    r.code,
                 ),
             };
+            let data = json!({
+                "error_code": error_code,
+                "rule_id": r.rule_id,
+                "request_id": request_id,
+                "policy_hash": policy_hash,
+                "explanation": message,
+            });
             Some(json!({
                 "jsonrpc": "2.0",
                 "id": id,
@@ -353,7 +519,7 @@ pub(super) fn answered_status(ctx: &RequestCtx, r: &Refusal) -> u16 {
     match ctx.mcp.as_ref() {
         Some(e) if e.injected => 202,
         Some(e) if e.answers_inline => match &e.refused {
-            Some(items) if items.iter().any(|(id, _)| id.is_some()) => 200,
+            Some(items) if items.iter().any(|o| o.id.is_some()) => 200,
             Some(_) => 202,
             None => r.code.status().as_u16(),
         },
@@ -364,10 +530,12 @@ pub(super) fn answered_status(ctx: &RequestCtx, r: &Refusal) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::filter::Filter;
+    use crate::mcp::pins::PinStore;
     use crate::policy::McpRefusal;
 
-    fn exchange(refused: Vec<(Option<Value>, Option<Refused>)>, batch: bool) -> McpExchange {
-        let rule = crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
+    fn rule() -> Arc<McpRule> {
+        crate::policy::Policy::from_sources(&[crate::policy::PolicySource {
             name: "t.toml".into(),
             text: "version = 1\n[[rule]]\nid = \"r\"\nhosts = [\"m.test\"]\naction = \"allow\"\nmcp = { tools = [\"a\"] }\n".into(),
         }])
@@ -381,40 +549,58 @@ mod tests {
             agent: None,
         })
         .mcp
-        .expect("mcp");
+        .expect("mcp")
+    }
+
+    fn exchange(refused: Vec<Owed>, batch: bool, partial: Option<Refusal>) -> McpExchange {
         McpExchange {
-            rule,
+            rule: rule(),
             server: "m.test:80".into(),
             facts: None,
             answers_inline: true,
             refused: Some(refused),
             batch,
             injected: false,
+            partial,
         }
+    }
+
+    fn denied(tool: &str) -> Option<(Refused, String)> {
+        Some((
+            Refused::Rule(McpRefusal::ToolNotListed),
+            format!("tools/call {tool:?} to m.test:80 is not allowed by rule r (mcp.tools)"),
+        ))
+    }
+
+    fn refusal() -> Refusal {
+        Refusal {
+            rule_id: Some("r".into()),
+            ..Refusal::new(
+                ErrorCode::McpToolDenied,
+                "tools/call \"x\" to m.test:80 is not allowed by rule r (mcp.tools)",
+            )
+        }
+    }
+
+    fn owed(id: Option<Value>, refused: Option<(Refused, String)>) -> Owed {
+        Owed { id, refused }
     }
 
     #[test]
     fn a_refused_batch_answers_every_request_in_order_and_skips_notifications() {
         let e = exchange(
             vec![
-                (Some(json!(1)), None),
-                (None, None),
-                (
-                    Some(json!("b")),
-                    Some(Refused::Rule(McpRefusal::ToolNotListed)),
-                ),
+                owed(Some(json!(1)), None),
+                owed(None, None),
+                owed(Some(json!("b")), denied("x")),
+                owed(Some(json!(3)), denied("y")),
             ],
             true,
+            None,
         );
-        let r = Refusal {
-            rule_id: Some("r".into()),
-            ..Refusal::new(
-                ErrorCode::McpToolDenied,
-                "tools/call \"x\" to m.test:80 is not allowed by rule r (mcp.tools)",
-            )
-        };
+        let r = refusal();
         let v = errors(&e, &r, "req-1", "sha256:h");
-        assert_eq!(v.len(), 2);
+        assert_eq!(v.len(), 3);
         assert_eq!(v[0]["id"], 1);
         assert_eq!(v[0]["error"]["code"], RPC_NOT_FORWARDED);
         assert_eq!(v[1]["id"], "b");
@@ -423,5 +609,76 @@ mod tests {
         assert_eq!(v[1]["error"]["data"]["error_code"], "mcp_tool_denied");
         assert_eq!(v[1]["error"]["data"]["rule_id"], "r");
         assert_eq!(v[1]["error"]["data"]["request_id"], "req-1");
+        // Each refused message is answered with its own reason.
+        assert_eq!(v[2]["id"], 3);
+        assert!(
+            v[2]["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("tools/call \"y\"")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_batch_forwarded_in_part_answers_only_its_refused_messages() {
+        let e = exchange(
+            vec![
+                owed(Some(json!(1)), None),
+                owed(Some(json!(2)), denied("x")),
+                owed(None, denied("z")),
+            ],
+            true,
+            Some(refusal()),
+        );
+        let v = errors(&e, &refusal(), "req-1", "sha256:h");
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0]["id"], 2);
+        assert_eq!(v[0]["error"]["code"], RPC_DENIED);
+    }
+
+    #[test]
+    fn only_the_allowed_messages_of_a_batch_are_forwarded_in_order() {
+        let body = br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}},
+            {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}},
+            {"jsonrpc":"2.0","method":"notifications/initialized"}]"#;
+        let verdicts = [
+            Ok(()),
+            Err(Refused::Rule(McpRefusal::ToolNotListed)),
+            Ok(()),
+        ];
+        let out: Value =
+            serde_json::from_slice(&allowed_only(body, &verdicts).expect("batch")).expect("json");
+        let items = out.as_array().expect("array");
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0]["id"], 1);
+        assert_eq!(items[1]["method"], "notifications/initialized");
+        assert!(allowed_only(b"{}", &verdicts).is_err());
+    }
+
+    #[test]
+    fn the_proxys_errors_follow_the_servers_answers_and_lists_are_filtered() {
+        let rule = rule();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pins = PinStore::open(dir.path().join("pins.json")).expect("pins");
+        let filter = Filter {
+            rule: &rule,
+            pins: &pins,
+            server: "m.test:80",
+        };
+        let answer =
+            br#"[{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a"},{"name":"b"}]}}]"#;
+        let err = json!({"jsonrpc":"2.0","id":2,"error":{"code":RPC_DENIED,"message":"no"}});
+        let out: Value =
+            serde_json::from_slice(&merged(answer, vec![err.clone()], &filter).expect("merged"))
+                .expect("json");
+        assert_eq!(out[0]["result"]["tools"].as_array().map(Vec::len), Some(1));
+        assert_eq!(out[1], err);
+        // One message answered (not an array): the answer becomes a batch.
+        let one = br#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+        let out: Value =
+            serde_json::from_slice(&merged(one, vec![err.clone()], &filter).expect("merged"))
+                .expect("json");
+        assert_eq!(out.as_array().map(Vec::len), Some(2));
+        assert!(merged(b"not json", vec![err], &filter).is_none());
     }
 }

@@ -32,7 +32,7 @@ pub(crate) use dlp::{DlpAction, DlpFacts, DlpFinding, DlpPlace, DlpVerdict};
 pub(crate) use end::{End, Relayed};
 pub(crate) use error_code::ErrorCode;
 pub(crate) use listener::ListenerKind;
-pub(crate) use mcp::McpFacts;
+pub(crate) use mcp::{McpFacts, McpRefusedMessage};
 pub(crate) use refusal::{LimitScope, Refusal};
 
 /// Shown where a rule id would be when no rule was consulted (a malformed request, a failed

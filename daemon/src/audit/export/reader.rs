@@ -189,14 +189,21 @@ impl LogReader {
         let Some(f) = &self.file else {
             return Ok(Vec::new());
         };
-        let mut want = max_bytes.max(4096);
+        // Only what the file holds past the position is read (and allocated): a sink that
+        // looks often at a log that grew a little pays for that little.
+        let size = f.metadata()?.len();
+        let avail = usize::try_from(size.saturating_sub(self.offset)).unwrap_or(MAX_LINE);
+        if avail == 0 {
+            return Ok(Vec::new());
+        }
+        let mut want = max_bytes.max(4096).min(avail);
         loop {
             let mut buf = vec![0u8; want];
             let n = read_full_at(f, &mut buf, self.offset)?;
             buf.truncate(n);
             let Some(last_nl) = memchr::memrchr(b'\n', &buf) else {
-                if n == want && want < MAX_LINE {
-                    want = (want * 2).min(MAX_LINE);
+                if n == want && want < MAX_LINE && want < avail {
+                    want = (want * 2).min(MAX_LINE).min(avail);
                     continue;
                 }
                 return Ok(Vec::new());

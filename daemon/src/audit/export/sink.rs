@@ -27,6 +27,11 @@ use crate::config::ExportFormat;
 const BATCH_BYTES: usize = 256 * 1024;
 /// How often a sink with nothing to ship looks at the log again.
 const POLL: Duration = Duration::from_millis(50);
+/// After shipping a batch that was not full, how long the sink lets records gather before it
+/// reads again. Under load this turns thousands of small rounds a second (each a read on the
+/// blocking pool, a liveness look and a write) into a few dozen full ones; a record waits at
+/// most this much longer to ship.
+const LINGER: Duration = Duration::from_millis(20);
 /// The cursor file is rewritten at most this often while records ship...
 const SAVE_EVERY: Duration = Duration::from_millis(200);
 /// ...and fsynced at most this often (and at stop).
@@ -134,6 +139,7 @@ impl Sink {
             let Some(conn) = st.conn.as_mut() else {
                 continue;
             };
+            let full = lines.iter().map(|l| l.bytes.len() + 1).sum::<usize>() >= BATCH_BYTES / 2;
             match conn.send(&bytes).await {
                 Ok(()) => {
                     st.backoff = BACKOFF_FIRST;
@@ -147,6 +153,9 @@ impl Sink {
                     if st.last_save.elapsed() >= SAVE_EVERY {
                         let sync = st.last_sync.elapsed() >= SYNC_EVERY;
                         self.save(&mut st, sync).await;
+                    }
+                    if !full && deadline.is_none() {
+                        self.pause(&mut stop, LINGER).await;
                     }
                 }
                 Err(f) => {

@@ -27,7 +27,8 @@ use crate::body::ProxyBody;
 use crate::policy::Policy;
 use crate::proxy::Proxy;
 use crate::record::{
-    log, ErrorCode, McpFacts, Protocol, Record, Redact, RequestId, Stamp, Verdict,
+    log, ErrorCode, McpFacts, McpRefusedMessage, Protocol, Record, Redact, RequestId, Stamp,
+    Verdict,
 };
 use crate::secrets::rewrite::websocket::GuardedRelay;
 use crate::secrets::set::SecretSet;
@@ -199,6 +200,15 @@ fn request_record(ctx: &RequestCtx, ending: Ending<'_>) -> Record {
                 method: f.method.as_deref().map(|m| secrets.redact(m).into_owned()),
                 tool: f.tool.as_deref().map(|t| secrets.redact(t).into_owned()),
                 batch: f.batch,
+                refused: f
+                    .refused
+                    .iter()
+                    .map(|m| McpRefusedMessage {
+                        method: m.method.as_deref().map(|x| secrets.redact(x).into_owned()),
+                        tool: m.tool.as_deref().map(|x| secrets.redact(x).into_owned()),
+                        error_code: m.error_code,
+                    })
+                    .collect(),
             }),
         limit_scope: match ending {
             Ending::Refused(r) => r.limit_scope,
