@@ -306,7 +306,7 @@ fn a_line_wrapped_block_decodes_as_one_run() {
             &mut scratch,
             &mut |_, r, _| {
                 // The whole block (but its `=` padding, which ends a run).
-            assert!(r.start == 0 && r.end + 2 >= text.len(), "{r:?}");
+                assert!(r.start == 0 && r.end + 2 >= text.len(), "{r:?}");
                 calls += 1
             },
         );

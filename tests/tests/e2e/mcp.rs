@@ -215,3 +215,150 @@ async fn a_body_that_is_not_json_rpc_is_refused_and_recorded() {
         .iter()
         .any(|r| r["error_code"] == "mcp_body_invalid" && r["rule"] == "mcp-tools"));
 }
+
+/// The JSON-RPC messages of an answer, JSON (one or a batch) or SSE (one per event).
+fn messages(out: &agenshield_e2e::curl::CurlOut) -> Vec<Value> {
+    let text = out.text();
+    let v: Vec<Value> = if text.trim_start().starts_with(['[', '{']) {
+        match serde_json::from_str(&text).expect("a JSON answer") {
+            Value::Array(items) => items,
+            one => vec![one],
+        }
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).expect("an SSE event's JSON"))
+            .collect()
+    };
+    v
+}
+
+fn by_id(messages: &[Value], id: i64) -> &Value {
+    messages
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no answer with id {id}: {messages:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_decided_message_by_message() {
+    use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+    let up = Upstream::start(UpstreamOptions {
+        name: "rpc".into(),
+        ..Default::default()
+    })
+    .await;
+    let d = daemon();
+    let proxy = format!("http://{}", d.explicit);
+    let batch = serde_json::json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "search"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "delete_repo"}},
+        {"jsonrpc": "2.0", "method": "notifications/progress"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+    ])
+    .to_string();
+    let post = |path: &str, body: &str| {
+        let url = format!("http://mcp.test:{}{path}", up.addr.port());
+        let (proxy, body) = (proxy.clone(), body.to_string());
+        async move {
+            curl(
+                &[
+                    "--proxy",
+                    &proxy,
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                    "-H",
+                    "accept: application/json, text/event-stream",
+                    "--data",
+                    &body,
+                    &url,
+                ],
+                false,
+            )
+            .await
+        }
+    };
+    for path in ["/jsonrpc", "/jsonrpc-sse"] {
+        let out = post(path, &batch).await;
+        assert_eq!(out.status, 200, "{path}: {}", out.text());
+        let m = messages(&out);
+        assert_eq!(m.len(), 3, "{path}: one answer per message owed one: {m:?}");
+        // The allowed call reached the server and its answer came back.
+        assert_eq!(by_id(&m, 1)["result"]["name"], "search", "{path}");
+        // The refused one is answered by the proxy, with the rule's reason.
+        let refused = by_id(&m, 2);
+        assert_eq!(refused["error"]["code"], -32001, "{path}: {refused}");
+        let message = refused["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("tools/call \"delete_repo\"") && message.contains("mcp-tools"),
+            "{message}"
+        );
+        // The list went to the server and came back filtered (it lists `a` and `b`, which
+        // the rule does not allow).
+        assert_eq!(
+            by_id(&m, 3)["result"]["tools"],
+            serde_json::json!([]),
+            "{path}"
+        );
+    }
+    // The server never saw the refused message; it saw the other three, in order.
+    for seen in up.requests().iter().take(2) {
+        let body: Value =
+            serde_json::from_slice(&seen.body.lock().expect("body")).expect("the server's JSON");
+        let items = body.as_array().expect("a batch");
+        assert_eq!(items.len(), 3, "{body}");
+        assert_eq!(items[0]["id"], 1);
+        assert_eq!(items[1]["method"], "notifications/progress");
+        assert_eq!(items[2]["id"], 3);
+    }
+    // What the server owes nothing for (a notification) goes on; the refused call's error
+    // is the whole answer.
+    let only_notification = serde_json::json!([
+        {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "delete_repo"}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    ])
+    .to_string();
+    let out = post("/jsonrpc", &only_notification).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    let m = messages(&out);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(by_id(&m, 5)["error"]["code"], -32001);
+    // Every message whole refused: nothing reaches the server.
+    let before = up.requests().len();
+    let all_refused = serde_json::json!([
+        {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "delete_repo"}},
+        {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "read_secret_x"}}
+    ])
+    .to_string();
+    let out = post("/jsonrpc", &all_refused).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    assert_eq!(messages(&out).len(), 2);
+    assert_eq!(up.requests().len(), before, "nothing of it was forwarded");
+
+    let lines = audit::lines(&d.audit_path());
+    audit::assert_matches_schema(&lines);
+    let records = requests(&d);
+    let parted: Vec<&Value> = records.iter().filter(|r| r["mcp"]["batch"] == 4).collect();
+    assert_eq!(parted.len(), 2, "{records:?}");
+    for r in parted {
+        assert_eq!(r["decision"], "allow", "{r}");
+        assert_eq!(r["mcp"]["method"], "tools/call");
+        assert_eq!(r["mcp"]["tool"], "search");
+        assert_eq!(
+            r["mcp"]["refused"],
+            serde_json::json!([{"method": "tools/call", "tool": "delete_repo", "error_code": "mcp_tool_denied"}]),
+            "{r}"
+        );
+    }
+    let whole = records
+        .iter()
+        .find(|r| {
+            r["mcp"]["batch"] == 2
+                && r["decision"] == "deny"
+                && r["mcp"]["refused"].as_array().is_some_and(|a| a.len() == 2)
+        })
+        .unwrap_or_else(|| panic!("the batch refused whole is recorded: {records:?}"));
+    assert_eq!(whole["error_code"], "mcp_tool_denied");
+}
