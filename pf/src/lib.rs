@@ -10,6 +10,7 @@
 
 pub mod allocator;
 mod command;
+pub mod conntrack;
 pub mod nft;
 mod origdst;
 pub mod peer_uid;
