@@ -109,7 +109,9 @@ mod linux {
         // MSG_TRUNC: the datagram's real length, so truncation is detected.
         let n = socket.recv(&mut answer, MsgFlags::MSG_TRUNC.bits())?;
         if n > answer.capacity() {
-            return Err(invalid_data(format!("ctnetlink reply truncated ({n} bytes)")));
+            return Err(invalid_data(format!(
+                "ctnetlink reply truncated ({n} bytes)"
+            )));
         }
         parse_reply(&answer, reply)
     }

@@ -52,7 +52,11 @@ pub(crate) fn redirected_agent_uid(
 /// Where the client socket really is, if conntrack's tuple says NAT moved it: the tuple must
 /// be headed where the connection was (`dst`) and come from elsewhere than `peer` (else the
 /// exact lookup already looked there).
-fn moved_source(tuple: agenshield_pf::OrigTuple, peer: SocketAddr, dst: SocketAddr) -> Option<SocketAddr> {
+fn moved_source(
+    tuple: agenshield_pf::OrigTuple,
+    peer: SocketAddr,
+    dst: SocketAddr,
+) -> Option<SocketAddr> {
     let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
     if canonical(tuple.dst) != canonical(dst) {
         tracing::debug!(

@@ -344,7 +344,9 @@ mod tests {
             own
         );
         assert_eq!(
-            broker.orig_tuple(accepted.as_fd(), at, peer).expect("answer"),
+            broker
+                .orig_tuple(accepted.as_fd(), at, peer)
+                .expect("answer"),
             Some(tuple)
         );
 
@@ -352,7 +354,9 @@ mod tests {
         std::thread::spawn(move || serve(supervisor, only(at), Box::new(FixedOrigDst(own))));
         let broker = BrokeredOrigDst::new(worker).expect("broker");
         assert_eq!(
-            broker.orig_tuple(accepted.as_fd(), at, peer).expect("answer"),
+            broker
+                .orig_tuple(accepted.as_fd(), at, peer)
+                .expect("answer"),
             None
         );
     }

@@ -876,7 +876,12 @@ async fn the_agent_reusing_a_source_port_is_still_known(lab: &Lab) {
     let out = Command::new(&prefix[0])
         .args(&prefix[1..])
         .args(["/usr/bin/python3", &script.display().to_string()])
-        .args([&a4.to_string(), &lab.our_ca.display().to_string(), "443", "8443"])
+        .args([
+            &a4.to_string(),
+            &lab.our_ca.display().to_string(),
+            "443",
+            "8443",
+        ])
         .output()
         .expect("python3 as the agent");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -914,7 +919,9 @@ async fn the_agent_reusing_a_source_port_is_still_known(lab: &Lab) {
             .into_iter()
             .find(|r| r["dst"] == second_dst.as_str())
     };
-    wait_until(Instant::now() + Duration::from_secs(5), || second().is_some());
+    wait_until(Instant::now() + Duration::from_secs(5), || {
+        second().is_some()
+    });
     let second = second().unwrap_or_else(|| panic!("no record of the second request: {}", diag()));
     let seen: SocketAddr = second["client"]
         .as_str()
