@@ -10,6 +10,7 @@
 
 pub mod allocator;
 mod command;
+pub mod conntrack;
 pub mod nft;
 mod origdst;
 pub mod peer_uid;
@@ -21,6 +22,7 @@ pub mod sandbox;
 #[cfg(target_os = "linux")]
 pub mod socket_acl;
 
+pub use conntrack::OrigTuple;
 pub use origdst::{platform_orig_dst, FixedOrigDst, OrigDst, OrigDstError};
 #[cfg(target_os = "macos")]
 pub use pf::{PfNatlook, PfRedirector};

@@ -1,7 +1,9 @@
-//! Original destination of a redirected TCP connection.
+//! Original destination (and, when NAT moved it, source) of a redirected TCP connection.
 
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
+
+use crate::conntrack::OrigTuple;
 
 /// Why the original destination of a connection could not be recovered.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,19 @@ pub trait OrigDst: Send + Sync + 'static {
         local: SocketAddr,
         peer: SocketAddr,
     ) -> Result<SocketAddr, OrigDstError>;
+
+    /// The connection's 4-tuple as the client sent it (conntrack's original tuple): where
+    /// its socket really is when NAT moved its source port on the way (see
+    /// [`crate::conntrack`]). `Ok(None)`: not known to this lookup.
+    fn orig_tuple(
+        &self,
+        sock: BorrowedFd<'_>,
+        local: SocketAddr,
+        peer: SocketAddr,
+    ) -> Result<Option<OrigTuple>, OrigDstError> {
+        let _ = (sock, local, peer);
+        Ok(None)
+    }
 
     /// A short name for logs ("so_original_dst", "fixed", ...).
     fn name(&self) -> &'static str;
@@ -87,7 +102,7 @@ impl OrigDst for Unsupported {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use super::{OrigDst, OrigDstError};
+    use super::{OrigDst, OrigDstError, OrigTuple};
     use nix::sys::socket::{getsockopt, sockopt};
     use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
     use std::os::fd::BorrowedFd;
@@ -116,6 +131,17 @@ mod linux {
                     Ok(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), 0, 0).into())
                 }
             }
+        }
+
+        /// ctnetlink, by the reply tuple (the socket's own two addresses). Needs
+        /// `CAP_NET_ADMIN`: a split daemon's worker asks its supervisor instead.
+        fn orig_tuple(
+            &self,
+            _sock: BorrowedFd<'_>,
+            local: SocketAddr,
+            peer: SocketAddr,
+        ) -> Result<Option<OrigTuple>, OrigDstError> {
+            crate::conntrack::original_tuple(local, peer).map_err(OrigDstError::Lookup)
         }
 
         fn name(&self) -> &'static str {

@@ -26,6 +26,7 @@ use tracing::Instrument;
 use crate::admission::{Agent, Seat};
 use crate::conn::dispatch::serve_stream;
 use crate::conn::explicit::{serve_explicit, serve_refused};
+use crate::conn::redirected_uid::redirected_agent_uid;
 use crate::conn::{ConnCtx, Dest};
 use crate::pipeline::record;
 use crate::pipeline::refusal::Refusal;
@@ -157,6 +158,7 @@ pub(crate) async fn transparent(
         }
         let span = tracing::info_span!("conn", id, client = %peer, orig_dst = %dst, sni = tracing::field::Empty);
         let proxy = proxy.clone();
+        let orig = orig.clone();
         let Some(sock) = hand_over(sock, id) else {
             return;
         };
@@ -167,7 +169,7 @@ pub(crate) async fn transparent(
                 };
                 // The agent's socket sees the original destination as its peer (the
                 // redirect is NAT); with a testing override it really dialed `local`.
-                let uid = agent_uid(peer, &[dst, local]);
+                let uid = redirected_agent_uid(orig.as_ref(), sock.as_fd(), local, peer, dst);
                 let secrets = proxy.vault.current();
                 let dest = Dest::from_addr(dst);
                 let ctx = ConnCtx::new(id, peer, ListenerKind::Transparent, dest, uid, &secrets);

@@ -1,6 +1,7 @@
 //! One client connection, from accept to the protocol that serves it:
 //!
-//! - `accept`: the listeners' accept loops, the original destination, the peer uid, one
+//! - `accept`: the listeners' accept loops, the original destination, the peer uid
+//!   (`redirected_uid` for redirected connections, also when NAT moved the source port), one
 //!   tracing span per connection, and admission (`crate::admission`: who may use which
 //!   listener, connections per agent); what is known of the connection is a
 //!   `record::ConnCtx`.
@@ -25,6 +26,7 @@ mod http;
 mod intercept;
 mod opaque;
 mod passthrough;
+pub(crate) mod redirected_uid;
 mod watchdog;
 
 pub(crate) use crate::record::{ConnCtx, Dest, DestHost, TlsSide};

@@ -16,8 +16,11 @@
 //! macOS: `DIOCNATLOOK` needs euid 0 on every call, so the worker sends each accepted socket
 //! to the supervisor over a datagram pair (`orig_broker`); the supervisor reads the addresses
 //! from the socket itself (`getsockname`/`getpeername`, so a compromised worker cannot choose
-//! what is looked up), asks pf, and answers with the original destination. That is the only
-//! question that crosses. `testing.broker_orig_dst` takes the same path on Linux.
+//! what is looked up), asks pf, and answers with the original destination.
+//! `testing.broker_orig_dst` takes the same path on Linux. On Linux the same channel carries
+//! the one other question: conntrack's original tuple of a connection whose client socket
+//! `sock_diag` did not find where the proxy saw it (nf_nat moved its source port; ctnetlink
+//! needs `CAP_NET_ADMIN`).
 //!
 //! If the worker dies the supervisor exits with its code (the rules stay: the agent fails
 //! closed) and the service manager restarts both; if the supervisor dies the worker sees its
@@ -58,6 +61,17 @@ pub struct Header {
     /// socket handed over is its end of that channel.
     #[serde(default)]
     pub natlook: bool,
+    /// The worker asks the supervisor for conntrack's original tuples (`orig_broker`, the
+    /// same channel).
+    #[serde(default)]
+    pub conntrack: bool,
+}
+
+impl Header {
+    /// Whether the hand-off carries a lookup channel (its last socket).
+    fn lookup_channel(&self) -> bool {
+        self.natlook || self.conntrack
+    }
 }
 
 const VERSION: u32 = 1;
@@ -112,15 +126,20 @@ pub async fn supervise(cfg: Config, who: Identity) -> anyhow::Result<u8> {
         dns: bound.listeners.dns_addrs(),
         firewall,
         natlook: cfg!(target_os = "macos") || cfg.testing.broker_orig_dst,
+        conntrack: cfg!(target_os = "linux"),
     };
-    // Where the lookup needs root (pf), the worker asks us: a channel and a thread answering.
-    let natlook = if header.natlook {
+    // Where a lookup needs root (pf, ctnetlink), the worker asks us: a channel and a thread
+    // answering.
+    let natlook = if header.lookup_channel() {
         let (mine, worker_end) = os::datagram_pair().context("creating the lookup channel")?;
         let lookup: Box<dyn agenshield_pf::OrigDst> = match cfg.testing.orig_dst_override {
             Some(addr) => Box::new(agenshield_pf::FixedOrigDst(addr)),
             None => agenshield_pf::platform_orig_dst(),
         };
-        let listeners = header.transparent.clone();
+        let listeners = crate::daemon::orig_broker::Listening {
+            transparent: header.transparent.clone(),
+            dns: header.dns.clone(),
+        };
         let mine = std::os::unix::net::UnixDatagram::from(mine);
         std::thread::Builder::new()
             .name("orig-dst".into())
@@ -260,7 +279,7 @@ pub fn worker_handoff(who: &Identity) -> anyhow::Result<(Header, Vec<OwnedFd>, S
         + 2
         + usize::from(header.metrics.is_some())
         + 2 * header.dns.len()
-        + usize::from(header.natlook);
+        + usize::from(header.lookup_channel());
     if fds.len() != want {
         anyhow::bail!(
             "the hand-off carried {} sockets, {want} expected",
@@ -314,11 +333,19 @@ pub async fn worker(
         l.set_nonblocking(true)?;
         tokio::net::UnixListener::from_std(l)?
     };
-    let orig: Option<Arc<dyn agenshield_pf::OrigDst>> = if header.natlook {
-        let fd = next("the lookup channel")?;
-        let broker = crate::daemon::orig_broker::BrokeredOrigDst::new(
-            std::os::unix::net::UnixDatagram::from(fd),
-        )?;
+    let orig: Option<Arc<dyn agenshield_pf::OrigDst>> = if header.lookup_channel() {
+        use crate::daemon::orig_broker::BrokeredOrigDst;
+        let channel = std::os::unix::net::UnixDatagram::from(next("the lookup channel")?);
+        let broker = if header.natlook {
+            BrokeredOrigDst::new(channel)?
+        } else {
+            // Destinations are ours to read (`SO_ORIGINAL_DST`); only tuples are asked.
+            let own: Box<dyn agenshield_pf::OrigDst> = match cfg.testing.orig_dst_override {
+                Some(addr) => Box::new(agenshield_pf::FixedOrigDst(addr)),
+                None => agenshield_pf::platform_orig_dst(),
+            };
+            BrokeredOrigDst::tuples_only(channel, own)?
+        };
         Some(Arc::new(broker))
     } else {
         None
@@ -385,6 +412,7 @@ mod tests {
             dns: vec!["127.0.0.1:15053".parse().expect("addr")],
             firewall: Some(vec![5200]),
             natlook: true,
+            conntrack: true,
         };
         let text = serde_json::to_vec(&h).expect("json");
         assert_eq!(serde_json::from_slice::<Header>(&text).expect("back"), h);

@@ -26,7 +26,8 @@ use tokio::net::{TcpListener, UdpSocket};
 use tracing::Instrument;
 
 use super::message::{respond, Asker};
-use crate::conn::accept::{admit, agent_uid};
+use crate::conn::accept::admit;
+use crate::conn::redirected_uid::redirected_agent_uid;
 use crate::dns_state::{Crowded, InHand, MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_AGENT, MAX_UNATTRIBUTED};
 use crate::proxy::Proxy;
 use crate::record::ListenerKind;
@@ -170,9 +171,10 @@ pub(crate) async fn serve_tcp(proxy: Arc<Proxy>, listener: TcpListener, orig: Ar
         // Not redirected (a client that dialed the stub itself): its destination is the stub.
         let dst = orig.orig_dst(sock.as_fd(), local, client).unwrap_or(local);
         let proxy = proxy.clone();
+        let orig = orig.clone();
         tokio::spawn(
             async move {
-                let uid = agent_uid(client, &[dst, local]);
+                let uid = redirected_agent_uid(orig.as_ref(), sock.as_fd(), local, client, dst);
                 let dest = Dest::from_addr(dst);
                 let secrets = proxy.vault.current();
                 let ctx = ConnCtx::new(id, client, ListenerKind::Dns, dest, uid, &secrets);

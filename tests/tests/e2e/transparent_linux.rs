@@ -52,11 +52,12 @@ struct Lab {
 
 impl Lab {
     async fn new(serial: MutexGuard<'static, ()>) -> Lab {
-        Lab::build(serial, false).await
+        Lab::build(serial, false, false).await
     }
 
-    /// `split`: the daemon runs as a root supervisor and a worker with its own uid.
-    async fn build(serial: MutexGuard<'static, ()>, split: bool) -> Lab {
+    /// `split`: the daemon runs as a root supervisor and a worker with its own uid;
+    /// `brokered`: the worker asks the supervisor for original destinations (macOS's path).
+    async fn build(serial: MutexGuard<'static, ()>, split: bool, brokered: bool) -> Lab {
         let tag = std::process::id() % 97 + 1;
         let user = AgentUser::create(tag);
         let worker = split.then(|| AgentUser::create(tag + 100));
@@ -120,9 +121,9 @@ impl Lab {
             ipv6: true,
             redirect_uid: Some(user.uid),
             worker_user: worker.as_ref().map(|w| (w.name.clone(), w.uid)),
-            // A split lab takes the macOS path: the worker asks the root supervisor for each
+            // A brokered lab takes the macOS path: the worker asks the root supervisor for each
             // connection's original destination (here from SO_ORIGINAL_DST, there from pf).
-            broker_orig_dst: split,
+            broker_orig_dst: brokered,
             ..Default::default()
         });
         let our_ca = share.path().join("agenshield-ca.pem");
@@ -710,7 +711,7 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
     let Some(serial) = root_or_skip("a_split_daemon_serves_as_its_worker_user") else {
         return;
     };
-    let mut lab = Lab::build(serial, true).await;
+    let mut lab = Lab::build(serial, true, true).await;
     let worker_uid = lab.worker.as_ref().expect("worker user").uid;
 
     // The agent's traffic goes through the split daemon like through a single one, its
@@ -823,5 +824,141 @@ async fn a_split_daemon_serves_as_its_worker_user_while_root_keeps_the_redirect(
     assert_ne!(
         out.exit, 0,
         "with no proxy the agent must fail closed: {out:?}"
+    );
+}
+
+/// The agent as a Python client: for each port in turn, a TLS request to `allowed.test` at
+/// `ip:port` from one fixed source port (`SO_REUSEADDR`, as a busy client's kernel reuses
+/// ports across destinations). Prints `<port> <source port> <status line or ERR …>` per request.
+const SAME_SOURCE_PORT_CLIENT: &str = r#"
+import socket, ssl, sys
+ip, ca, ports = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3:]]
+ctx = ssl.create_default_context(cafile=ca)
+probe = socket.socket()
+probe.bind(("", 0))
+src = probe.getsockname()[1]
+probe.close()
+for port in ports:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.settimeout(10)
+    try:
+        s.bind(("", src))
+        s.connect((ip, port))
+        t = ctx.wrap_socket(s, server_hostname="allowed.test")
+        t.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+        data = b""
+        while len(data) < 65536:
+            chunk = t.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        line = data.split(b"\r\n", 1)[0].decode(errors="replace")
+    except Exception as e:
+        line = "ERR %s: %s" % (type(e).__name__, e)
+    finally:
+        s.close()
+    print(port, src, line, flush=True)
+"#;
+
+/// The agent reuses a source port for a second destination while conntrack still holds the
+/// first connection (its TIME_WAIT lasts 120 s): both would have the reply tuple
+/// `listener -> agent:P`, so nf_nat moves the second one's source port and the proxy sees the
+/// agent at a port where it has no socket. Its owner must still be found (conntrack's original
+/// tuple), not refused `unknown_user`; the record names the agent.
+async fn the_agent_reusing_a_source_port_is_still_known(lab: &Lab) {
+    let a4 = lab.net.a4;
+    lab.net.assert_route(a4);
+    let script = lab._share.path().join("same-source-port.py");
+    std::fs::write(&script, SAME_SOURCE_PORT_CLIENT).expect("write client");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let prefix = lab.user.as_agent();
+    let out = Command::new(&prefix[0])
+        .args(&prefix[1..])
+        .args(["/usr/bin/python3", &script.display().to_string()])
+        .args([
+            &a4.to_string(),
+            &lab.our_ca.display().to_string(),
+            "443",
+            "8443",
+        ])
+        .output()
+        .expect("python3 as the agent");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let diag = || {
+        format!(
+            "{text}{}\n{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            lab.daemon.logs(),
+            std::fs::read_to_string(lab.daemon.audit_path()).unwrap_or_default()
+        )
+    };
+    assert_eq!(lines.len(), 2, "{}", diag());
+    let src_port: u16 = lines[0]
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no source port: {}", diag()));
+    assert!(
+        lines[0].ends_with("HTTP/1.1 200 OK"),
+        "first request: {}",
+        diag()
+    );
+    assert!(
+        lines[1].ends_with("HTTP/1.1 200 OK"),
+        "the request from the reused port was not served: {}",
+        diag()
+    );
+
+    // The clash happened: the proxy saw the second connection at another port than the one
+    // the agent bound; the agent was still named.
+    let second_dst = format!("{a4}:8443");
+    let second = || {
+        agenshield_e2e::audit::lines(&lab.daemon.audit_path())
+            .into_iter()
+            .find(|r| r["dst"] == second_dst.as_str())
+    };
+    wait_until(Instant::now() + Duration::from_secs(5), || {
+        second().is_some()
+    });
+    let second = second().unwrap_or_else(|| panic!("no record of the second request: {}", diag()));
+    let seen: SocketAddr = second["client"]
+        .as_str()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("client of {second}"));
+    assert_ne!(
+        seen.port(),
+        src_port,
+        "nf_nat did not move the source port, so this did not test the clash: {second}"
+    );
+    assert_eq!(second["agent_uid"], lab.user.uid, "{second}");
+    assert_eq!(second["status"], 200, "{second}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reusing_a_source_port_for_another_destination_is_not_refused_unknown_user() {
+    let Some(serial) = root_or_skip("an_agent_reusing_a_source_port") else {
+        return;
+    };
+    let lab = Lab::new(serial).await;
+    the_agent_reusing_a_source_port_is_still_known(&lab).await;
+}
+
+/// The same through a split daemon as Linux runs it: the worker (no capabilities) reads
+/// destinations itself and asks the root supervisor for conntrack's tuple.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_daemon_finds_an_agent_whose_source_port_nat_moved() {
+    let Some(serial) = root_or_skip("a_split_daemon_finds_an_agent_whose_source_port") else {
+        return;
+    };
+    let lab = Lab::build(serial, true, false).await;
+    the_agent_reusing_a_source_port_is_still_known(&lab).await;
+    assert!(
+        lab.daemon
+            .logs()
+            .contains("so_original_dst, conntrack tuples from the supervisor"),
+        "{}",
+        lab.daemon.logs()
     );
 }
