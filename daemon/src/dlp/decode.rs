@@ -299,23 +299,36 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
         // told by its first bytes and not decoded line by line.
         let block = wrapped_block(bytes, start, end, all, any);
         if let Some((block_end, all, any)) = block {
-            joined.clear();
-            joined.extend(
-                bytes[start..block_end]
-                    .iter()
-                    .filter(|b| !matches!(b, b'\r' | b'\n')),
-            );
+            let lines = &bytes[start..block_end];
             let whole = start..block_end;
-            let on_block = &mut |enc: Encoding, _: Range<usize>, d: &[u8]| f(enc, whole.clone(), d);
-            let decoded = decode_run(
+            // Its first bytes tell a binary block (an attachment) before the rest is copied.
+            join_lines(lines, &mut joined, PROBE);
+            let probed = decode_run(
                 &joined,
                 0..joined.len(),
                 all,
                 any,
                 budget,
                 scratch,
-                on_block,
+                &mut |_, _, _| {},
             );
+            let decoded = match probed {
+                Decoded::Text => {
+                    join_lines(lines, &mut joined, usize::MAX);
+                    let on_block =
+                        &mut |enc: Encoding, _: Range<usize>, d: &[u8]| f(enc, whole.clone(), d);
+                    decode_run(
+                        &joined,
+                        0..joined.len(),
+                        all,
+                        any,
+                        budget,
+                        scratch,
+                        on_block,
+                    )
+                }
+                other => other,
+            };
             if decoded == Decoded::BudgetSpent {
                 return;
             }
@@ -348,6 +361,18 @@ fn base64_hex_runs(bytes: &[u8], budget: &mut DecodeBudget, scratch: &mut Vec<u8
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The lines of a wrapped block without their `\n`/`\r\n`, into `out` (cleared), line by
+/// line until it holds at least `limit` bytes.
+fn join_lines(lines: &[u8], out: &mut Vec<u8>, limit: usize) {
+    out.clear();
+    for line in lines.split(|b| *b == b'\n') {
+        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        if out.len() >= limit {
+            return;
         }
     }
 }
