@@ -54,7 +54,7 @@ pub(crate) async fn standing(
         Ok(spent) => FleetStanding::Known(budgets.seen(rule, budget, &Subject::Fleet, spent, now)),
         Err(reason) => match counter.on_error {
             OnStoreError::Local => {
-                FleetStanding::Local(budgets.standing(rule, budget, &Subject::Fleet, now))
+                FleetStanding::Local(budgets.standing(rule, budget, &Subject::Fleet, None, now))
             }
             OnStoreError::Deny => FleetStanding::Refused(reason),
         },

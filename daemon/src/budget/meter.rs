@@ -49,6 +49,8 @@ pub(crate) struct Meter {
     budget: TokenBudget,
     subject: Subject,
     agent: String,
+    /// The agent's uid (whose overflow counter a new host's spend may go to).
+    uid: Option<u32>,
     /// The standing when the request was let through.
     before: Standing,
     /// A fleet-wide budget: where the tokens are added.
@@ -73,6 +75,7 @@ impl Meter {
             budget,
             subject,
             agent: super::agent_label(uid),
+            uid,
             before,
             fleet,
             scan: Mutex::new(Scan::default()),
@@ -162,9 +165,14 @@ impl Meter {
                 fleet.add_later(self.budgets.clone(), self.rule.clone(), self.budget, tokens);
                 standing
             }
-            None => self
-                .budgets
-                .charge(&self.rule, self.budget, &self.subject, tokens, now),
+            None => self.budgets.charge(
+                &self.rule,
+                self.budget,
+                &self.subject,
+                self.uid,
+                tokens,
+                now,
+            ),
         };
         let m = &self.budgets.metrics;
         m.counted(&self.rule, &self.agent, tokens, estimated);
@@ -172,7 +180,7 @@ impl Meter {
         match self.subject {
             Subject::Agent(_) => m.remaining(&self.rule, &self.agent, left),
             Subject::Fleet => m.remaining(&self.rule, "fleet", left),
-            Subject::Host(_) | Subject::Overflow => {}
+            Subject::Host(_) | Subject::Overflow(_) => {}
         }
         BudgetFacts {
             tokens,

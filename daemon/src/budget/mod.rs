@@ -21,9 +21,13 @@
 //! A response is charged to the window it ends in.
 //!
 //! # Bounds
-//! At most [`MAX_COUNTERS`] counters; when full, counters of past windows go, and if it is
-//! still full a new subject shares its rule's one overflow counter (refusing sooner, never
-//! later).
+//! At most [`MAX_COUNTERS`] host counters (the subjects an agent can multiply, by naming
+//! hosts a wildcard rule matches); when full, counters of past windows go, and if it is still
+//! full a new host is counted in the requesting agent's overflow counter of that rule, which
+//! every host that agent reaches then also answers to (refusing sooner, never later). An agent
+//! that fills the table spends only its own overflow: another agent's hosts are never charged
+//! to it. Agent and fleet counters are bounded by the local users and the rules, and always
+//! kept.
 
 mod decode;
 pub(crate) mod fleet;
@@ -59,8 +63,8 @@ pub(crate) enum Subject {
     Host(Arc<str>),
     /// The fleet's shared counter (this daemon keeps what it last saw of it).
     Fleet,
-    /// The counter new subjects share when [`MAX_COUNTERS`] are in use.
-    Overflow,
+    /// The counter of an agent's new hosts when [`MAX_COUNTERS`] host counters are in use.
+    Overflow(Option<u32>),
 }
 
 impl Subject {
@@ -80,7 +84,8 @@ impl Subject {
             Subject::Agent(None) => "unknown uid".into(),
             Subject::Host(h) => h.to_string(),
             Subject::Fleet => "fleet".into(),
-            Subject::Overflow => "overflow".into(),
+            Subject::Overflow(Some(uid)) => format!("overflow of uid {uid}"),
+            Subject::Overflow(None) => "overflow of unknown uid".into(),
         }
     }
 }
@@ -121,10 +126,20 @@ pub(crate) struct Spend {
 }
 
 type Key = (Arc<str>, Subject);
+type Entry = (Counter, BudgetScope, u64);
+
+/// The counters, and how many of them are host counters (the bounded kind).
+#[derive(Default)]
+struct Table {
+    map: HashMap<Key, Entry>,
+    hosts: usize,
+    /// When counters of past windows were last dropped to make room.
+    swept_ms: u64,
+}
 
 /// Every rule's token counters in this daemon.
 pub(crate) struct TokenBudgets {
-    counters: Mutex<HashMap<Key, (Counter, BudgetScope, u64)>>,
+    counters: Mutex<Table>,
     pub(crate) metrics: BudgetMetrics,
 }
 
@@ -132,42 +147,52 @@ impl TokenBudgets {
     /// Its series go into `registry` under `namespace`.
     pub(crate) fn new(registry: &Registry, namespace: &str) -> TokenBudgets {
         TokenBudgets {
-            counters: Mutex::new(HashMap::new()),
+            counters: Mutex::new(Table::default()),
             metrics: BudgetMetrics::register(registry, namespace),
         }
     }
 
-    /// What `subject` has spent of `rule`'s budget in the window of `now_ms`.
+    /// What `subject` has spent of `rule`'s budget in the window of `now_ms`; for a host, with
+    /// what `agent`'s overflow counter of the rule holds.
     pub(crate) fn standing(
         &self,
         rule: &Arc<str>,
         budget: TokenBudget,
         subject: &Subject,
+        agent: Option<u32>,
         now_ms: u64,
     ) -> Standing {
         let window = Window::at(budget.per, now_ms);
         let counters = self.lock();
-        let spent = counters
-            .get(&(rule.clone(), subject.clone()))
-            .or_else(|| counters.get(&(rule.clone(), Subject::Overflow)))
-            .filter(|(c, _, _)| c.window == window.index && c.per_ms == per_ms(budget))
-            .map_or(0, |(c, _, _)| c.spent);
+        let spent_by = |who: Subject| {
+            counters
+                .map
+                .get(&(rule.clone(), who))
+                .filter(|(c, _, _)| c.window == window.index && c.per_ms == per_ms(budget))
+                .map_or(0, |(c, _, _)| c.spent)
+        };
+        let mut spent = spent_by(subject.clone());
+        if matches!(subject, Subject::Host(_)) {
+            spent = spent.saturating_add(spent_by(Subject::Overflow(agent)));
+        }
         Standing { spent, window }
     }
 
-    /// Adds `tokens` to `subject`'s counter of `rule` in the window of `now_ms`; its
-    /// standing after.
+    /// Adds `tokens` spent by `agent` to `subject`'s counter of `rule` in the window of
+    /// `now_ms`; its standing after (as [`Self::standing`] reads it).
     pub(crate) fn charge(
         &self,
         rule: &Arc<str>,
         budget: TokenBudget,
         subject: &Subject,
+        agent: Option<u32>,
         tokens: u64,
         now_ms: u64,
     ) -> Standing {
-        self.update(rule, budget, subject, now_ms, |spent| {
+        self.update(rule, budget, subject, agent, now_ms, |spent| {
             spent.saturating_add(tokens)
-        })
+        });
+        self.standing(rule, budget, subject, agent, now_ms)
     }
 
     /// Sets `subject`'s counter to `spent` (what the fleet's store said).
@@ -179,14 +204,17 @@ impl TokenBudgets {
         spent: u64,
         now_ms: u64,
     ) -> Standing {
-        self.update(rule, budget, subject, now_ms, |_| spent)
+        self.update(rule, budget, subject, None, now_ms, |_| spent)
     }
 
+    /// Applies `f` to the counter `subject`'s spend goes to: its own, or, for a new host while
+    /// the table is full, `agent`'s overflow counter of the rule.
     fn update(
         &self,
         rule: &Arc<str>,
         budget: TokenBudget,
         subject: &Subject,
+        agent: Option<u32>,
         now_ms: u64,
         f: impl FnOnce(u64) -> u64,
     ) -> Standing {
@@ -200,15 +228,29 @@ impl TokenBudgets {
         };
         let mut counters = self.lock();
         let mut key = (rule.clone(), subject.clone());
-        if !counters.contains_key(&key) && counters.len() >= MAX_COUNTERS {
-            counters.retain(|_, (c, _, _)| {
-                c.window == Window::at(std::time::Duration::from_millis(c.per_ms), now_ms).index
-            });
-            if counters.len() >= MAX_COUNTERS {
-                key.1 = Subject::Overflow;
+        let is_host = matches!(subject, Subject::Host(_));
+        if is_host && counters.hosts >= MAX_COUNTERS && !counters.map.contains_key(&key) {
+            // Counters of past windows go, at most once a second (each sweep walks them all).
+            if now_ms.saturating_sub(counters.swept_ms) >= 1000 {
+                counters.swept_ms = now_ms;
+                counters.map.retain(|_, (c, _, _)| {
+                    c.window == Window::at(std::time::Duration::from_millis(c.per_ms), now_ms).index
+                });
+                counters.hosts = counters
+                    .map
+                    .keys()
+                    .filter(|(_, who)| matches!(who, Subject::Host(_)))
+                    .count();
+            }
+            if counters.hosts >= MAX_COUNTERS {
+                key.1 = Subject::Overflow(agent);
             }
         }
+        if matches!(key.1, Subject::Host(_)) && !counters.map.contains_key(&key) {
+            counters.hosts += 1;
+        }
         let entry = counters
+            .map
             .entry(key)
             .or_insert((fresh, budget.scope, budget.per.as_secs()));
         if entry.0.window != fresh.window || entry.0.per_ms != fresh.per_ms {
@@ -229,6 +271,7 @@ impl TokenBudgets {
         let now = window::now_ms();
         let counters = self.lock();
         let mut out: Vec<Spend> = counters
+            .map
             .iter()
             .filter(|(_, (c, _, _))| c.ends_ms > now)
             .map(|((rule, who), (c, scope, per))| Spend {
@@ -249,7 +292,7 @@ impl TokenBudgets {
         out
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Counter, BudgetScope, u64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         // A panic while holding it cannot leave a counter half-written: take it back.
         self.counters.lock().unwrap_or_else(|e| e.into_inner())
     }

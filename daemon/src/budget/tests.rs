@@ -18,43 +18,58 @@ fn counters_are_per_subject_and_reset_with_the_window() {
     let t = 1_796_622_000_000;
     let a = Subject::Agent(Some(1001));
     let other = Subject::Agent(Some(1002));
-    assert_eq!(b.standing(&rule, day, &a, t).spent, 0);
-    assert_eq!(b.charge(&rule, day, &a, 60, t).spent, 60);
-    assert_eq!(b.charge(&rule, day, &a, 50, t + 1).spent, 110);
-    assert_eq!(b.standing(&rule, day, &a, t + 2).spent, 110);
-    assert_eq!(b.standing(&rule, day, &other, t).spent, 0);
+    assert_eq!(b.standing(&rule, day, &a, None, t).spent, 0);
+    assert_eq!(b.charge(&rule, day, &a, None, 60, t).spent, 60);
+    assert_eq!(b.charge(&rule, day, &a, None, 50, t + 1).spent, 110);
+    assert_eq!(b.standing(&rule, day, &a, None, t + 2).spent, 110);
+    assert_eq!(b.standing(&rule, day, &other, None, t).spent, 0);
     let next_day = Window::at(day.per, t).ends_ms;
-    assert_eq!(b.standing(&rule, day, &a, next_day).spent, 0);
-    assert_eq!(b.charge(&rule, day, &a, 5, next_day).spent, 5);
+    assert_eq!(b.standing(&rule, day, &a, None, next_day).spent, 0);
+    assert_eq!(b.charge(&rule, day, &a, None, 5, next_day).spent, 5);
     // A changed `per` starts a fresh count.
     let hour = budget(100, 3600, BudgetScope::Agent);
-    assert_eq!(b.standing(&rule, hour, &a, next_day).spent, 0);
+    assert_eq!(b.standing(&rule, hour, &a, None, next_day).spent, 0);
 }
 
 #[test]
-fn a_full_table_shares_one_overflow_counter_per_rule() {
+fn an_agent_that_fills_the_host_table_spends_only_its_own_overflow() {
     let b = TokenBudgets::new(&Registry::new(), "t");
     let rule: Arc<str> = "llm".into();
     let per_host = budget(10, 86_400, BudgetScope::Host);
+    let per_agent = budget(10, 86_400, BudgetScope::Agent);
     let t = 1_796_622_000_000;
+    let (attacker, other) = (Some(1001), Some(1002));
+    // One agent names MAX_COUNTERS hosts the rule matches.
     for i in 0..MAX_COUNTERS {
-        b.charge(
-            &rule,
-            per_host,
-            &Subject::Host(format!("h{i}").into()),
-            1,
-            t,
-        );
+        let host = Subject::Host(format!("h{i}.example").into());
+        b.charge(&rule, per_host, &host, attacker, 1, t);
     }
-    let late: Subject = Subject::Host("late.test".into());
-    b.charge(&rule, per_host, &late, 4, t);
-    let again = Subject::Host("later.test".into());
-    assert_eq!(b.charge(&rule, per_host, &again, 4, t).spent, 8);
-    assert_eq!(b.standing(&rule, per_host, &again, t).spent, 8);
-    assert!(b.lock().len() <= MAX_COUNTERS + 1);
-    // Past windows make room.
-    let tomorrow = Window::at(per_host.per, t).ends_ms;
-    assert_eq!(b.charge(&rule, per_host, &late, 1, tomorrow).spent, 1);
+    // Its next hosts go to its overflow counter, which every host it reaches answers to.
+    let late = Subject::Host("late.example".into());
+    assert_eq!(b.charge(&rule, per_host, &late, attacker, 4, t).spent, 4);
+    let later = Subject::Host("later.example".into());
+    assert_eq!(b.charge(&rule, per_host, &later, attacker, 4, t).spent, 8);
+    assert_eq!(b.standing(&rule, per_host, &later, attacker, t).spent, 8);
+    let h0 = Subject::Host("h0.example".into());
+    assert_eq!(b.standing(&rule, per_host, &h0, attacker, t).spent, 9);
+    // Another agent's new host is not charged to it: its own overflow, from 0.
+    let theirs = Subject::Host("theirs.example".into());
+    assert_eq!(b.standing(&rule, per_host, &theirs, other, t).spent, 0);
+    assert_eq!(b.charge(&rule, per_host, &theirs, other, 3, t).spent, 3);
+    assert_eq!(b.standing(&rule, per_host, &h0, other, t).spent, 4);
+    // Agent counters are never crowded out by hosts.
+    let me = Subject::Agent(other);
+    assert_eq!(b.charge(&rule, per_agent, &me, other, 2, t).spent, 2);
+    assert_eq!(b.lock().hosts, MAX_COUNTERS);
+    assert!(b.lock().map.len() <= MAX_COUNTERS + 3);
+    // Past windows make room (swept at most once a second).
+    let tomorrow = Window::at(per_host.per, t).ends_ms + 1000;
+    assert_eq!(
+        b.charge(&rule, per_host, &late, attacker, 1, tomorrow)
+            .spent,
+        1
+    );
+    assert_eq!(b.lock().hosts, 1);
 }
 
 #[test]
@@ -63,7 +78,7 @@ fn the_meter_counts_usage_or_estimates_and_settles_once() {
     let rule: Arc<str> = "llm".into();
     let b = budget(1000, 86_400, BudgetScope::Agent);
     let who = Subject::Agent(Some(7));
-    let before = budgets.standing(&rule, b, &who, window::now_ms());
+    let before = budgets.standing(&rule, b, &who, Some(7), window::now_ms());
     let m = Meter::new(
         budgets.clone(),
         rule.clone(),
@@ -116,7 +131,7 @@ fn a_request_that_sent_and_got_nothing_spends_nothing() {
     let rule: Arc<str> = "llm".into();
     let b = budget(10, 86_400, BudgetScope::Host);
     let who = Subject::Host("api.test".into());
-    let before = budgets.standing(&rule, b, &who, window::now_ms());
+    let before = budgets.standing(&rule, b, &who, Some(7), window::now_ms());
     let m = Meter::new(
         budgets.clone(),
         rule.clone(),

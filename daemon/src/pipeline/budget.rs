@@ -35,7 +35,7 @@ pub(super) async fn check(ctx: &mut RequestCtx) -> Result<(), Refusal> {
     let tokens = &ctx.proxy.tokens;
     let (before, counter) = match budget.scope {
         BudgetScope::Agent | BudgetScope::Host => (
-            tokens.standing(&rule, budget, &subject, window::now_ms()),
+            tokens.standing(&rule, budget, &subject, uid, window::now_ms()),
             None,
         ),
         BudgetScope::Fleet => {
@@ -77,7 +77,7 @@ fn exhausted(rule: &str, budget: TokenBudget, subject: &Subject, s: Standing) ->
         Subject::Agent(None) => " for agents of unknown uid".into(),
         Subject::Host(h) => format!(" for {h}"),
         Subject::Fleet => " (shared by every daemon of the fleet)".into(),
-        Subject::Overflow => " (shared overflow counter)".into(),
+        Subject::Overflow(_) => " (this agent's overflow counter)".into(),
     };
     let retry = Window::retry_after(&s.window, now);
     Refusal {
