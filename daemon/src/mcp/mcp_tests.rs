@@ -150,65 +150,6 @@ fn pinned_tool_that_changes_is_dropped_and_refused_until_accepted() {
     assert_eq!(decide(&r, &pins, SERVER, &b.calls[0]), Ok(()));
 }
 
-#[test]
-fn the_raw_filter_answers_as_the_value_filter_does() {
-    // Every shape the value filter handles: a batch, non-object entries, a name that is not a
-    // string, prompts and resources, an error, a result without lists, a changed pinned tool.
-    let bodies = [
-        tools_list(&[("search", "s"), ("delete_repo", "d"), ("read_x", "r")]).to_string(),
-        json!([
-            tools_list(&[("search", "s"), ("drop", "d")]),
-            {"jsonrpc": "2.0", "id": 3, "result": {"prompts": [{"name": "p1"}, {"name": "bad"}],
-              "resources": [{"uri": "file:///ok"}, {"uri": "file:///secret"}, {"uri": 5}]}},
-            {"jsonrpc": "2.0", "id": 4, "error": {"code": -1, "message": "x"}},
-            {"jsonrpc": "2.0", "method": "notifications/x"},
-            7
-        ])
-        .to_string(),
-        json!({"jsonrpc": "2.0", "id": 5, "result": {"tools": [1, "x", {"name": 3}, {"description": "no name"},
-            {"name": "search", "inputSchema": {"type": "object"}}], "nextCursor": "c"}})
-        .to_string(),
-        json!({"jsonrpc": "2.0", "id": 6, "result": {"content": []}}).to_string(),
-        json!({"jsonrpc": "2.0", "id": 7, "result": {"tools": "not a list"}}).to_string(),
-        "  {\"jsonrpc\": \"2.0\", \"id\": 8, \"result\": {\"tools\": [ {\"name\": \"search\"} , {\"name\":\"gone\"} ]}}  ".to_string(),
-        "not json".to_string(),
-    ];
-    for pin in [false, true] {
-        let r = rule(&format!(
-            r#"{{ tools = ["search", "read_*"], prompts = ["p*"], resources = ["file:///ok"], pin = {pin} }}"#
-        ));
-        let pins = PinStore::in_memory();
-        let f = Filter {
-            rule: &r,
-            pins: &pins,
-            server: SERVER,
-        };
-        // A pinned tool changes: both ways remove it.
-        if pin {
-            f.bytes(tools_list(&[("search", "v1")]).to_string().as_bytes());
-        }
-        for body in &bodies {
-            // Every JSON body goes the raw way (the value way only says "not JSON").
-            assert_eq!(
-                f.raw_bytes(body.as_bytes()).is_some(),
-                body != "not json",
-                "{body}"
-            );
-            let (raw, raw_removed) = f.bytes(body.as_bytes());
-            let (expected, removed) = match serde_json::from_str::<Value>(body) {
-                Ok(mut v) => {
-                    let removed = f.message(&mut v);
-                    (removed.any().then_some(v), removed)
-                }
-                Err(_) => (None, super::filter::Removed::default()),
-            };
-            assert_eq!(raw_removed, removed, "pin {pin}: {body}");
-            let raw: Option<Value> = raw.map(|b| serde_json::from_slice(&b).expect("JSON"));
-            assert_eq!(raw, expected, "pin {pin}: {body}");
-        }
-    }
-}
-
 #[tokio::test]
 async fn sse_events_are_filtered_one_by_one() {
     let r = rule(r#"{ tools = ["search"] }"#);
