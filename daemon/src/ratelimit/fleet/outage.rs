@@ -1,6 +1,12 @@
 //! Whether the shared store is reachable, told once per change: one warning when an outage
 //! starts (by a failed check or a failed connect), one line when the store answers again
 //! (with how long it was away and how many checks fell back), never one per request.
+//!
+//! A store that misses a deadline now and then under load (a blip: one check late, the next
+//! answered) would write a pair of lines per blip. So within [`QUIET`] of the last warning an
+//! outage starts silently, and is told only once it has lasted [`BLIP`] (at its next
+//! failure; the connect task fails every few seconds while the store is gone), with how many
+//! silent ones came before it. The metrics and `ctl status` see every outage.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -9,6 +15,11 @@ use tokio::time::Instant;
 
 use super::metrics::{FleetMetrics, StoreErrorReason};
 use crate::config::OnStoreError;
+
+/// After a warning, how long further outages start without one.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a silent outage lasts before it is told anyway.
+const BLIP: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(super) struct Outage {
     down: AtomicBool,
@@ -21,6 +32,11 @@ pub(super) struct Outage {
     /// The store as the log shows it (password hidden).
     shown: String,
     metrics: FleetMetrics,
+    /// When the last warning was written; whether the current outage's was; outages not
+    /// told since.
+    warned_at: Mutex<Option<Instant>>,
+    told: AtomicBool,
+    untold: AtomicU64,
 }
 
 impl Outage {
@@ -34,6 +50,9 @@ impl Outage {
             mode,
             shown,
             metrics,
+            warned_at: Mutex::new(None),
+            told: AtomicBool::new(false),
+            untold: AtomicU64::new(0),
         }
     }
 
@@ -62,12 +81,45 @@ impl Outage {
             }
         }
         if self.down.swap(true, Ordering::AcqRel) {
+            // Already down: a silent outage that has lasted is told now.
+            let lasted = self
+                .since
+                .lock()
+                .ok()
+                .and_then(|s| *s)
+                .is_some_and(|t| t.elapsed() >= BLIP);
+            if lasted && !self.told.load(Ordering::Acquire) {
+                self.warn(reason, detail);
+            }
             return;
         }
         self.metrics.up.set(0);
         if let Ok(mut since) = self.since.lock() {
             *since = Some(Instant::now());
         }
+        let recent = self
+            .warned_at
+            .lock()
+            .ok()
+            .and_then(|w| *w)
+            .is_some_and(|t| t.elapsed() < QUIET);
+        if recent {
+            self.told.store(false, Ordering::Release);
+            self.untold.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.warn(reason, detail);
+    }
+
+    /// The warning that an outage started (or lasted), once per outage.
+    fn warn(&self, reason: &str, detail: &str) {
+        if self.told.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(mut w) = self.warned_at.lock() {
+            *w = Some(Instant::now());
+        }
+        let untold = self.untold.swap(0, Ordering::Relaxed);
         let then = match self.mode {
             OnStoreError::Local => "fleet rate limits count in this daemon's own buckets",
             OnStoreError::Deny => "requests under fleet rate limits are refused",
@@ -77,6 +129,7 @@ impl Outage {
             reason,
             detail,
             on_store_error = self.mode.as_str(),
+            short_outages_not_logged = untold,
             "fleet rate-limit store unreachable; until it is back, {then}"
         );
     }
@@ -109,6 +162,9 @@ impl Outage {
         let fell_back = self.fallbacks.swap(0, Ordering::Relaxed);
         if let Ok(mut st) = self.shown_state.lock() {
             st.down_since = None;
+        }
+        if !self.told.swap(false, Ordering::AcqRel) {
+            return; // a short outage not told: nor is its end
         }
         tracing::info!(
             store = %self.shown,
@@ -166,5 +222,50 @@ impl Outage {
             down_since,
             last_error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::{Outage, BLIP, QUIET};
+    use crate::config::OnStoreError;
+    use crate::ratelimit::fleet::metrics::{FleetMetrics, StoreErrorReason};
+
+    fn outage() -> Outage {
+        let metrics = FleetMetrics::register(&prometheus::Registry::new(), "t");
+        Outage::new("redis://127.0.0.1:1/0".into(), OnStoreError::Local, metrics)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn blips_after_a_warning_are_counted_not_logged_and_a_lasting_one_is_told() {
+        let o = outage();
+        // The first outage is told, and so is its end.
+        o.check_failed(StoreErrorReason::Timeout, "no answer in time");
+        assert!(o.told.load(Ordering::Acquire));
+        o.back();
+        assert!(!o.told.load(Ordering::Acquire));
+        // Blips within QUIET of that warning: silent, counted.
+        for _ in 0..3 {
+            o.check_failed(StoreErrorReason::Timeout, "no answer in time");
+            assert!(!o.told.load(Ordering::Acquire));
+            assert_eq!(o.metrics.up.get(), 0, "the metric sees every outage");
+            o.back();
+        }
+        assert_eq!(o.untold.load(Ordering::Relaxed), 3);
+        // One that lasts is told at its next failure, with the blips before it.
+        o.check_failed(StoreErrorReason::Timeout, "no answer in time");
+        assert!(!o.told.load(Ordering::Acquire));
+        tokio::time::advance(BLIP).await;
+        o.connect_failed("connection refused");
+        assert!(o.told.load(Ordering::Acquire));
+        assert_eq!(o.untold.load(Ordering::Relaxed), 0);
+        o.back();
+        // After QUIET without a warning, an outage is told at once.
+        tokio::time::advance(QUIET + Duration::from_millis(1)).await;
+        o.check_failed(StoreErrorReason::Reply, "ERR");
+        assert!(o.told.load(Ordering::Acquire));
     }
 }
