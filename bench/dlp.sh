@@ -87,36 +87,16 @@ teardown() {
 
 # One daemon config for both rows; $1: extra rule lines (`dlp = "off"` or nothing).
 dlp_row() {
-  local d=$S/$ROW
-  mkdir -p "$d/policies" "$d/state"
-  cat >"$d/policies/bench.toml" <<POLICY
-version = 1
-default = "deny"
-mode = "enforce"
+  start_row_daemon "version = 1
+default = \"deny\"
+mode = \"enforce\"
 
 [[rule]]
-id = "bench-upstream"
-hosts = ["$UP"]
+id = \"bench-upstream\"
+hosts = [\"$UP\"]
 ports = [$UP_TLS, $UP_HTTP, $SINK_PORT]
-action = "allow"
-$1
-POLICY
-  cat >"$d/proxy.toml" <<CONFIG
-[listen]
-transparent = ["127.0.0.1:15001"]
-
-[paths]
-policies = "$d/policies"
-certs = "$d/state/certs"
-vault = "$d/state/vault"
-audit = "$d/state/audit.jsonl"
-
-[upstream]
-extra_ca = ["$S/ca/ca.pem"]
-allow_private = ["127.0.0.0/8"]
-CONFIG
-  ROW_PORT=15001
-  start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
+action = \"allow\"
+$1"
 }
 
 row_agenshield_dlp() {

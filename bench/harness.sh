@@ -44,3 +44,28 @@ agent_bin() {
   chmod +x "$w"
   echo "$w"
 }
+
+# start_row_daemon POLICY: the row's own daemon (state under $S/$ROW), transparent on :15001,
+# trusting the harness's upstream CA, with POLICY (TOML text) as its one policy file
+# (bench/dlp.sh, bench/mcp.sh).
+start_row_daemon() {
+  local d=$S/$ROW
+  mkdir -p "$d/policies" "$d/state"
+  printf '%s\n' "$1" >"$d/policies/bench.toml"
+  cat >"$d/proxy.toml" <<CONFIG
+[listen]
+transparent = ["127.0.0.1:15001"]
+
+[paths]
+policies = "$d/policies"
+certs = "$d/state/certs"
+vault = "$d/state/vault"
+audit = "$d/state/audit.jsonl"
+
+[upstream]
+extra_ca = ["$S/ca/ca.pem"]
+allow_private = ["127.0.0.0/8"]
+CONFIG
+  ROW_PORT=15001
+  start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
+}

@@ -117,35 +117,16 @@ teardown() {
 
 # One daemon per row; $1: the rule's mcp line (empty: none).
 mcp_daemon() {
-  local d=$S/$ROW
-  mkdir -p "$d/policies" "$d/state"
-  cat >"$d/policies/bench.toml" <<POLICY
-version = 1
-default = "deny"
-mode = "enforce"
+  start_row_daemon "version = 1
+default = \"deny\"
+mode = \"enforce\"
 
 [[rule]]
-id = "bench-mcp"
-hosts = ["$UP"]
+id = \"bench-mcp\"
+hosts = [\"$UP\"]
 ports = [$MCP_PORT]
-action = "allow"
-$1
-POLICY
-  cat >"$d/proxy.toml" <<CONFIG
-[listen]
-transparent = ["127.0.0.1:15001"]
-
-[paths]
-policies = "$d/policies"
-certs = "$d/state/certs"
-vault = "$d/state/vault"
-audit = "$d/state/audit.jsonl"
-
-[upstream]
-allow_private = ["127.0.0.0/8"]
-CONFIG
-  ROW_PORT=15001
-  start_proxy "$AGENSHIELD_BIN" proxy run --config "$d/proxy.toml"
+action = \"allow\"
+$1"
 }
 
 # What each row is, and how many tools its client must see.
