@@ -27,14 +27,19 @@ use crate::config::FleetKey;
 /// Returns {granted, wait} for each check in order, flat: granted is 0, and wait the µs
 /// until a token is there, or 1 plus the extra tokens leased: at most `n - 1` and at most an
 /// eighth of what is left after the check's own, so a bucket near empty grants one token a
-/// call. Each check sees the ones before it in the batch (a key read after it was written
-/// in the same call), so a batch takes exactly the tokens the same checks would take one
-/// call at a time.
+/// call. Each check sees the ones before it in the batch, so a batch takes exactly the
+/// tokens the same checks would take one call at a time; a key is read once and written
+/// once per call however many checks name it (its state kept in the script between them;
+/// the expiry is the last check's, as if each had set its own).
 pub(super) const TOKEN_BUCKET: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local returns = tonumber(ARGV[1])
 local out = {}
+-- Each key is read once and written once per call: `state` mirrors what the hash would
+-- hold after each step, `order` is the keys in first-seen order, for the writes at the end.
+local state = {}
+local order = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
   local requests = tonumber(ARGV[4 * i - 2])
@@ -42,16 +47,20 @@ for i = 1, #KEYS do
   local burst = tonumber(ARGV[4 * i])
   local n = tonumber(ARGV[4 * i + 1])
   local cap = burst * unit
-  local s = redis.call('HMGET', key, 'c', 't', 'u')
-  local credit = tonumber(s[1])
-  local last = tonumber(s[2])
-  local old_unit = tonumber(s[3])
+  local s = state[key]
+  if s == nil then
+    local h = redis.call('HMGET', key, 'c', 't', 'u')
+    s = { c = tonumber(h[1]), t = tonumber(h[2]), u = tonumber(h[3]) }
+    state[key] = s
+    order[#order + 1] = key
+  end
   if i <= returns then
-    if credit ~= nil and last ~= nil and old_unit == unit and n > 0 then
-      credit = math.min(credit + n * unit, cap)
-      redis.call('HSET', key, 'c', string.format('%.17g', credit))
+    if s.c ~= nil and s.t ~= nil and s.u == unit and n > 0 then
+      s.c = math.min(s.c + n * unit, cap)
+      s.write_c = true
     end
   else
+    local credit, last, old_unit = s.c, s.t, s.u
     if credit == nil or last == nil or old_unit == nil then
       credit = cap
       last = now
@@ -76,12 +85,21 @@ for i = 1, #KEYS do
     else
       wait = math.ceil((unit - credit) / requests)
     end
-    redis.call('HSET', key, 'c', string.format('%.17g', credit), 't',
-      string.format('%.17g', last), 'u', string.format('%.17g', unit))
-    local full_ms = math.ceil((cap - credit) / requests / 1000)
-    redis.call('PEXPIRE', key, full_ms + 1000)
+    s.c, s.t, s.u = credit, last, unit
+    s.write_all = true
+    s.expire_ms = math.ceil((cap - credit) / requests / 1000) + 1000
     out[#out + 1] = granted
     out[#out + 1] = wait
+  end
+end
+for _, key in ipairs(order) do
+  local s = state[key]
+  if s.write_all then
+    redis.call('HSET', key, 'c', string.format('%.17g', s.c), 't',
+      string.format('%.17g', s.t), 'u', string.format('%.17g', s.u))
+    redis.call('PEXPIRE', key, s.expire_ms)
+  elseif s.write_c then
+    redis.call('HSET', key, 'c', string.format('%.17g', s.c))
   end
 end
 return out

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 pub(super) const LEASE_TTL: Duration = Duration::from_millis(100);
 
 /// The most tokens one check asks for (its own included).
-pub(super) const MAX_WANT: u32 = 64;
+pub(super) const MAX_WANT: u32 = 1024;
 
 /// The most keys one thread tracks; past it a check asks for its own token only.
 const MAX_KEYS: usize = 4096;

@@ -50,7 +50,7 @@ async fn want_follows_the_checks_of_the_last_ttl_bounded() {
     l.granted("k", T, 1, 0, now);
     l.failed("k", w);
     // Bounded.
-    for _ in 0..200 {
+    for _ in 0..(MAX_WANT + 200) {
         let w = want(l.take("k", T, now));
         l.granted("k", T, w, 0, now);
     }
