@@ -10,9 +10,12 @@
 //! to its end.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
 
 use super::cursor::Cursor;
 use crate::audit::chain::stated_hash;
@@ -24,17 +27,38 @@ const SEAL_TAIL: usize = 9 + 64 + 2;
 /// The longest line read (a record is under 100 KiB; this only bounds memory).
 const MAX_LINE: usize = 8 << 20;
 
-/// One line of the log, without its newline.
+/// One line of the log, without its newline: a slice of the batch it was read in (one
+/// buffer per batch, never a copy per line).
 #[derive(Debug, Clone)]
 pub(crate) struct Line {
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
     /// Its envelope, when it is a record (`None` for a line cut short, say).
     pub seq: Option<u64>,
-    pub hash: Option<String>,
-    pub time: Option<String>,
-    pub kind: Option<String>,
+    time: Option<Bytes>,
+    kind: Option<Bytes>,
     /// The offset just after its newline.
     end: u64,
+}
+
+impl Line {
+    /// The record's `time`, as written.
+    pub(crate) fn time(&self) -> Option<&str> {
+        self.time
+            .as_deref()
+            .and_then(|t| std::str::from_utf8(t).ok())
+    }
+
+    /// The record's `kind`.
+    pub(crate) fn kind(&self) -> Option<&str> {
+        self.kind
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
+    }
+
+    /// The hash the line's seal states.
+    pub(crate) fn hash(&self) -> Option<&str> {
+        hash_of(&self.bytes)
+    }
 }
 
 /// How the reader found its place.
@@ -175,13 +199,9 @@ impl LogReader {
     pub(crate) fn commit(&mut self, lines: &[Line]) {
         let Some(last) = lines.last() else { return };
         self.offset = last.end;
-        if let Some((seq, hash)) = lines
-            .iter()
-            .rev()
-            .find_map(|l| Some((l.seq?, l.hash.clone()?)))
-        {
+        if let Some((seq, hash)) = lines.iter().rev().find_map(|l| Some((l.seq?, l.hash()?))) {
             self.seq = seq;
-            self.hash = hash;
+            self.hash = hash.to_string();
         }
     }
 
@@ -198,9 +218,8 @@ impl LogReader {
         }
         let mut want = max_bytes.max(4096).min(avail);
         loop {
-            let mut buf = vec![0u8; want];
-            let n = read_full_at(f, &mut buf, self.offset)?;
-            buf.truncate(n);
+            let buf = read_from(f, self.offset, want)?;
+            let n = buf.len();
             let Some(last_nl) = memchr::memrchr(b'\n', &buf) else {
                 if n == want && want < MAX_LINE && want < avail {
                     want = (want * 2).min(MAX_LINE).min(avail);
@@ -208,12 +227,12 @@ impl LogReader {
                 }
                 return Ok(Vec::new());
             };
+            let buf = Bytes::from(buf);
             let mut out = Vec::new();
             let mut start = 0usize;
-            for piece in buf[..last_nl].split(|b| *b == b'\n') {
-                let end = start + piece.len() + 1;
-                out.push(line(piece, self.offset + end as u64));
-                start = end;
+            for nl in memchr::memchr_iter(b'\n', &buf[..=last_nl]) {
+                out.push(line(buf.slice(start..nl), self.offset + nl as u64 + 1));
+                start = nl + 1;
             }
             return Ok(out);
         }
@@ -319,22 +338,42 @@ fn read_full_at(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     Ok(n)
 }
 
-fn line(bytes: &[u8], end: u64) -> Line {
-    let (seq, time, kind) = envelope(bytes);
-    // The seal is ASCII at the end: only that much needs to be text.
-    let tail = &bytes[bytes.len().saturating_sub(SEAL_TAIL)..];
-    let hash = std::str::from_utf8(tail)
-        .ok()
-        .and_then(stated_hash)
-        .map(str::to_string);
+/// Up to `len` bytes of `f` from `at`, into a buffer that is not zeroed first (the file
+/// fills it).
+fn read_from(f: &File, at: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(len);
+    let mut r = f;
+    r.seek(SeekFrom::Start(at))?;
+    r.take(len as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn line(bytes: Bytes, end: u64) -> Line {
+    let (seq, time, kind) = match front_spans(&bytes) {
+        Some(sp) => (
+            Some(sp.seq),
+            Some(bytes.slice(sp.time)),
+            Some(bytes.slice(sp.kind)),
+        ),
+        None => {
+            let (seq, time, kind) = envelope(&bytes);
+            (seq, time.map(Bytes::from), kind.map(Bytes::from))
+        }
+    };
     Line {
-        bytes: bytes.to_vec(),
+        bytes,
         seq,
-        hash,
         time,
         kind,
         end,
     }
+}
+
+/// The hash a line's seal states. The seal is ASCII at the end: only that much needs to be
+/// text.
+fn hash_of(bytes: &[u8]) -> Option<&str> {
+    let tail = &bytes[bytes.len().saturating_sub(SEAL_TAIL)..];
+    std::str::from_utf8(tail).ok().and_then(stated_hash)
 }
 
 /// The line's `seq`, `time` and `kind`. The writer puts them first, in that order, after
@@ -358,19 +397,39 @@ fn envelope(bytes: &[u8]) -> (Option<u64>, Option<String>, Option<String>) {
 type Front = (Option<u64>, Option<String>, Option<String>);
 
 fn envelope_in_front(bytes: &[u8]) -> Option<Front> {
+    let sp = front_spans(bytes)?;
+    let text = |r: Range<usize>| String::from_utf8_lossy(&bytes[r]).into_owned();
+    Some((Some(sp.seq), Some(text(sp.time)), Some(text(sp.kind))))
+}
+
+/// Where the envelope read in front sits in the line.
+struct Spans {
+    seq: u64,
+    time: Range<usize>,
+    kind: Range<usize>,
+}
+
+fn front_spans(bytes: &[u8]) -> Option<Spans> {
+    let at = |rest: &[u8]| bytes.len() - rest.len();
     let rest = bytes.strip_prefix(b"{\"v\":")?;
     let (_, rest) = digits(rest)?;
     let rest = rest.strip_prefix(b",\"seq\":")?;
     let (seq, rest) = digits(rest)?;
     let rest = rest.strip_prefix(b",\"time\":\"")?;
-    let (time, rest) = plain_string(rest)?;
+    let time_at = at(rest);
+    let (time_len, rest) = plain_string(rest)?;
     let rest = rest.strip_prefix(b",\"kind\":\"")?;
-    let (kind, rest) = plain_string(rest)?;
+    let kind_at = at(rest);
+    let (kind_len, rest) = plain_string(rest)?;
     // The envelope ends there: another member follows, or the object (then the seal) ends.
     if !matches!(rest.first(), Some(b',' | b'}')) {
         return None;
     }
-    Some((Some(seq), Some(time), Some(kind)))
+    Some(Spans {
+        seq,
+        time: time_at..time_at + time_len,
+        kind: kind_at..kind_at + kind_len,
+    })
 }
 
 /// A JSON unsigned integer at the front of `b` (no sign, no leading zero unless it is 0,
@@ -387,15 +446,16 @@ fn digits(b: &[u8]) -> Option<(u64, &[u8])> {
     Some((text.parse().ok()?, &b[n..]))
 }
 
-/// A JSON string's content up to its closing quote, when it has no escapes and no control
-/// characters (what the writer's time and kind always are), and what follows the quote.
-fn plain_string(b: &[u8]) -> Option<(String, &[u8])> {
+/// The length of a JSON string's content up to its closing quote, when it has no escapes
+/// and no control characters and is UTF-8 (what the writer's time and kind always are),
+/// and what follows the quote.
+fn plain_string(b: &[u8]) -> Option<(usize, &[u8])> {
     let n = memchr::memchr2(b'"', b'\\', b)?;
     if b[n] != b'"' || b[..n].iter().any(|c| *c < 0x20) {
         return None;
     }
-    let text = std::str::from_utf8(&b[..n]).ok()?;
-    Some((text.to_string(), &b[n + 1..]))
+    std::str::from_utf8(&b[..n]).ok()?;
+    Some((n, &b[n + 1..]))
 }
 
 /// The seq of the file's first line, if it is a record.
@@ -405,7 +465,7 @@ fn first_seq(f: &File) -> io::Result<Option<u64>> {
     let Some(nl) = memchr::memchr(b'\n', &buf[..n]) else {
         return Ok(None);
     };
-    Ok(line(&buf[..nl], 0).seq)
+    Ok(envelope(&buf[..nl]).0)
 }
 
 /// Whether the line that ends at `offset` (its newline the byte before) carries `hash`;
@@ -422,7 +482,7 @@ fn ends_with_record(f: &File, offset: u64, hash: &str) -> io::Result<bool> {
     }
     let body = &buf[..n - 1];
     let start = memchr::memrchr(b'\n', body).map_or(0, |i| i + 1);
-    Ok(line(&body[start..], offset).hash.as_deref() == Some(hash))
+    Ok(hash_of(&body[start..]) == Some(hash))
 }
 
 /// The offset after the line with `seq` and `hash`, if the file holds it.
@@ -435,13 +495,12 @@ fn find_record(f: &File, seq: u64, hash: &str) -> io::Result<Option<u64>> {
             return Ok(None);
         };
         let mut start = 0usize;
-        for piece in buf[..last_nl].split(|b| *b == b'\n') {
-            let end = start + piece.len() + 1;
-            let l = line(piece, offset + end as u64);
-            if l.seq == Some(seq) {
-                return Ok((l.hash.as_deref() == Some(hash)).then_some(l.end));
+        for nl in memchr::memchr_iter(b'\n', &buf[..=last_nl]) {
+            let piece = &buf[start..nl];
+            if envelope(piece).0 == Some(seq) {
+                return Ok((hash_of(piece) == Some(hash)).then_some(offset + nl as u64 + 1));
             }
-            start = end;
+            start = nl + 1;
         }
         offset += (last_nl + 1) as u64;
     }

@@ -19,7 +19,7 @@ use super::metrics::ExportMetrics;
 use super::ocsf;
 use super::reader::{Line, LogReader};
 use super::status::SinkStatus;
-use super::syslog::{frame, Envelope};
+use super::syslog::Framer;
 use super::transport::{Conn, Connector, Failure};
 use crate::config::ExportFormat;
 
@@ -93,6 +93,7 @@ impl Sink {
             retry_at: Instant::now(),
         };
         let mut gauges_at = Instant::now();
+        let mut framer = Framer::new(&self.host_id, std::process::id());
         loop {
             let deadline = *stop.borrow();
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -123,7 +124,7 @@ impl Sink {
             }
             st.waiting_since = st
                 .waiting_since
-                .or_else(|| lines[0].time.as_deref().and_then(parse_time));
+                .or_else(|| lines[0].time().and_then(parse_time));
             if st.conn.is_none() && Instant::now() < st.retry_at {
                 // Backing off; the gauges still move once a second meanwhile.
                 let wait = st.retry_at.saturating_duration_since(Instant::now());
@@ -135,7 +136,7 @@ impl Sink {
                 st.back_off();
                 continue;
             }
-            let bytes = self.framed(&lines);
+            let bytes = self.framed(&mut framer, &lines);
             let Some(conn) = st.conn.as_mut() else {
                 continue;
             };
@@ -225,24 +226,20 @@ impl Sink {
         }
     }
 
-    fn framed(&self, lines: &[Line]) -> Vec<u8> {
+    fn framed(&self, framer: &mut Framer, lines: &[Line]) -> Vec<u8> {
         let mut out = Vec::with_capacity(BATCH_BYTES + lines.len() * 128);
-        let procid = std::process::id();
         for l in lines {
-            let env = Envelope {
-                host_id: &self.host_id,
-                procid,
-                time: l.time.as_deref(),
-                kind: l.kind.as_deref(),
-                seq: l.seq,
-            };
             match self.format {
-                ExportFormat::Agenshield => frame(&mut out, &env, &l.bytes),
+                ExportFormat::Agenshield => {
+                    framer.frame(&mut out, l.time(), l.kind(), l.seq, &l.bytes);
+                }
                 ExportFormat::Ocsf => {
                     let event = ocsf::event(&l.bytes, &self.host_id);
-                    frame(
+                    framer.frame(
                         &mut out,
-                        &env,
+                        l.time(),
+                        l.kind(),
+                        l.seq,
                         &serde_json::to_vec(&event).unwrap_or_default(),
                     );
                 }

@@ -12,34 +12,58 @@ const PRI: u8 = 13 * 8 + 6;
 const SD_ID: &str = "agenshield@32473";
 const APP_NAME: &str = "agenshield";
 
-/// What goes around one record.
-pub(crate) struct Envelope<'a> {
-    pub host_id: &'a str,
-    pub procid: u32,
-    pub time: Option<&'a str>,
-    pub kind: Option<&'a str>,
-    pub seq: Option<u64>,
+/// Frames records for one sink: what is the same for every record (the host id, escaped
+/// once) is kept, and one header buffer is reused, so a record costs its copy into the
+/// batch and a few appends.
+pub(crate) struct Framer {
+    host_id: String,
+    host_sd: String,
+    procid: u32,
+    head: Vec<u8>,
 }
 
-/// Appends one framed message carrying `msg` to `out`.
-pub(crate) fn frame(out: &mut Vec<u8>, env: &Envelope<'_>, msg: &[u8]) {
-    let mut head = format!(
-        "<{PRI}>1 {} {} {APP_NAME} {} {} [{SD_ID} host_id=\"{}\"",
-        env.time.filter(|t| timestamp_ok(t)).unwrap_or("-"),
-        env.host_id,
-        env.procid,
-        env.kind.filter(|k| msgid_ok(k)).unwrap_or("-"),
-        sd_escape(env.host_id),
-    );
-    if let Some(seq) = env.seq {
-        head.push_str(&format!(" seq=\"{seq}\""));
+impl Framer {
+    pub(crate) fn new(host_id: &str, procid: u32) -> Framer {
+        Framer {
+            host_id: host_id.to_string(),
+            host_sd: sd_escape(host_id),
+            procid,
+            head: Vec::with_capacity(256),
+        }
     }
-    head.push_str("] ");
-    let len = head.len() + msg.len();
-    out.extend_from_slice(len.to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(msg);
+
+    /// Appends one framed message carrying `msg` to `out`: the record's `time` as
+    /// TIMESTAMP (`-` unless RFC 5424 takes it), its `kind` as MSGID, its `seq` in the
+    /// structured data.
+    pub(crate) fn frame(
+        &mut self,
+        out: &mut Vec<u8>,
+        time: Option<&str>,
+        kind: Option<&str>,
+        seq: Option<u64>,
+        msg: &[u8],
+    ) {
+        use std::io::Write as _;
+        let head = &mut self.head;
+        head.clear();
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            head,
+            "<{PRI}>1 {} {} {APP_NAME} {} {} [{SD_ID} host_id=\"{}\"",
+            time.filter(|t| timestamp_ok(t)).unwrap_or("-"),
+            self.host_id,
+            self.procid,
+            kind.filter(|k| msgid_ok(k)).unwrap_or("-"),
+            self.host_sd,
+        );
+        if let Some(seq) = seq {
+            let _ = write!(head, " seq=\"{seq}\"");
+        }
+        head.extend_from_slice(b"] ");
+        let _ = write!(out, "{} ", head.len() + msg.len());
+        out.extend_from_slice(head);
+        out.extend_from_slice(msg);
+    }
 }
 
 /// A TIMESTAMP as RFC 5424 takes it (the writer's RFC 3339 UTC with milliseconds is one).
@@ -94,15 +118,12 @@ mod tests {
         let line =
             br#"{"v":2,"seq":7,"time":"2026-12-07T02:37:20.123Z","kind":"request","x":"]\""}"#;
         let mut out = Vec::new();
-        frame(
+        let mut framer = Framer::new("h-1", 42);
+        framer.frame(
             &mut out,
-            &Envelope {
-                host_id: "h-1",
-                procid: 42,
-                time: Some("2026-12-07T02:37:20.123Z"),
-                kind: Some("request"),
-                seq: Some(7),
-            },
+            Some("2026-12-07T02:37:20.123Z"),
+            Some("request"),
+            Some(7),
             line,
         );
         let text = String::from_utf8(out).expect("utf8");
@@ -116,18 +137,18 @@ mod tests {
                 std::str::from_utf8(line).expect("utf8")
             )
         );
-        let mut out = Vec::new();
-        frame(
-            &mut out,
-            &Envelope {
-                host_id: "a\"b",
-                procid: 1,
-                time: Some("not a time"),
-                kind: Some("a kind"),
-                seq: None,
-            },
-            b"x",
+        // The buffer is reused: a second record is framed as the first was.
+        let mut again = Vec::new();
+        framer.frame(
+            &mut again,
+            Some("2026-12-07T02:37:20.123Z"),
+            Some("request"),
+            Some(7),
+            line,
         );
+        assert_eq!(again, text.as_bytes());
+        let mut out = Vec::new();
+        Framer::new("a\"b", 1).frame(&mut out, Some("not a time"), Some("a kind"), None, b"x");
         let text = String::from_utf8(out).expect("utf8");
         assert!(
             text.contains("<110>1 - a\"b agenshield 1 - [agenshield@32473 host_id=\"a\\\"b\"] x"),
