@@ -67,19 +67,23 @@ teardown() {
   return 0
 }
 
-# The audit export: a real rsyslogd of our own (imtcp on a free loopback port, writing each
+# The audit export: a real rsyslogd of our own (on a free loopback port, writing each
 # message's MSG to a file, no system socket), so the fleet row runs with a syslog sink as
 # well as a fleet limit (the issue's figure). EXPORT=0 leaves it out (fleet limit alone).
+# In a fleet the relay runs on its own machine; here it shares the two cores with client,
+# proxy and upstream, so it is set up as a busy relay would be: imptcp (rsyslog's input
+# made for high-rate plain TCP on Linux; RSYSLOG_INPUT=imtcp for the other) and its file on
+# tmpfs (RECEIVER_DIR; its disk writeback is the relay's cost, not the agent host's).
 SYSLOG_URL=""
 if [ "${EXPORT:-1}" != 0 ]; then
   command -v rsyslogd >/dev/null || { echo "bench: needs rsyslogd (rsyslog), or EXPORT=0" >&2; exit 2; }
   SYSLOG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  SYSLOG_DIR=$(mktemp -d /tmp/agenshield-bench-rsyslog.XXXXXX)
+  SYSLOG_DIR=$(mktemp -d "${RECEIVER_DIR:-/dev/shm}/agenshield-bench-rsyslog.XXXXXX")
   cat >"$SYSLOG_DIR/rsyslog.conf" <<RSYSLOG
 global(workDirectory="$SYSLOG_DIR" maxMessageSize="64k")
-module(load="imtcp")
+module(load="${RSYSLOG_INPUT:-imptcp}")
 template(name="msgonly" type="string" string="%msg%\n")
-input(type="imtcp" port="$SYSLOG_PORT" address="127.0.0.1" ruleset="bench")
+input(type="${RSYSLOG_INPUT:-imptcp}" port="$SYSLOG_PORT" address="127.0.0.1" ruleset="bench")
 ruleset(name="bench") { action(type="omfile" file="$SYSLOG_DIR/received.jsonl" template="msgonly") }
 RSYSLOG
   rsyslogd -n -f "$SYSLOG_DIR/rsyslog.conf" -i "$SYSLOG_DIR/rsyslogd.pid" >"$SYSLOG_DIR/rsyslogd.log" 2>&1 &
