@@ -1,6 +1,7 @@
 //! A POST body under an `mcp` rule, read as JSON-RPC 2.0 (one message or a batch) with
 //! serde_json: each message's id, method and what it names (a tool, a prompt, a resource).
-//! Anything else is refused whole: a body the proxy cannot read is not forwarded.
+//! Anything else is refused whole: a body the proxy cannot read is not forwarded, nor one a
+//! server could read otherwise (a key twice in one object, `unique_keys.rs`).
 
 use serde_json::Value;
 
@@ -41,6 +42,9 @@ pub(crate) enum BodyError {
     NotJson(String),
     #[error("the body is not a JSON-RPC 2.0 message or batch: {0}")]
     NotJsonRpc(&'static str),
+    /// A server could read it otherwise than the proxy did (`unique_keys.rs`).
+    #[error("the body is ambiguous: {0}")]
+    DuplicateKey(String),
 }
 
 /// Longest batch read (each element is decided and may be answered by the proxy).
@@ -52,6 +56,7 @@ pub(crate) fn parse(bytes: &[u8], cap: usize) -> Result<Body, BodyError> {
         return Err(BodyError::TooLarge(cap));
     }
     let v: Value = serde_json::from_slice(bytes).map_err(|e| BodyError::NotJson(e.to_string()))?;
+    super::unique_keys::check(bytes).map_err(|e| BodyError::DuplicateKey(e.to_string()))?;
     match v {
         Value::Array(items) => {
             if items.is_empty() {

@@ -14,6 +14,7 @@ pub(crate) mod message;
 pub(crate) mod pins;
 pub(crate) mod sessions;
 pub(crate) mod sse;
+pub(crate) mod unique_keys;
 
 /// What the daemon keeps for MCP: the pins, and the older transport's open SSE sessions.
 #[derive(Debug)]

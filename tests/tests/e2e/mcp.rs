@@ -216,6 +216,72 @@ async fn a_body_that_is_not_json_rpc_is_refused_and_recorded() {
         .any(|r| r["error_code"] == "mcp_body_invalid" && r["rule"] == "mcp-tools"));
 }
 
+/// A key named twice in one object could be read one way here (serde_json keeps the last)
+/// and another by the server (a parser keeping the first): the body is refused whole, never
+/// forwarded, and recorded, however the key is spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_naming_a_key_twice_is_refused_and_never_reaches_the_server() {
+    use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+    let up = Upstream::start(UpstreamOptions {
+        name: "rpc".into(),
+        ..Default::default()
+    })
+    .await;
+    let d = daemon();
+    let proxy = format!("http://{}", d.explicit);
+    let url = format!("http://mcp.test:{}/jsonrpc", up.addr.port());
+    let post = |body: &'static str| {
+        let (proxy, url) = (proxy.clone(), url.clone());
+        async move {
+            curl(
+                &[
+                    "--proxy",
+                    &proxy,
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                    "--data",
+                    body,
+                    &url,
+                ],
+                false,
+            )
+            .await
+        }
+    };
+    // The allowed tool decides nothing: the same call without the twin goes through.
+    let out =
+        post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search"}}"#).await;
+    assert_eq!(out.status, 200, "{}", out.text());
+    let forwarded = up.requests().len();
+    assert_eq!(forwarded, 1);
+    for body in [
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete_repo","name":"search"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_repo","name":"search"}}"#,
+        r#"[{"jsonrpc":"2.0","id":4,"method":"tools/call","method":"tools/list","params":{"name":"delete_repo"}}]"#,
+    ] {
+        let out = post(body).await;
+        assert_eq!(out.status, 400, "{body}: {}", out.text());
+        assert_eq!(out.json()["error_code"], "mcp_body_invalid", "{body}");
+        let message = out.json()["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(message.contains("appears twice"), "{message}");
+    }
+    assert_eq!(
+        up.requests().len(),
+        forwarded,
+        "nothing ambiguous was forwarded"
+    );
+    let refused = requests(&d)
+        .into_iter()
+        .filter(|r| r["error_code"] == "mcp_body_invalid" && r["rule"] == "mcp-tools")
+        .count();
+    assert_eq!(refused, 3, "each refusal recorded");
+}
+
 /// The JSON-RPC messages of an answer, JSON (one or a batch) or SSE (one per event).
 fn messages(out: &agenshield_e2e::curl::CurlOut) -> Vec<Value> {
     let text = out.text();
