@@ -30,6 +30,39 @@ export RESULTS_MD="${RESULTS_MD:-$here/results-fleet-$(date -u +%Y-%m-%d).md}"
 # shellcheck source=/dev/null
 source "$harness"   # defines the harness's functions without running it
 
+# Where the proxy's upstream connections fall on nginx's workers. The daemon keeps one
+# HTTP/2 connection to the upstream per connection thread (2 here), and the harness's nginx
+# spreads connections over its 2 workers by hash (reuseport). Both on one worker makes that
+# worker the upstream's whole capacity, and the run slower whatever the row (the fleet row's
+# runs: 12.0 and 11.6k req/s spread, 9.9-10.8k on one worker, in one sitting), and which
+# way it falls was not even across rows (one sitting: 6 of 6 fleet runs on one worker, 3 of
+# 6 plain ones). That has nothing to do with what is measured, so before each keep-alive run
+# a daemon whose connections are on one worker is started again (same config and state, its
+# warm-up again; at most 6 times), and each run records where they were ("1/1": one per
+# worker) and how many restarts it took. EVEN_UPSTREAM=0 takes runs as they fall.
+upstream_spread() {
+  ss -tnpH state established "( sport = :$UP_TLS )" | grep -o 'pid=[0-9]*' | sort | uniq -c |
+    awk '{print $1}' | sort -n | paste -sd/
+}
+eval "$(declare -f measured | sed '1s/^measured/harness_measured/')"
+measured() {
+  local out=$1 tries=0
+  if [[ $out == *-ka.txt ]]; then
+    if [[ ${EVEN_UPSTREAM:-1} == 1 ]]; then
+      while [[ $(upstream_spread) != */* && $tries -lt 6 ]]; do
+        tries=$((tries + 1))
+        stop_pgroup "$ROW_PID"
+        ROW_PID=""
+        "row_$ROW"
+        as_agent wrk -t1 -c4 -d2s --timeout 5s "$ROW_URL/small" >/dev/null 2>&1 || true
+      done
+      rec ka_restarts "$tries"
+    fi
+    rec ka_upstream_spread "$(upstream_spread)"
+  fi
+  harness_measured "$@"
+}
+
 # The store: a redis-server of our own on a free loopback port, no persistence, stopped with
 # the harness's teardown.
 REDIS_PORT=${REDIS_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
@@ -151,19 +184,32 @@ main
 # run, so the keep-alive medians and each repeat's pair (the rows run back to back) are added.
 python3 - "$S/results.tsv" "$RESULTS_MD" <<'SUMMARY'
 import statistics, sys
-runs = {}
+runs, spread, restarts = {}, {}, {}
 for line in open(sys.argv[1]):
     row, rep, metric, value = line.rstrip("\n").split("\t")
     if metric == "ka_rps":
         runs.setdefault(row, {})[int(rep)] = float(value)
+    elif metric == "ka_upstream_spread":
+        spread.setdefault(row, {})[int(rep)] = value
+    elif metric == "ka_restarts":
+        restarts.setdefault(row, {})[int(rep)] = value
 base, fleet = runs.get("agenshield", {}), runs.get("agenshield_fleet", {})
 if base and fleet:
-    mb, mf = statistics.median(base.values()), statistics.median(fleet.values())
+    def line(label, b, f):
+        if not b or not f:
+            return f"- {label}: no runs\n"
+        mb, mf = statistics.median(b), statistics.median(f)
+        return (f"- {label}: agenshield_fleet {mf:,.0f} / agenshield {mb:,.0f} req/s = **{mf / mb:.2f}** "
+                f"({len(f)} and {len(b)} runs)\n")
     pairs = [fleet[r] / base[r] for r in sorted(fleet) if r in base and base[r] > 0]
-    text = (f"\n## Keep-alive medians (the issue's figure, target >= 0.9)\n\n"
-            f"agenshield_fleet {mf:,.0f} / agenshield {mb:,.0f} req/s = **{mf / mb:.2f}**; "
-            f"per-repeat pairs {', '.join(f'{p:.2f}' for p in pairs)}; "
-            f"median pair {statistics.median(pairs):.2f}.\n")
+    sb, sf = spread.get("agenshield", {}), spread.get("agenshield_fleet", {})
+    text = ("\n## Keep-alive medians (the issue's figure, target >= 0.9)\n\n"
+            + line("all runs", list(base.values()), list(fleet.values()))
+            + f"- per-repeat pairs {', '.join(f'{p:.2f}' for p in pairs)}; median pair {statistics.median(pairs):.2f}\n"
+            + "- upstream connections per nginx worker when the run started (restarts it took), by repeat: "
+            + "; ".join(f"{row} " + " ".join(f"{sp.get(r, '?')} ({restarts.get(row, {}).get(r, '-')})" for r in sorted(rows))
+                        for row, rows, sp in (("agenshield", base, sb), ("agenshield_fleet", fleet, sf)))
+            + "\n")
     print(text, end="")
     with open(sys.argv[2], "a") as f:
         f.write(text)
