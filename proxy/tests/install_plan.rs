@@ -710,3 +710,38 @@ fn a_policy_source_gets_a_cache_directory_only_the_serving_user_writes() {
         .iter()
         .any(|s| s.summary.contains("policy bundle cache")));
 }
+
+/// The pins are rewritten by the serving user whenever one changes: by default in a
+/// directory of their own that install makes that user's; a `paths.mcp_pins` in a directory
+/// root keeps is refused at plan time, not found out when every write fails.
+#[test]
+fn mcp_pins_get_a_directory_the_serving_user_writes_and_never_a_roots_one() {
+    let l = layout(Platform::Linux);
+    assert_eq!(l.mcp_pins_dir, std::path::Path::new("/opt/agenshield/mcp"));
+    let plan = plan_install(&l, &input(), &clean(true)).expect("plan");
+    let step = plan
+        .steps
+        .iter()
+        .find(|s| s.summary == "create the MCP pins directory")
+        .expect("a pins directory step");
+    assert!(
+        step.detail.contains("/opt/agenshield/mcp") && step.detail.contains("0700"),
+        "{}",
+        step.detail
+    );
+    assert!(step.detail.contains(&l.broker.name), "{}", step.detail);
+    for dir in ["/opt/agenshield", "/opt/agenshield/config"] {
+        let text = format!(
+            "{}\n",
+            default_config_text().replacen(
+                "[paths]\n",
+                &format!("[paths]\nmcp_pins = \"{dir}/pins.json\"\n"),
+                1
+            )
+        );
+        let cfg = config_from_text(&text).expect("config with mcp_pins");
+        let l = Layout::new(Platform::Linux, &cfg).expect("layout");
+        let e = plan_install(&l, &input(), &clean(true)).expect_err(dir);
+        assert!(e.to_string().contains("paths.mcp_pins"), "{e}");
+    }
+}

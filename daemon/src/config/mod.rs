@@ -353,7 +353,11 @@ impl Config {
             approvals: f.approvals.resolved(relative),
             mcp_pins: match f.paths.mcp_pins {
                 Some(p) => relative(&p),
-                None => path_or(f.paths.vault.clone(), "vault").with_file_name("mcp-pins.json"),
+                // A directory of its own beside the vault: the serving uid writes it (the
+                // vault's parent is root's in an installation), and install creates it so.
+                None => path_or(f.paths.vault.clone(), "vault")
+                    .with_file_name("mcp")
+                    .join("mcp-pins.json"),
             },
             vault: path_or(f.paths.vault, "vault"),
             secrets: f.secrets,

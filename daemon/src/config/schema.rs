@@ -179,7 +179,7 @@ pub(super) struct FilePaths {
     pub(super) audit: Option<PathBuf>,
     /// The audit checkpoint key (default: `audit-key.pem` in the CA directory).
     pub(super) audit_key: Option<PathBuf>,
-    /// The pinned MCP tool definitions (default: `mcp-pins.json` beside the vault).
+    /// The pinned MCP tool definitions (default: `mcp/mcp-pins.json` beside the vault).
     pub(super) mcp_pins: Option<PathBuf>,
 }
 

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -228,6 +229,13 @@ impl PinStore {
         };
         let err = |e| PinError::Write(path.clone(), e);
         let dir = path.parent().unwrap_or(Path::new("."));
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            // Its own directory (the default's), private like the file.
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
+        }
         let mut tmp = tempfile::Builder::new()
             .prefix(".mcp-pins.")
             .tempfile_in(dir)

@@ -183,7 +183,7 @@ async fn a_changed_pinned_tool_is_refused_until_accepted() {
         "{records:?}"
     );
     // The pins are the daemon's file, kept across restarts.
-    let pins = std::fs::read_to_string(d.dir.path().join("mcp-pins.json")).expect("pin file");
+    let pins = std::fs::read_to_string(d.dir.path().join("mcp/mcp-pins.json")).expect("pin file");
     assert!(
         pins.contains(&server_name) && pins.contains("read_file"),
         "{pins}"

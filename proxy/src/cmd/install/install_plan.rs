@@ -1,7 +1,7 @@
 //! The install plan: accounts, directories and files, the CA and the agent's trust, the
 //! firewall and the service, in the order they depend on each other.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::layout::{
     Layout, Platform, ADMIN_GID, ADMIN_GROUP, AGENT_PROFILE_PATH, BIN_DIR, BIN_PATH, INSTALL_ROOT,
@@ -136,6 +136,38 @@ pub fn plan_install(
         meta(0o700, serving, serving_group),
         false,
     )?;
+    // The pinned MCP tool definitions: rewritten by the serving uid whenever a pin changes.
+    // A directory root keeps for something else would make every write fail (and the pins
+    // be forgotten at the next start), so that is refused here, not found out later.
+    let pins = &l.mcp_pins_dir;
+    let roots = [
+        PathBuf::from(INSTALL_ROOT),
+        PathBuf::from(BIN_DIR),
+        l.config_dir(),
+        l.certs.clone(),
+        l.policies.clone(),
+        l.run_dir.clone(),
+    ];
+    if roots.contains(pins) {
+        return Err(PlanError::Invalid(format!(
+            "paths.mcp_pins is in {}, which root keeps: the daemon could not write its pins \
+             there; give them a directory of their own (the default is `mcp/` beside the vault)",
+            pins.display()
+        )));
+    }
+    let served = [
+        Some(&l.vault),
+        l.audit_dir.as_ref(),
+        l.policy_cache.as_ref(),
+    ];
+    if !served.contains(&Some(pins)) && pins != Path::new(LOG_DIR) {
+        b.dir(
+            "the MCP pins directory",
+            pins,
+            meta(0o700, serving, serving_group),
+            false,
+        )?;
+    }
     // The policy source's cache: written by the process that fetches, the serving one.
     if let Some(cache) = &l.policy_cache {
         if let Some(parent) = cache.parent() {

@@ -105,6 +105,9 @@ pub struct Layout {
     pub policies: PathBuf,
     pub certs: PathBuf,
     pub vault: PathBuf,
+    /// The directory of the pinned MCP tool definitions (`paths.mcp_pins`): the serving
+    /// user's, like the vault.
+    pub mcp_pins_dir: PathBuf,
     /// The audit log's directory.
     pub audit_dir: Option<PathBuf>,
     /// `[policy.source] cache`, when a policy source is configured: the serving user's.
@@ -250,6 +253,7 @@ impl Layout {
             policies: absolute(&cfg.policies, "paths.policies")?,
             certs: absolute(&cfg.certs, "paths.certs")?,
             vault: absolute(&cfg.vault, "paths.vault")?,
+            mcp_pins_dir: parent(&absolute(&cfg.mcp_pins, "paths.mcp_pins")?),
             audit_dir: cfg.audit_path.as_deref().map(parent),
             policy_cache: cfg.policy_source.as_ref().map(|s| s.cache.clone()),
             audit_key: match &cfg.audit_path {
@@ -325,6 +329,7 @@ impl Layout {
             PathBuf::from(PAM_PROFILE_PATH),
             self.launchd_env_plist(),
             self.vault.clone(),
+            self.mcp_pins_dir.clone(),
             self.run_dir.clone(),
             self.agent.home.clone(),
         ]);
