@@ -204,8 +204,14 @@ pub(super) async fn build_proxy(
         upgrades: cfg.upstream.upgrades.clone(),
         identities: identities(cfg)?,
         mcp: Arc::new(crate::mcp::McpState {
-            pins: crate::mcp::pins::PinStore::open(cfg.mcp_pins.clone())
-                .map_err(|e| BadInput(e.to_string()))?,
+            pins: crate::mcp::pins::PinStore::open_or_earlier(
+                cfg.mcp_pins.clone(),
+                // The default was `mcp-pins.json` beside the vault, in a directory the serving
+                // user may not write; pins kept there are read until saved at the new place.
+                (cfg.mcp_pins == cfg.vault.with_file_name("mcp").join("mcp-pins.json"))
+                    .then(|| cfg.vault.with_file_name("mcp-pins.json")),
+            )
+            .map_err(|e| BadInput(e.to_string()))?,
             sessions: Arc::default(),
         }),
         denied_names: cfg.dns_answers.denied,
