@@ -216,40 +216,44 @@ async fn a_body_that_is_not_json_rpc_is_refused_and_recorded() {
         .any(|r| r["error_code"] == "mcp_body_invalid" && r["rule"] == "mcp-tools"));
 }
 
+/// The tests' upstream, which answers JSON-RPC at `/jsonrpc` (and `/jsonrpc-sse`).
+async fn rpc_upstream() -> agenshield_e2e::upstream::Upstream {
+    use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
+    Upstream::start(UpstreamOptions {
+        name: "rpc".into(),
+        ..Default::default()
+    })
+    .await
+}
+
+/// POSTs `body` as JSON to `url` through `proxy`; `sse`: accepting JSON or SSE as
+/// Streamable HTTP clients do (the proxy then answers refusals as JSON-RPC errors).
+async fn post_rpc(proxy: &str, url: &str, body: &str, sse: bool) -> agenshield_e2e::curl::CurlOut {
+    let mut args = vec![
+        "--proxy",
+        proxy,
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+    ];
+    if sse {
+        args.extend(["-H", "accept: application/json, text/event-stream"]);
+    }
+    args.extend(["--data", body, url]);
+    curl(&args, false).await
+}
+
 /// A key named twice in one object could be read one way here (serde_json keeps the last)
 /// and another by the server (a parser keeping the first): the body is refused whole, never
 /// forwarded, and recorded, however the key is spelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_naming_a_key_twice_is_refused_and_never_reaches_the_server() {
-    use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
-    let up = Upstream::start(UpstreamOptions {
-        name: "rpc".into(),
-        ..Default::default()
-    })
-    .await;
+    let up = rpc_upstream().await;
     let d = daemon();
     let proxy = format!("http://{}", d.explicit);
     let url = format!("http://mcp.test:{}/jsonrpc", up.addr.port());
-    let post = |body: &'static str| {
-        let (proxy, url) = (proxy.clone(), url.clone());
-        async move {
-            curl(
-                &[
-                    "--proxy",
-                    &proxy,
-                    "-X",
-                    "POST",
-                    "-H",
-                    "content-type: application/json",
-                    "--data",
-                    body,
-                    &url,
-                ],
-                false,
-            )
-            .await
-        }
-    };
+    let post = |body: &'static str| post_rpc(&proxy, &url, body, false);
     // The allowed tool decides nothing: the same call without the twin goes through.
     let out =
         post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search"}}"#).await;
@@ -258,7 +262,7 @@ async fn a_body_naming_a_key_twice_is_refused_and_never_reaches_the_server() {
     assert_eq!(forwarded, 1);
     for body in [
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete_repo","name":"search"}}"#,
-        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_repo","name":"search"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_repo","na\u006de":"search"}}"#,
         r#"[{"jsonrpc":"2.0","id":4,"method":"tools/call","method":"tools/list","params":{"name":"delete_repo"}}]"#,
     ] {
         let out = post(body).await;
@@ -308,12 +312,7 @@ fn by_id(messages: &[Value], id: i64) -> &Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_decided_message_by_message() {
-    use agenshield_e2e::upstream::{Upstream, UpstreamOptions};
-    let up = Upstream::start(UpstreamOptions {
-        name: "rpc".into(),
-        ..Default::default()
-    })
-    .await;
+    let up = rpc_upstream().await;
     let d = daemon();
     let proxy = format!("http://{}", d.explicit);
     let batch = serde_json::json!([
@@ -326,25 +325,7 @@ async fn a_batch_is_decided_message_by_message() {
     let post = |path: &str, body: &str| {
         let url = format!("http://mcp.test:{}{path}", up.addr.port());
         let (proxy, body) = (proxy.clone(), body.to_string());
-        async move {
-            curl(
-                &[
-                    "--proxy",
-                    &proxy,
-                    "-X",
-                    "POST",
-                    "-H",
-                    "content-type: application/json",
-                    "-H",
-                    "accept: application/json, text/event-stream",
-                    "--data",
-                    &body,
-                    &url,
-                ],
-                false,
-            )
-            .await
-        }
+        async move { post_rpc(&proxy, &url, &body, true).await }
     };
     for path in ["/jsonrpc", "/jsonrpc-sse"] {
         let out = post(path, &batch).await;
